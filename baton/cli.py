@@ -1,0 +1,64 @@
+"""The `baton` command: `baton generate`, more subcommands as the server grows."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from baton.config import add_config_args, config_from_args
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from baton.llm import LLM
+    from baton.sampling_params import SamplingParams
+
+    config = config_from_args(args)
+    llm = LLM(**dataclasses.asdict(config))
+    params = SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        seed=args.sampling_seed,
+        ignore_eos=args.ignore_eos,
+    )
+    for output in llm.generate(args.prompt, params):
+        print(output.text)
+        print(
+            f"[{len(output.token_ids)} tokens, finish_reason={output.finish_reason}]",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with its subcommands."""
+    parser = argparse.ArgumentParser(prog="baton", description=__doc__)
+    parser.add_argument("--log-level", default="WARNING")
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="complete prompts offline and print the text")
+    generate.add_argument("prompt", nargs="+")
+    add_config_args(generate)
+    generate.add_argument("--max-tokens", type=int, default=64)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--top-k", type=int, default=-1)
+    generate.add_argument("--sampling-seed", type=int, default=None)
+    generate.add_argument("--ignore-eos", action="store_true")
+    generate.set_defaults(handler=_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `baton` console script."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The one typed configuration object, built from the CLI (or `LLM(...)` kwargs) and passed down."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+SchedulePolicy = Literal["prefill-first", "decode-first"]
+
+
+@dataclass(frozen=True)
+class BatonConfig:
+    """Everything a Baton engine, scheduler and server is configured with.
+
+    `model=None` selects the built-in default model (a small random-weight Llama with a byte-level
+    tokenizer, created in memory), so every command works without files.
+    """
+
+    model: str | None = None
+    dtype: str = "auto"
+    device: str = "cpu"
+    attention_backend: Literal["auto", "torch", "flashinfer"] = "auto"
+    seed: int = 0
+    # Paged KV cache: `num_pages=None` sizes the pool from `kv_cache_memory_bytes`, capped at what
+    # `max_running_requests` sequences of `max_model_len` tokens could ever use.
+    page_size: int = 16
+    num_pages: int | None = None
+    kv_cache_memory_bytes: int = 4 << 30
+    max_model_len: int | None = None
+    # Scheduling
+    max_running_requests: int = 256
+    chunk_size: int = 2048
+    schedule_policy: SchedulePolicy = "prefill-first"
+    enable_prefix_caching: bool = True
+    disable_overlap: bool = False
+    max_waiting_requests: int = 4096
+
+    def replace(self, **changes: object) -> BatonConfig:
+        """A copy with `changes` applied (the config itself is immutable)."""
+        return dataclasses.replace(self, **changes)
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if self.num_pages is not None and self.num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.schedule_policy not in ("prefill-first", "decode-first"):
+            raise ValueError(f"unknown schedule_policy {self.schedule_policy!r}")
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """The engine and scheduler flags, named as vLLM's where vLLM has one."""
+    defaults = BatonConfig()
+    group = parser.add_argument_group("model and engine")
+    group.add_argument(
+        "--model", default=None, help="HF checkpoint folder or hub id (default: built-in)"
+    )
+    group.add_argument(
+        "--dtype", default=defaults.dtype, help="auto | float32 | bfloat16 | float16"
+    )
+    group.add_argument("--device", default=defaults.device, help="cpu or cuda")
+    group.add_argument(
+        "--attention-backend",
+        default=defaults.attention_backend,
+        choices=["auto", "torch", "flashinfer"],
+    )
+    group.add_argument("--seed", type=int, default=defaults.seed)
+    group.add_argument(
+        "--block-size",
+        dest="page_size",
+        type=int,
+        default=defaults.page_size,
+        help="tokens per KV page",
+    )
+    group.add_argument(
+        "--num-gpu-blocks-override",
+        dest="num_pages",
+        type=int,
+        default=None,
+        help="number of KV pages (default: from --kv-cache-memory-bytes)",
+    )
+    group.add_argument("--kv-cache-memory-bytes", type=int, default=defaults.kv_cache_memory_bytes)
+    group.add_argument("--max-model-len", type=int, default=None)
+    group = parser.add_argument_group("scheduling")
+    group.add_argument(
+        "--max-num-seqs",
+        dest="max_running_requests",
+        type=int,
+        default=defaults.max_running_requests,
+    )
+    group.add_argument(
+        "--max-num-batched-tokens",
+        dest="chunk_size",
+        type=int,
+        default=defaults.chunk_size,
+        help="token budget of one batch (prefill chunk size)",
+    )
+    group.add_argument(
+        "--scheduling-policy",
+        dest="schedule_policy",
+        default=defaults.schedule_policy,
+        choices=["prefill-first", "decode-first"],
+    )
+    group.add_argument(
+        "--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false"
+    )
+    group.add_argument(
+        "--disable-overlap",
+        action="store_true",
+        help="plain loop: wait for each batch before scheduling the next",
+    )
+    group.add_argument("--max-waiting-requests", type=int, default=defaults.max_waiting_requests)
+
+
+def config_from_args(args: argparse.Namespace) -> BatonConfig:
+    """Build the config from parsed flags (unknown attributes are ignored)."""
+    names = {field.name for field in dataclasses.fields(BatonConfig)}
+    return BatonConfig(**{name: value for name, value in vars(args).items() if name in names})

@@ -1,0 +1,146 @@
+"""FlashInfer paged attention for CUDA: a thin adapter from AttentionMetadata to its wrappers.
+
+`flashinfer` is imported only when the backend is built, so this module imports anywhere. The
+exact arguments of every flashinfer call come from `FlashInferCalls`, which needs no GPU, so a
+CPU test can bind them to the installed flashinfer's signatures and catch API drift.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from baton.engine.attention.base import AttentionBackend
+from baton.engine.attention.metadata import AttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+CallArgs = tuple[tuple[Any, ...], dict[str, Any]]
+
+DEFAULT_WORKSPACE_BYTES = 128 * 1024 * 1024
+
+
+def flashinfer_available() -> bool:
+    """Whether `import flashinfer` works here (it can fail on missing CUDA libraries too)."""
+    try:
+        import flashinfer  # noqa: F401
+    except (ImportError, OSError) as error:
+        logger.info("flashinfer unavailable: %s", error)
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class FlashInferCalls:
+    """Builds the (args, kwargs) of each flashinfer call the backend makes."""
+
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    def prefill_wrapper(self, workspace: torch.Tensor) -> CallArgs:
+        """For BatchPrefillWithPagedKVCacheWrapper(...); our cache is [pages, page, heads, dim]."""
+        return (workspace,), {"kv_layout": "NHD"}
+
+    def decode_wrapper(self, workspace: torch.Tensor) -> CallArgs:
+        """For BatchDecodeWithPagedKVCacheWrapper(...)."""
+        # FlashInfer's guidance: the tensor-core (prefill) kernels win for wide query groups.
+        use_tensor_cores = self.num_q_heads // self.num_kv_heads >= 4
+        return (workspace,), {"kv_layout": "NHD", "use_tensor_cores": use_tensor_cores}
+
+    def prefill_plan(self, meta: AttentionMetadata, scale: float) -> CallArgs:
+        """For BatchPrefillWithPagedKVCacheWrapper.plan(...)."""
+        args = (
+            meta.qo_indptr,
+            meta.kv_indptr,
+            meta.kv_indices,
+            meta.kv_last_page_len,
+            self.num_q_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            meta.page_size,
+        )
+        kwargs = {
+            "causal": True,
+            "sm_scale": scale,
+            "q_data_type": self.dtype,
+            "kv_data_type": self.dtype,
+        }
+        return args, kwargs
+
+    def decode_plan(self, meta: AttentionMetadata, scale: float) -> CallArgs:
+        """For BatchDecodeWithPagedKVCacheWrapper.plan(...)."""
+        args = (
+            meta.kv_indptr,
+            meta.kv_indices,
+            meta.kv_last_page_len,
+            self.num_q_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            meta.page_size,
+        )
+        kwargs = {"sm_scale": scale, "q_data_type": self.dtype, "kv_data_type": self.dtype}
+        return args, kwargs
+
+    def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> CallArgs:
+        """For either wrapper's run(...)."""
+        return (q, (k_cache, v_cache)), {}
+
+
+class FlashInferAttention(AttentionBackend):
+    """Batch prefill (any q_len > 1) or batch decode wrappers over the paged cache (CUDA only)."""
+
+    def __init__(
+        self,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+    ) -> None:
+        import flashinfer
+
+        self.calls = FlashInferCalls(num_q_heads, num_kv_heads, head_dim, dtype)
+        workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device)
+        args, kwargs = self.calls.prefill_wrapper(workspace)
+        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(*args, **kwargs)
+        args, kwargs = self.calls.decode_wrapper(workspace)
+        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(*args, **kwargs)
+        # sm_scale is fixed at plan time; plan with the usual scale and re-plan if a layer
+        # asks for another (then later batches plan with that one from the start).
+        self._scale = 1.0 / math.sqrt(head_dim)
+        self._meta: AttentionMetadata | None = None
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        """Plan the wrapper this batch needs: decode if every row has one query, else prefill."""
+        self._plan(meta, self._scale)
+
+    def _plan(self, meta: AttentionMetadata, scale: float) -> None:
+        if meta.is_decode_only:
+            args, kwargs = self.calls.decode_plan(meta, scale)
+            self._decode.plan(*args, **kwargs)
+        else:
+            args, kwargs = self.calls.prefill_plan(meta, scale)
+            self._prefill.plan(*args, **kwargs)
+        self._meta, self._scale = meta, scale
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Run the planned wrapper for one layer; see AttentionBackend."""
+        if meta is not self._meta or scale != self._scale:
+            self._plan(meta, scale)
+        wrapper = self._decode if meta.is_decode_only else self._prefill
+        args, kwargs = self.calls.run(q, k_cache, v_cache)
+        return wrapper.run(*args, **kwargs)

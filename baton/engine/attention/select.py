@@ -1,0 +1,31 @@
+"""Picks the attention backend for a device: FlashInfer on CUDA when it imports, torch otherwise."""
+
+from __future__ import annotations
+
+import torch
+
+from baton.engine.attention.base import AttentionBackend
+from baton.engine.attention.flashinfer_backend import FlashInferAttention, flashinfer_available
+from baton.engine.attention.torch_backend import TorchPagedAttention
+
+BACKEND_NAMES = ("auto", "torch", "flashinfer")
+
+
+def make_attention_backend(
+    name: str,
+    device: torch.device | str,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+) -> AttentionBackend:
+    """Build backend `name` ("auto" | "torch" | "flashinfer") for the given model shape."""
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown attention backend {name!r}; expected one of {BACKEND_NAMES}")
+    device = torch.device(device)
+    on_cuda = device.type == "cuda"
+    if name == "flashinfer" and not on_cuda:
+        raise ValueError(f"the flashinfer backend needs a CUDA device, got {device}")
+    if name == "flashinfer" or (name == "auto" and on_cuda and flashinfer_available()):
+        return FlashInferAttention(num_q_heads, num_kv_heads, head_dim, dtype, device)
+    return TorchPagedAttention(num_q_heads, num_kv_heads)

@@ -1,0 +1,153 @@
+"""The engine: a model, its paged KV pool, an attention backend and a sampler."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from baton.config import BatonConfig
+from baton.engine.attention.metadata import build_attention_metadata
+from baton.engine.attention.select import make_attention_backend
+from baton.engine.checkpoint import Checkpoint, load_checkpoint
+from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
+from baton.engine.kv_pool import KVPool
+from baton.engine.model import CausalLM
+from baton.engine.sampler import Sampler, SamplingBatch
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(
+    requested: str, checkpoint_dtype: str | None, device: torch.device
+) -> torch.dtype:
+    """`auto` takes the checkpoint's dtype; float16 becomes bfloat16 on CPU (no fp16 kernels)."""
+    name = requested
+    if requested == "auto":
+        name = checkpoint_dtype if checkpoint_dtype in _DTYPES else "float32"
+        if name == "float16" and device.type == "cpu":
+            name = "bfloat16"
+    if name not in _DTYPES:
+        raise ValueError(
+            f"unsupported dtype {requested!r}; choose auto, float32, bfloat16, float16"
+        )
+    if name == "float16" and device.type == "cpu":
+        raise ValueError("float16 is supported on CUDA only; use bfloat16 or float32 on CPU")
+    return _DTYPES[name]
+
+
+class Engine:
+    """Runs `ForwardBatch`es: writes their K/V into the pool, samples their next tokens.
+
+    Owns no scheduling state. The one piece of state carried across batches is the buffer of the
+    last token sampled per slot, which lets the overlap loop schedule a decode before the token it
+    consumes is known (`PLACEHOLDER_TOKEN`).
+    """
+
+    def __init__(self, config: BatonConfig, checkpoint: Checkpoint | None = None) -> None:
+        self.checkpoint = checkpoint or load_checkpoint(config.model)
+        model_config = self.checkpoint.config
+        self.model_config = model_config
+        self.device = torch.device(config.device)
+        self.dtype = resolve_dtype(config.dtype, model_config.torch_dtype, self.device)
+        self.max_model_len = min(
+            config.max_model_len or model_config.max_position_embeddings,
+            model_config.max_position_embeddings,
+        )
+        self.page_size = config.page_size
+        self.num_pages = config.num_pages or self._pages_from_budget(config)
+        self.model = CausalLM(model_config, self.dtype, self.device)
+        self.model.load_weights(self.checkpoint.iter_weights())
+        self.kv_pool = KVPool(
+            model_config.num_layers,
+            self.num_pages,
+            self.page_size,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.attention = make_attention_backend(
+            config.attention_backend,
+            self.device,
+            model_config.num_heads,
+            model_config.num_kv_heads,
+            model_config.head_dim,
+            self.dtype,
+        )
+        self.sampler = Sampler()
+        self._last_sampled = torch.zeros(config.max_running_requests, dtype=torch.long)
+        logger.info(
+            "engine ready: %s, %s, %d KV pages of %d tokens, max_model_len %d",
+            self.checkpoint.name,
+            self.dtype,
+            self.num_pages,
+            self.page_size,
+            self.max_model_len,
+        )
+
+    def _pages_from_budget(self, config: BatonConfig) -> int:
+        mc = self.model_config
+        per_page = KVPool.bytes_per_page(
+            mc.num_layers, self.page_size, mc.num_kv_heads, mc.head_dim, self.dtype
+        )
+        by_budget = config.kv_cache_memory_bytes // per_page
+        # More pages than every admissible request could fill at once would only waste memory.
+        by_need = config.max_running_requests * -(-self.max_model_len // self.page_size)
+        return max(1, min(by_budget, by_need))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> ForwardOutput:
+        """Compute one batch and sample a token for each of its `sample_rows`."""
+        input_ids = torch.tensor(batch.input_ids, dtype=torch.long)
+        placeholders = (input_ids == PLACEHOLDER_TOKEN).nonzero().flatten()
+        if placeholders.numel():
+            row_of_token = torch.repeat_interleave(
+                torch.arange(batch.num_rows), torch.tensor(batch.q_lens)
+            )
+            slots = torch.tensor(batch.slots)[row_of_token[placeholders]]
+            input_ids[placeholders] = self._last_sampled[slots]
+        meta = build_attention_metadata(
+            batch.kv_starts, batch.q_lens, batch.page_tables, self.page_size, self.device
+        )
+        self.attention.plan(meta)
+        ends = torch.tensor(batch.q_lens).cumsum(0) - 1
+        logits_indices = ends[torch.tensor(batch.sample_rows, dtype=torch.long)]
+        logits = self.model(
+            input_ids.to(self.device),
+            meta.positions,
+            self.kv_pool,
+            self.attention,
+            meta,
+            logits_indices.to(self.device),
+        )
+        sampling = SamplingBatch.from_params(batch.sampling_params, batch.generators, self.device)
+        sampled = self.sampler.sample(logits, sampling)
+        token_ids = sampled.token_ids.cpu()
+        sample_slots = torch.tensor(
+            [batch.slots[row] for row in batch.sample_rows], dtype=torch.long
+        )
+        self._last_sampled[sample_slots] = token_ids
+        return ForwardOutput(token_ids.tolist(), *_logprob_lists(sampled, sampling.num_logprobs))
+
+
+def _logprob_lists(sampled, num_logprobs) -> tuple[list | None, list | None]:
+    """Host-side logprobs, top-n trimmed to what each row asked for."""
+    if sampled.logprobs is None:
+        return None, None
+    chosen = sampled.logprobs.cpu().tolist()
+    if sampled.top_logprob_ids is None:
+        return chosen, [[] for _ in chosen]
+    ids = sampled.top_logprob_ids.cpu().tolist()
+    values = sampled.top_logprobs.cpu().tolist()
+    top = [
+        list(zip(row_ids[: n or 0], row_values[: n or 0]))
+        for row_ids, row_values, n in zip(ids, values, num_logprobs)
+    ]
+    return chosen, top

@@ -1,0 +1,56 @@
+"""The paged KV pool: per-layer K and V tensors of shape [num_pages, page_size, kv_heads, head_dim].
+
+The pool only stores; who owns which page is the scheduler's business (`PageAllocator` and the
+radix cache).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVPool:
+    """K/V storage for every layer, carved out of one allocation."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        self.num_layers = num_layers
+        self.num_pages = num_pages
+        self.page_size = page_size
+        # Zero-filled so padded reads in a backend never meet NaNs from uninitialised memory.
+        self._storage = torch.zeros(
+            (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim),
+            dtype=dtype,
+            device=device,
+        )
+
+    @staticmethod
+    def bytes_per_page(
+        num_layers: int, page_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        """Memory one page takes across all layers, K and V."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return num_layers * 2 * page_size * num_kv_heads * head_dim * itemsize
+
+    def k_cache(self, layer: int) -> torch.Tensor:
+        return self._storage[layer, 0]
+
+    def v_cache(self, layer: int) -> torch.Tensor:
+        return self._storage[layer, 1]
+
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        """Store new K/V ([tokens, kv_heads, head_dim]) at flat slots page * page_size + offset."""
+        k_flat = self._storage[layer, 0].view(-1, *k.shape[1:])
+        v_flat = self._storage[layer, 1].view(-1, *v.shape[1:])
+        k_flat.index_copy_(0, slot_mapping, k.to(k_flat.dtype))
+        v_flat.index_copy_(0, slot_mapping, v.to(v_flat.dtype))

@@ -1,0 +1,136 @@
+"""Building blocks of the decoder: linear layers, RMSNorm, rotary embeddings and the gated MLP.
+
+Parameters are allocated uninitialised (`torch.empty`): every one is overwritten by
+`CausalLM.load_weights`, and initialising multi-GB models only to overwrite them costs seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _parameter(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class Linear(nn.Module):
+    """`y = x W^T (+ b)` with HF's [out_features, in_features] weight layout."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.weight = _parameter(out_features, in_features, dtype=dtype, device=device)
+        self.bias = _parameter(out_features, dtype=dtype, device=device) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's RMSNorm: normalise in float32, cast back to x's dtype, then scale by `weight`.
+
+    `weight` may have more than one dimension (broadcast over x's leading dims), which lets
+    Qwen3's separate q- and k-norms run as one call over the q and k heads together.
+    """
+    if x.dtype == torch.float32 and weight.dim() == 1:
+        # One fused kernel; identical to the general path in float32.
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    # Cast-then-scale order matters in bf16: HF multiplies the already-rounded value.
+    return F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype) * weight
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dimension with a learned scale."""
+
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.weight = _parameter(size, dtype=dtype, device=device)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
+    """Inverse frequencies of RoPE (float32, [head_dim / 2]), llama3-rescaled when asked."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if scaling is None:
+        return inv_freq
+    # Llama 3.1: stretch long wavelengths by `factor`, keep short ones, blend in between
+    # (same formula and float32 arithmetic as transformers' _compute_llama3_parameters).
+    factor = scaling["factor"]
+    low_freq_factor = scaling["low_freq_factor"]
+    high_freq_factor = scaling["high_freq_factor"]
+    old_context_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half (GPT-NeoX style) RoPE with cos/sin precomputed for every position."""
+
+    def __init__(
+        self,
+        head_dim: int,
+        max_positions: int,
+        theta: float,
+        scaling: dict[str, Any] | None,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        # Stored in the model dtype, as HF casts cos/sin before rotating.
+        self.register_buffer("cos", angles.cos().to(dtype=dtype, device=device), persistent=False)
+        self.register_buffer("sin", angles.sin().to(dtype=dtype, device=device), persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of each token's angles, [tokens, 1, head_dim / 2] (broadcast over heads)."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x ([tokens, heads, head_dim]) by its positions' angles; returns a new tensor."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class GatedMLP(nn.Module):
+    """`down(silu(gate(x)) * up(x))`, with gate and up fused into one matmul."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias, dtype, device)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.gate_up_proj(x)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate).mul_(up))

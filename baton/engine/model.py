@@ -1,0 +1,253 @@
+"""Baton's own decoder-only transformer: Llama, Qwen2 and Qwen3 in one module, by config flags.
+
+The forward pass takes a flat ragged batch (all rows' new tokens concatenated), appends each
+layer's K/V to the paged pool and lets the attention backend read them back; only the rows that
+are sampled from get the final norm and the LM head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from baton.engine.attention.base import AttentionBackend
+from baton.engine.attention.metadata import AttentionMetadata
+from baton.engine.kv_pool import KVPool
+from baton.engine.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rope, rms_norm
+from baton.engine.model_config import CheckpointError, ModelConfig
+
+_CPU_DTYPES = (torch.float32, torch.bfloat16)
+_CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class Attention(nn.Module):
+    """Self-attention with fused q/k/v, optional Qwen3 q/k norms, RoPE and the paged KV cache."""
+
+    def __init__(
+        self, config: ModelConfig, layer: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.q_size
+        self.kv_size = config.kv_size
+        self.eps = config.rms_norm_eps
+        self.scale = config.head_dim**-0.5
+        qkv_size = config.q_size + 2 * config.kv_size
+        self.qkv_proj = Linear(config.hidden_size, qkv_size, config.qkv_bias, dtype, device)
+        self.o_proj = Linear(config.q_size, config.hidden_size, config.o_bias, dtype, device)
+        # Qwen3's q_norm and k_norm weights stacked per head, [q heads + kv heads, head_dim], so
+        # one norm call covers q and k, which sit side by side in the qkv output.
+        qk_heads = self.num_heads + self.num_kv_heads
+        self.qk_norm = (
+            nn.Parameter(
+                torch.empty(qk_heads, self.head_dim, dtype=dtype, device=device),
+                requires_grad=False,
+            )
+            if config.qk_norm
+            else None
+        )
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_pool: KVPool,
+        attn: AttentionBackend,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        qk = qkv[:, : self.q_size + self.kv_size].view(tokens, -1, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm is not None:
+            qk = rms_norm(qk, self.qk_norm, self.eps)
+        # q and k are rotated together: one set of elementwise kernels instead of two.
+        qk = apply_rope(qk, cos, sin)
+        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+        kv_pool.write(self.layer, k, v, meta.slot_mapping)
+        out = attn.forward(
+            q, kv_pool.k_cache(self.layer), kv_pool.v_cache(self.layer), meta, self.scale
+        )
+        return self.o_proj(out.reshape(tokens, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention block followed by a pre-norm gated-MLP block, each with a residual."""
+
+    def __init__(
+        self, config: ModelConfig, layer: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.self_attn = Attention(config, layer, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        self.mlp = GatedMLP(
+            config.hidden_size, config.intermediate_size, config.mlp_bias, dtype, device
+        )
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_pool: KVPool,
+        attn: AttentionBackend,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        attn_out = self.self_attn(self.input_layernorm(hidden), cos, sin, kv_pool, attn, meta)
+        # In-place residual adds reuse the freshly allocated projection outputs.
+        hidden = attn_out.add_(hidden)
+        return self.mlp(self.post_attention_layernorm(hidden)).add_(hidden)
+
+
+@dataclass(frozen=True)
+class _WeightTarget:
+    """Where one HF tensor goes: rows of one of our (possibly fused) parameters."""
+
+    param: torch.Tensor
+    rows: slice
+    shape: tuple[int, ...]
+
+
+class CausalLM(nn.Module):
+    """Embedding, decoder layers, final norm and LM head (tied to the embedding when configured)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+        super().__init__()
+        allowed = _CUDA_DTYPES if torch.device(device).type == "cuda" else _CPU_DTYPES
+        if dtype not in allowed:
+            raise ValueError(f"dtype {dtype} is not supported on {device}")
+        self.config = config
+        embedding_shape = (config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Parameter(
+            torch.empty(embedding_shape, dtype=dtype, device=device), requires_grad=False
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, layer, dtype, device) for layer in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.lm_head = (
+            self.embed_tokens
+            if config.tie_word_embeddings
+            else nn.Parameter(
+                torch.empty(embedding_shape, dtype=dtype, device=device), requires_grad=False
+            )
+        )
+        self.rotary = RotaryEmbedding(
+            config.head_dim,
+            config.max_position_embeddings,
+            config.rope_theta,
+            config.rope_scaling,
+            dtype,
+            device,
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_pool: KVPool,
+        attn: AttentionBackend,
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Float32 logits [len(logits_indices), vocab] for the chosen rows of a ragged batch.
+
+        input_ids/positions: [tokens]. The caller must have called `attn.plan(meta)` for this
+        batch; every layer's new K/V are written to `kv_pool` at `meta.slot_mapping`.
+        """
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        cos, sin = self.rotary.cos_sin(positions)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, kv_pool, attn, meta)
+        # Norm and LM head only where a token is sampled: the head is the largest matmul.
+        hidden = self.norm(hidden[logits_indices])
+        return F.linear(hidden, self.lm_head).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into our parameters, fusing q/k/v and gate/up on the way.
+
+        Raises `CheckpointError` naming any unexpected, wrongly shaped or missing tensor.
+        """
+        targets = self._weight_targets()
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            # Old checkpoints store RoPE buffers; tied checkpoints may also repeat the embedding.
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            target = targets.get(name)
+            if target is None:
+                raise CheckpointError(f"unexpected tensor {name!r} in checkpoint")
+            if tuple(tensor.shape) != target.shape:
+                raise CheckpointError(
+                    f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {target.shape}"
+                )
+            target.param[target.rows].copy_(tensor)
+            loaded.add(name)
+        missing = sorted(targets.keys() - loaded)
+        if missing:
+            raise CheckpointError(f"checkpoint lacks {len(missing)} tensor(s): {missing[:5]}")
+
+    def _weight_targets(self) -> dict[str, _WeightTarget]:
+        """HF parameter name -> destination, for every tensor a checkpoint must provide."""
+        config = self.config
+        targets: dict[str, _WeightTarget] = {}
+
+        def add(
+            name: str, param: torch.Tensor, start: int = 0, shape: tuple[int, ...] = ()
+        ) -> None:
+            shape = shape or tuple(param.shape)
+            targets[name] = _WeightTarget(param, slice(start, start + shape[0]), shape)
+
+        add("model.embed_tokens.weight", self.embed_tokens)
+        add("model.norm.weight", self.norm.weight)
+        if not config.tie_word_embeddings:
+            add("lm_head.weight", self.lm_head)
+        hidden, q_size, kv_size = config.hidden_size, config.q_size, config.kv_size
+        qkv_rows = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}
+        inter = config.intermediate_size
+        for index, layer in enumerate(self.layers):
+            prefix = f"model.layers.{index}."
+            add(prefix + "input_layernorm.weight", layer.input_layernorm.weight)
+            add(prefix + "post_attention_layernorm.weight", layer.post_attention_layernorm.weight)
+            attn = layer.self_attn
+            for proj, (start, size) in qkv_rows.items():
+                name = f"{prefix}self_attn.{proj}_proj."
+                add(name + "weight", attn.qkv_proj.weight, start, (size, hidden))
+                if config.qkv_bias:
+                    add(name + "bias", attn.qkv_proj.bias, start, (size,))
+            add(prefix + "self_attn.o_proj.weight", attn.o_proj.weight)
+            if config.o_bias:
+                add(prefix + "self_attn.o_proj.bias", attn.o_proj.bias)
+            if attn.qk_norm is not None:
+                # One [head_dim] vector per norm, broadcast over its heads' rows by copy_.
+                heads = config.num_heads
+                targets[prefix + "self_attn.q_norm.weight"] = _WeightTarget(
+                    attn.qk_norm, slice(0, heads), (config.head_dim,)
+                )
+                targets[prefix + "self_attn.k_norm.weight"] = _WeightTarget(
+                    attn.qk_norm, slice(heads, None), (config.head_dim,)
+                )
+            mlp = layer.mlp
+            for proj, start in (("gate", 0), ("up", inter)):
+                name = f"{prefix}mlp.{proj}_proj."
+                add(name + "weight", mlp.gate_up_proj.weight, start, (inter, hidden))
+                if config.mlp_bias:
+                    add(name + "bias", mlp.gate_up_proj.bias, start, (inter,))
+            add(prefix + "mlp.down_proj.weight", mlp.down_proj.weight)
+            if config.mlp_bias:
+                add(prefix + "mlp.down_proj.bias", mlp.down_proj.bias)
+        return targets

@@ -1,0 +1,166 @@
+"""The model architecture, parsed from a Hugging Face `config.json` into one typed, flat object.
+
+Both config styles are accepted: transformers 5 writes `rope_parameters: {rope_theta, rope_type,
+...}`, older checkpoints write a top-level `rope_theta` plus `rope_scaling: {rope_type|type, ...}`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# Configs without an `architectures` list still name their family in `model_type`.
+_ARCHITECTURE_BY_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+_REQUIRED_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
+)
+_LLAMA3_ROPE_KEYS = (
+    "factor",
+    "low_freq_factor",
+    "high_freq_factor",
+    "original_max_position_embeddings",
+)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint (config, weights or tokenizer) that Baton cannot load; the message says why."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the model code needs to know about a Llama / Qwen2 / Qwen3 checkpoint."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    # None for plain RoPE; for "llama3" the dict holds factor, low_freq_factor, high_freq_factor
+    # and original_max_position_embeddings. Excluded from hashing because dicts are unhashable.
+    rope_scaling: dict[str, Any] | None = field(hash=False)
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    torch_dtype: str | None
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def q_size(self) -> int:
+        """Width of the query projection (all heads)."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the key (and of the value) projection."""
+        return self.num_kv_heads * self.head_dim
+
+    @classmethod
+    def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
+        """Parse a `config.json` dict; raises `CheckpointError` naming what is unsupported."""
+        architecture = _architecture(config)
+        missing = [key for key in _REQUIRED_KEYS if config.get(key) is None]
+        if missing:
+            raise CheckpointError(f"config.json lacks required key(s): {', '.join(missing)}")
+        hidden_act = config.get("hidden_act", "silu")
+        if hidden_act != "silu":
+            raise CheckpointError(f"config.json: unsupported hidden_act {hidden_act!r} (only silu)")
+        _reject_sliding_window(config)
+        num_heads = int(config["num_attention_heads"])
+        hidden_size = int(config["hidden_size"])
+        head_dim = config.get("head_dim") or hidden_size // num_heads
+        rope_theta, rope_scaling = _rope(config)
+        attention_bias = bool(config.get("attention_bias", False))
+        is_qwen2 = architecture == "Qwen2ForCausalLM"
+        return cls(
+            architecture=architecture,
+            vocab_size=int(config["vocab_size"]),
+            hidden_size=hidden_size,
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(config["max_position_embeddings"]),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            # Qwen2 always has q/k/v biases and never an o_proj bias; Llama and Qwen3 put both
+            # under `attention_bias`.
+            qkv_bias=True if is_qwen2 else attention_bias,
+            o_bias=False if is_qwen2 else attention_bias,
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            qk_norm=architecture == "Qwen3ForCausalLM",
+            torch_dtype=config.get("torch_dtype") or config.get("dtype"),
+            bos_token_id=config.get("bos_token_id"),
+            eos_token_ids=token_id_tuple(config.get("eos_token_id")),
+        )
+
+
+def token_id_tuple(value: int | list[int] | None) -> tuple[int, ...]:
+    """Normalise an `eos_token_id` entry (absent, one id or a list of ids) to a tuple."""
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(token) for token in value)
+
+
+def _architecture(config: dict[str, Any]) -> str:
+    architectures = config.get("architectures") or []
+    if architectures:
+        name = architectures[0]
+    elif config.get("model_type") in _ARCHITECTURE_BY_MODEL_TYPE:
+        name = _ARCHITECTURE_BY_MODEL_TYPE[config["model_type"]]
+    else:
+        raise CheckpointError("config.json names no architecture (no `architectures`)")
+    if name not in SUPPORTED_ARCHITECTURES:
+        supported = ", ".join(SUPPORTED_ARCHITECTURES)
+        raise CheckpointError(f"config.json: unsupported architecture {name!r} ({supported})")
+    return name
+
+
+def _reject_sliding_window(config: dict[str, Any]) -> None:
+    # Qwen2/3 configs carry sliding-window fields; only full attention is implemented.
+    layer_types = config.get("layer_types") or []
+    if config.get("use_sliding_window") or "sliding_attention" in layer_types:
+        raise CheckpointError("config.json: sliding-window attention is not supported")
+
+
+def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, llama3 scaling or None) from either config style."""
+    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    theta = parameters.get("rope_theta", config.get("rope_theta", 10000.0))
+    rope_type = parameters.get("rope_type", parameters.get("type", "default"))
+    if parameters.get("partial_rotary_factor", 1.0) != 1.0:
+        raise CheckpointError("config.json: partial rotary embeddings are not supported")
+    if rope_type in (None, "default"):
+        return float(theta), None
+    if rope_type != "llama3":
+        raise CheckpointError(
+            f"config.json: unsupported rope_type {rope_type!r} (supported: default, llama3)"
+        )
+    missing = [key for key in _LLAMA3_ROPE_KEYS if key not in parameters]
+    if missing:
+        raise CheckpointError(f"config.json: llama3 rope scaling lacks {', '.join(missing)}")
+    scaling = {key: parameters[key] for key in _LLAMA3_ROPE_KEYS}
+    return float(theta), {"rope_type": "llama3", **scaling}

@@ -1,0 +1,94 @@
+"""The offline API, vLLM-shaped: `LLM(model).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from baton.config import BatonConfig
+from baton.detokenizer_proc.incremental import IncrementalDetokenizer
+from baton.engine.engine import Engine
+from baton.sampling_params import SamplingParams
+from baton.scheduler_proc.outputs import RequestStats, StepOutput, TokenLogprob
+from baton.scheduler_proc.scheduler import Scheduler
+
+Prompt = str | Sequence[int]
+
+
+@dataclass
+class RequestOutput:
+    """One finished generation."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    logprobs: list[TokenLogprob] | None = None
+    stats: RequestStats | None = None
+
+
+class LLM:
+    """Runs the scheduler core in-process (overlap loop included) over a batch of prompts.
+
+    `LLM("path/or/hub-id", dtype="float32", page_size=16, ...)`: keyword arguments are
+    `BatonConfig` fields; `LLM()` uses the built-in default model.
+    """
+
+    def __init__(self, model: str | None = None, **config: object) -> None:
+        self.config = BatonConfig(model=model, **config)
+        self.engine = Engine(self.config)
+        self.tokenizer = self.engine.checkpoint.tokenizer
+        self.scheduler = Scheduler(self.config, self.engine)
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (text or token ids); outputs in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError("give one SamplingParams, or one per prompt")
+        outputs: dict[str, RequestOutput] = {}
+        detokenizers: dict[str, IncrementalDetokenizer] = {}
+        for prompt, params in zip(prompts, sampling_params):
+            request_id = str(next(self._ids))
+            prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            self.scheduler.add_request(request_id, prompt_ids, params)
+            outputs[request_id] = RequestOutput(request_id, prompt_ids)
+            detokenizers[request_id] = IncrementalDetokenizer(
+                self.tokenizer, prompt_ids, stop=params.stop or ()
+            )
+        pending = set(outputs)
+        while pending:
+            for step in self.scheduler.step():
+                if step.request_id in pending:
+                    self._absorb(step, outputs[step.request_id], detokenizers[step.request_id])
+                    if step.finished:
+                        pending.discard(step.request_id)
+        return list(outputs.values())
+
+    def _absorb(
+        self, step: StepOutput, output: RequestOutput, detok: IncrementalDetokenizer
+    ) -> None:
+        """Fold one step's tokens into the output; a stop string ends the request here."""
+        if output.finish_reason is None and step.new_token_ids:
+            output.token_ids.extend(step.new_token_ids)
+            if step.logprobs is not None:
+                output.logprobs = (output.logprobs or []) + step.logprobs
+            delta = detok.push(step.new_token_ids)
+            output.text += delta.text
+            if delta.stop_string is not None:
+                output.finish_reason = "stop"
+                self.scheduler.abort_request(step.request_id, reason="stop")
+        if step.finished:
+            if output.finish_reason is None:
+                output.text += detok.flush()
+                output.finish_reason = step.finish_reason
+            output.stats = step.stats

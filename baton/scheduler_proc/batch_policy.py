@@ -1,0 +1,122 @@
+"""Which sequences run in the next batch: admission, chunked prefill, decode and preemption."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from baton.config import BatonConfig
+from baton.scheduler_proc.errors import AllocationFailed
+from baton.scheduler_proc.kv_cache_manager import KVCacheManager
+from baton.scheduler_proc.sequence import ScheduledStep, Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledRow:
+    """One sequence's part of a batch."""
+
+    seq: Sequence
+    step: ScheduledStep
+
+
+class BatchPolicy:
+    """Builds the next batch from the running and waiting sequences.
+
+    prefill-first (default, mini-SGLang): a batch of prefill chunks under the token budget when
+    any prefill work exists, else a decode batch of every running sequence. decode-first (vLLM's
+    chunked prefill): every decodable sequence, then prefill chunks in the remaining budget.
+    Admission is FCFS and stops at the first request whose chunk does not fit in the pages that
+    remain after a one-page reserve per decoding sequence. When a decode cannot get a page the
+    newest running sequence is preempted (`preempt` callback), which may be the sequence itself.
+    """
+
+    def __init__(
+        self,
+        config: BatonConfig,
+        kv: KVCacheManager,
+        running: list[Sequence],
+        waiting: deque[Sequence],
+        free_slots: list[int],
+        preempt: Callable[[Sequence], bool],
+    ) -> None:
+        self.chunk_size = config.chunk_size
+        self.max_running = config.max_running_requests
+        self.decode_first = config.schedule_policy == "decode-first"
+        self.kv = kv
+        self.running = running
+        self.waiting = waiting
+        self.free_slots = free_slots
+        self.preempt = preempt
+
+    def next_batch(self) -> list[ScheduledRow]:
+        """Schedule the next batch's rows (empty when there is nothing to run)."""
+        if self.decode_first:
+            rows = self._schedule_decodes()
+            return rows + self._schedule_prefills(self.chunk_size - len(rows))
+        return self._schedule_prefills(self.chunk_size) or self._schedule_decodes()
+
+    def _schedule_prefills(self, budget: int) -> list[ScheduledRow]:
+        rows: list[ScheduledRow] = []
+        for seq in self.running:
+            if budget <= 0:
+                return rows
+            if seq.prefill_done or not seq.can_schedule:
+                continue
+            num_tokens = min(budget, seq.prefill_len - seq.kv_position)
+            try:
+                rows.append(ScheduledRow(seq, seq.schedule_prefill(num_tokens, self.kv)))
+            except AllocationFailed:
+                return rows
+            budget -= num_tokens
+        while (
+            budget > 0 and self.waiting and self.free_slots and len(self.running) < self.max_running
+        ):
+            row = self._admit(self.waiting[0], budget)
+            if row is None:
+                break
+            rows.append(row)
+            budget -= row.step.num_tokens
+        return rows
+
+    def _admit(self, seq: Sequence, budget: int) -> ScheduledRow | None:
+        if seq.status is SequenceStatus.WAITING_PREEMPT:
+            seq.reacquire(self.kv)
+        else:
+            seq.match_and_add_prefix(self.kv)
+        num_tokens = min(budget, seq.prefill_len - seq.kv_position)
+        pages_needed = self.kv.pages_for(seq.kv_position + num_tokens) - len(seq.page_table)
+        reserve = sum(1 for running in self.running if running.prefill_done)
+        if pages_needed + reserve > self.kv.available_pages:
+            seq.release(self.kv)  # drops the prefix lock taken above; nothing was computed
+            return None
+        row = ScheduledRow(seq, seq.schedule_prefill(num_tokens, self.kv))
+        self.waiting.popleft()
+        if seq.status is SequenceStatus.WAITING:
+            seq.num_cached_tokens = row.step.start
+            seq.times.first_scheduled = time.monotonic()
+        seq.status = SequenceStatus.RUNNING
+        seq.slot = self.free_slots.pop()
+        self.running.append(seq)
+        return row
+
+    def _schedule_decodes(self) -> list[ScheduledRow]:
+        rows: list[ScheduledRow] = []
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            if not (seq.prefill_done and seq.can_schedule and seq.decode_budget_left > 0):
+                continue
+            while True:
+                try:
+                    rows.append(ScheduledRow(seq, seq.schedule_decode(self.kv)))
+                    break
+                except AllocationFailed:
+                    # Preempt from the back: never a sequence already in this batch (they are
+                    # all in front of `seq`), possibly `seq` itself.
+                    victim = self.running[-1]
+                    pages_freed_now = self.preempt(victim)
+                    if victim is seq or not pages_freed_now:
+                        break
+        return rows

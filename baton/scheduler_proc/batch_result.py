@@ -1,0 +1,82 @@
+"""Turning scheduled rows into an engine batch, and the engine's output back into sequence state."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
+from baton.scheduler_proc.batch_policy import ScheduledRow
+from baton.scheduler_proc.kv_cache_manager import KVCacheManager
+from baton.scheduler_proc.outputs import TokenLogprob
+from baton.scheduler_proc.sequence import Sequence
+
+
+def build_forward_batch(rows: list[ScheduledRow]) -> ForwardBatch:
+    """Snapshot the rows into a ForwardBatch.
+
+    Page tables are copied: the scheduler keeps mutating them (caching, reverting, growing) while
+    the batch computes on the worker thread.
+    """
+    batch = ForwardBatch([], [], [], [], [], [], [], [])
+    for index, row in enumerate(rows):
+        seq, step = row.seq, row.step
+        end = step.start + step.num_tokens
+        known = seq.tokens[step.start : end]
+        batch.input_ids.extend(known)
+        # A decode scheduled while its input token is still being sampled (overlap loop).
+        batch.input_ids.extend([PLACEHOLDER_TOKEN] * (step.num_tokens - len(known)))
+        batch.kv_starts.append(step.start)
+        batch.q_lens.append(step.num_tokens)
+        batch.page_tables.append(seq.page_table[: -(-end // seq.page_size)])
+        batch.slots.append(seq.slot)
+        if step.samples:
+            batch.sample_rows.append(index)
+            batch.sampling_params.append(seq.params)
+            batch.generators.append(seq.generator)
+    return batch
+
+
+def finish_reason(seq: Sequence, token: int, eos_token_ids: Seq[int]) -> str | None:
+    """Why `seq` stops after sampling `token`, or None to go on."""
+    params = seq.params
+    if params.stop_token_ids and token in params.stop_token_ids:
+        return "stop"
+    if not params.ignore_eos and token in eos_token_ids:
+        return "stop"
+    if seq.num_output_tokens >= seq.max_tokens:
+        return "length"
+    return None
+
+
+def apply_results(
+    rows: list[ScheduledRow], output: ForwardOutput, kv: KVCacheManager, eos_token_ids: Seq[int]
+) -> list[tuple[Sequence, list[int], list[TokenLogprob] | None, str | None]]:
+    """Apply a processed batch to its sequences: (seq, new tokens, logprobs, finish reason) each.
+
+    Rows of sequences that finished while the batch was in flight are skipped: their tokens are
+    discarded and their still-scheduled steps are reverted when they are released.
+    """
+    results = []
+    sampled_index = 0
+    for row in rows:
+        seq, step = row.seq, row.step
+        token = None
+        logprobs = None
+        if step.samples:
+            token = output.token_ids[sampled_index]
+            if output.logprobs is not None and seq.params.logprobs is not None:
+                logprobs = [
+                    TokenLogprob(output.logprobs[sampled_index], output.top_logprobs[sampled_index])
+                ]
+            sampled_index += 1
+        if seq.is_finished:
+            continue
+        if step.is_prefill:
+            seq.apply_prefill(token)
+            if token is not None:
+                seq.cache_computed_prefix(kv)
+        else:
+            seq.apply_decode(token)
+        if token is not None:
+            results.append((seq, [token], logprobs, finish_reason(seq, token, eos_token_ids)))
+    return results

@@ -1,0 +1,240 @@
+"""The transport-free scheduler core: continuous batching with an overlap loop and deferred freeing.
+
+Overlap loop (mini-SGLang): each `step()` schedules and launches batch N+1 on the engine's worker
+thread, then processes batch N's results while N+1 computes; so a sequence's results arrive one
+step late and it may already sit in batch N+1 when N's results finish it.
+
+Deferred freeing: a finished, aborted or preempted sequence leaves `running` at once, so it is never
+scheduled again, but its pages and slot are released only once no in-flight batch contains it
+(`in_flight_batches == 0`), exactly once, in `_release_ready`. Tokens computed for it after it
+finished are discarded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from baton.config import BatonConfig
+from baton.engine.engine import Engine
+from baton.engine.forward_batch import ForwardOutput
+from baton.engine.sampler import make_generator
+from baton.sampling_params import SamplingParams
+from baton.scheduler_proc.batch_policy import BatchPolicy, ScheduledRow
+from baton.scheduler_proc.batch_result import apply_results, build_forward_batch
+from baton.scheduler_proc.errors import OverloadedError, PromptTooLongError, RequestError
+from baton.scheduler_proc.kv_cache_manager import KVCacheManager
+from baton.scheduler_proc.outputs import AggregateStats, StepOutput, TokenLogprob
+from baton.scheduler_proc.sequence import Sequence, SequenceStatus
+from baton.scheduler_proc.stats import StatsCollector
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class InFlightBatch:
+    """A launched batch whose results are not processed yet."""
+
+    rows: list[ScheduledRow]
+    result: Future[ForwardOutput]
+
+
+class Scheduler:
+    """Admits requests, runs batches on the engine and reports per-step outputs."""
+
+    def __init__(self, config: BatonConfig, engine: Engine) -> None:
+        self.config = config
+        self.engine = engine
+        self.overlap = not config.disable_overlap
+        self.kv = KVCacheManager(engine.num_pages, engine.page_size, config.enable_prefix_caching)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.releasing: list[Sequence] = []
+        self.requests: dict[str, Sequence] = {}
+        self.free_slots = list(range(config.max_running_requests - 1, -1, -1))
+        self.policy = BatchPolicy(
+            config, self.kv, self.running, self.waiting, self.free_slots, self._preempt
+        )
+        self.stats = StatsCollector()
+        self._in_flight: deque[InFlightBatch] = deque()
+        self._notices: list[StepOutput] = []
+        self._worker = (
+            ThreadPoolExecutor(1, thread_name_prefix="baton-forward") if self.overlap else None
+        )
+
+    # --- requests ------------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; RequestError (typed) if it is invalid or the queue is full."""
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        if not prompt_ids:
+            raise RequestError("the prompt is empty")
+        vocab = self.engine.vocab_size
+        if any(not 0 <= token < vocab for token in prompt_ids):
+            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        params.validate(vocab)
+        max_len = self.engine.max_model_len
+        max_tokens = (
+            params.max_tokens if params.max_tokens is not None else max_len - len(prompt_ids)
+        )
+        if len(prompt_ids) + max_tokens > max_len or max_tokens < 1:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {max_len} tokens. However, you requested "
+                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, "
+                f"{max_tokens} for the completion)."
+            )
+        if self.kv.pages_for(len(prompt_ids) + max_tokens) > self.kv.num_pages:
+            raise PromptTooLongError(
+                f"the request needs up to {len(prompt_ids) + max_tokens} tokens of KV cache, more "
+                f"than the whole pool ({self.kv.num_pages * self.kv.page_size} tokens)"
+            )
+        if len(self.waiting) >= self.config.max_waiting_requests:
+            raise OverloadedError(f"{len(self.waiting)} requests waiting; retry later")
+        seq = Sequence(
+            request_id,
+            prompt_ids,
+            params,
+            max_tokens,
+            self.kv.page_size,
+            max_in_flight=2 if self.overlap else 1,
+            generator=make_generator(params.seed, self.engine.device),
+            arrival_time=arrival_time,
+        )
+        self.requests[request_id] = seq
+        self.waiting.append(seq)
+
+    def abort_request(self, request_id: str, reason: str = "abort") -> None:
+        """Finish a request early (client abort, or a stop string found downstream).
+
+        Its final output (no new tokens) comes with the next `step()`; unknown ids are ignored,
+        since a request may finish on its own while the abort is on its way.
+        """
+        seq = self.requests.get(request_id)
+        if seq is None or seq.is_finished:
+            return
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self._notices.append(self._finish(seq, reason))
+        self._release_ready()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests or self._notices)
+
+    # --- the loop ------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        """Schedule and launch the next batch, then process the previous one's results."""
+        outputs, self._notices = self._notices, []
+        rows = self.policy.next_batch()
+        if rows:
+            self._launch(rows)
+        keep_in_flight = 1 if self.overlap and rows else 0
+        while len(self._in_flight) > keep_in_flight:
+            outputs.extend(self._process(self._in_flight.popleft()))
+        self._release_ready()
+        return outputs
+
+    def _launch(self, rows: list[ScheduledRow]) -> None:
+        batch = build_forward_batch(rows)
+        for row in rows:
+            row.seq.in_flight_batches += 1
+        if self._worker is not None:
+            result = self._worker.submit(self.engine.forward, batch)
+        else:
+            result = Future()
+            try:
+                result.set_result(self.engine.forward(batch))
+            except Exception as error:  # reported per request in _process
+                result.set_exception(error)
+        self._in_flight.append(InFlightBatch(rows, result))
+
+    def _process(self, flight: InFlightBatch) -> list[StepOutput]:
+        for row in flight.rows:
+            row.seq.in_flight_batches -= 1
+        try:
+            output = flight.result.result()
+        except Exception:
+            logger.exception(
+                "forward failed; failing the %d requests of its batch", len(flight.rows)
+            )
+            return [
+                self._finish(row.seq, "error") for row in flight.rows if not row.seq.is_finished
+            ]
+        results = apply_results(flight.rows, output, self.kv, self.engine.checkpoint.eos_token_ids)
+        outputs = []
+        for seq, new_tokens, logprobs, finish_reason in results:
+            self.stats.count_tokens(seq, new_tokens)
+            if finish_reason is not None:
+                outputs.append(self._finish(seq, finish_reason, new_tokens, logprobs))
+            elif new_tokens:
+                outputs.append(
+                    StepOutput(
+                        request_id=seq.request_id, new_token_ids=new_tokens, logprobs=logprobs
+                    )
+                )
+        return outputs
+
+    def _finish(
+        self,
+        seq: Sequence,
+        reason: str,
+        new_tokens: list[int] | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+    ) -> StepOutput:
+        """Finish `seq` (it may be running or draining after a preemption) and report it."""
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq not in self.releasing:
+            self.releasing.append(seq)
+        seq.finish(reason)
+        return self.stats.final_output(seq, new_tokens or [], logprobs)
+
+    def _preempt(self, seq: Sequence) -> bool:
+        """Move a running sequence back to the waiting queue; True if its pages are free now."""
+        self.running.remove(seq)
+        seq.status = SequenceStatus.WAITING_PREEMPT
+        seq.num_preemptions += 1
+        self.stats.preemptions += 1
+        self.releasing.append(seq)
+        self._release_ready()
+        return seq not in self.releasing
+
+    def _release_ready(self) -> None:
+        """Release sequences no in-flight batch uses any more (the one place pages are freed)."""
+        still_busy = []
+        for seq in self.releasing:
+            if seq.in_flight_batches:
+                still_busy.append(seq)
+                continue
+            seq.release(self.kv)
+            if seq.slot is not None:
+                self.free_slots.append(seq.slot)
+                seq.slot = None
+            if seq.is_finished:
+                del self.requests[seq.request_id]
+            else:
+                self._requeue_preempted(seq)
+        self.releasing[:] = still_busy
+
+    def _requeue_preempted(self, seq: Sequence) -> None:
+        """Preempted sequences go back in arrival order, ahead of never-started ones."""
+        index = 0
+        while index < len(self.waiting) and self.waiting[index].times.arrival <= seq.times.arrival:
+            index += 1
+        self.waiting.insert(index, seq)
+
+    # --- stats -------------------------------------------------------------------------------
+    def aggregate_stats(self) -> AggregateStats:
+        return self.stats.aggregate(len(self.running), len(self.waiting), self.kv)
+
+    def shutdown(self) -> None:
+        """Stop the worker thread (pending results are dropped)."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)

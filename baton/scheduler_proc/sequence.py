@@ -1,0 +1,338 @@
+"""One request's lifecycle: the two-phase schedule/apply protocol of the schedulable-sequence seed.
+
+`schedule_*` validates, pre-allocates KV pages and advances `kv_position` optimistically;
+`apply_*` commits the sampled token; `revert_schedule` undoes the newest scheduled step (LIFO),
+returning its pages. Up to `max_in_flight` steps may be scheduled before the oldest is applied:
+1 for the plain loop, 2 for the overlap loop, where batch N+1 is scheduled while batch N still
+computes. A token that is scheduled to be sampled but not yet known is a *placeholder* (vLLM's
+num_output_placeholders): it counts in `total_tokens` and so in `tail_tokens`.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from baton.sampling_params import SamplingParams
+from baton.scheduler_proc.errors import (
+    GenerationComplete,
+    MissingTokenOnFinalChunk,
+    NothingScheduled,
+    NotIdle,
+    PrefillComplete,
+    PrefillNotComplete,
+    PrefillOverrun,
+    TokenOnNonFinalChunk,
+    WrongDanglingCount,
+    WrongState,
+)
+from baton.scheduler_proc.kv_cache_manager import KVCacheManager
+from baton.scheduler_proc.radix_cache import RadixNode
+
+
+class SequenceStatus(enum.Enum):
+    """Coarse states (Vajra): WAITING -> RUNNING -> FINISHED; RUNNING -> WAITING_PREEMPT -> ..."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    WAITING_PREEMPT = "waiting_preempt"
+    FINISHED = "finished"
+
+
+class EventKind(enum.Enum):
+    """Lifecycle transitions recorded in a sequence's append-only history."""
+
+    CREATED = "created"
+    PREFIX_MATCHED = "prefix_matched"
+    PREFILL_SCHEDULED = "prefill_scheduled"
+    PREFILL_APPLIED = "prefill_applied"
+    DECODE_SCHEDULED = "decode_scheduled"
+    DECODE_APPLIED = "decode_applied"
+    SCHEDULE_REVERTED = "schedule_reverted"
+    PREFIX_CACHED = "prefix_cached"
+    RELEASED = "released"
+    REACQUIRED = "reacquired"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class SequenceEvent:
+    """One history entry: what happened, how many tokens it concerned, and when."""
+
+    kind: EventKind
+    num_tokens: int
+    time: float
+
+
+@dataclass(frozen=True)
+class ScheduledStep:
+    """What one scheduled step asks of the engine for this sequence."""
+
+    start: int  # kv_position before the step: tokens already in the cache
+    num_tokens: int  # tokens whose K/V the step computes
+    samples: bool  # whether the step samples a token (final prefill chunk, or decode)
+    is_prefill: bool
+    num_pages_allocated: int  # pages this step pre-allocated, released LIFO by a revert
+
+
+@dataclass
+class RequestTimes:
+    """Wall-clock timestamps for per-request stats."""
+
+    arrival: float
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+
+class Sequence:
+    """A request's tokens, KV pages and protocol state. Only the scheduler mutates it."""
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        max_tokens: int,
+        page_size: int,
+        max_in_flight: int = 1,
+        generator: torch.Generator | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.params = params
+        self.max_tokens = max_tokens
+        self.page_size = page_size
+        self.max_in_flight = max_in_flight
+        self.generator = generator
+        self.num_prompt_tokens = len(prompt_ids)
+        self.tokens: list[int] = list(prompt_ids)
+        self.num_placeholders = 0
+        self.kv_position = 0
+        # Tokens whose K/V must be computed before decoding: the prompt, or after a preemption
+        # everything known so far (the last token included, so its prefill samples the next one).
+        self.prefill_len = len(prompt_ids)
+        self.page_table: list[int] = []
+        self.prefix_node: RadixNode | None = None  # locked radix node covering page_table's head
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.slot: int | None = None  # row of the engine's sampled-token buffer while admitted
+        self.in_flight_batches = 0  # batches launched but not yet processed that contain it
+        self.num_preemptions = 0
+        self.times = RequestTimes(arrival_time if arrival_time is not None else time.monotonic())
+        self._pending: deque[ScheduledStep] = deque()
+        self._history: list[SequenceEvent] = []
+        self._record(EventKind.CREATED, len(prompt_ids))
+
+    # --- derived state -----------------------------------------------------------------------
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.tokens) - self.num_prompt_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        """Known tokens plus in-flight placeholders."""
+        return len(self.tokens) + self.num_placeholders
+
+    @property
+    def tail_tokens(self) -> int:
+        """Tokens whose K/V is not yet computed (nor scheduled): 1 once prefill is done."""
+        return self.total_tokens - self.kv_position
+
+    @property
+    def prefill_done(self) -> bool:
+        """Every prefill token is scheduled (maybe not yet applied)."""
+        return self.kv_position >= self.prefill_len
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending)
+
+    @property
+    def can_schedule(self) -> bool:
+        return len(self._pending) < self.max_in_flight
+
+    @property
+    def decode_budget_left(self) -> int:
+        """Outputs still allowed, counting the in-flight placeholders."""
+        return self.max_tokens - self.num_output_tokens - self.num_placeholders
+
+    @property
+    def history(self) -> tuple[SequenceEvent, ...]:
+        return tuple(self._history)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    # --- prefix matching and page bookkeeping --------------------------------------------------
+    def match_and_add_prefix(self, kv: KVCacheManager) -> int:
+        """Take the longest cached prefix (whole pages); returns the tokens it covers.
+
+        At least one prefill token is left to compute, since its logits give the next token.
+        """
+        if self.page_table or self._pending:
+            raise WrongState("prefix matching needs a sequence that holds no pages")
+        match = kv.match_prefix(self.tokens[: self.prefill_len - 1])
+        self.prefix_node = match.node
+        self.page_table = list(match.pages)
+        self.kv_position = len(match.pages) * self.page_size
+        self._record(EventKind.PREFIX_MATCHED, self.kv_position)
+        return self.kv_position
+
+    def cache_computed_prefix(self, kv: KVCacheManager) -> None:
+        """Share this sequence's computed whole pages through the prefix cache (after prefill).
+
+        Only applied steps count: in-flight steps may still be writing their pages. Duplicates of
+        pages another sequence cached meanwhile are freed and replaced by the cached ones; an
+        in-flight batch that still reads a freed duplicate finishes before any later batch can
+        write to it, because forwards run one at a time.
+        """
+        if not kv.prefix_caching or self.prefix_node is None:
+            return
+        computed = self.kv_position - sum(step.num_tokens for step in self._pending)
+        num_full_pages = computed // self.page_size
+        if num_full_pages == 0:
+            return
+        match = kv.cache_prefix(
+            self.tokens[: num_full_pages * self.page_size],
+            self.page_table[:num_full_pages],
+            held=self.prefix_node,
+        )
+        self.prefix_node = match.node
+        self.page_table[:num_full_pages] = match.pages
+        self._record(EventKind.PREFIX_CACHED, num_full_pages * self.page_size)
+
+    def _grow_page_table(self, kv: KVCacheManager, num_tokens: int) -> int:
+        needed = kv.pages_for(num_tokens) - len(self.page_table)
+        if needed > 0:
+            self.page_table.extend(kv.allocate(needed))
+            return needed
+        return 0
+
+    # --- the two-phase protocol ----------------------------------------------------------------
+    def schedule_prefill(self, num_tokens: int, kv: KVCacheManager) -> ScheduledStep:
+        """Schedule the next prefill chunk of `num_tokens` tokens, pre-allocating its pages."""
+        if not self.can_schedule:
+            raise NotIdle(f"{self.request_id}: {len(self._pending)} steps already scheduled")
+        if self.prefill_done:
+            raise PrefillComplete(f"{self.request_id}: prefill already scheduled in full")
+        if num_tokens < 1 or self.kv_position + num_tokens > self.prefill_len:
+            raise PrefillOverrun(
+                f"{self.request_id}: chunk of {num_tokens} from {self.kv_position} "
+                f"overruns {self.prefill_len} input tokens"
+            )
+        allocated = self._grow_page_table(kv, self.kv_position + num_tokens)
+        is_final = self.kv_position + num_tokens == self.prefill_len
+        step = ScheduledStep(self.kv_position, num_tokens, is_final, True, allocated)
+        self.kv_position += num_tokens
+        self.num_placeholders += int(is_final)
+        self._pending.append(step)
+        self._record(EventKind.PREFILL_SCHEDULED, num_tokens)
+        return step
+
+    def schedule_decode(self, kv: KVCacheManager) -> ScheduledStep:
+        """Schedule one decode step: compute the tail token's K/V and sample the next token."""
+        if not self.can_schedule:
+            raise NotIdle(f"{self.request_id}: {len(self._pending)} steps already scheduled")
+        if not self.prefill_done:
+            raise PrefillNotComplete(f"{self.request_id}: prefill not fully scheduled")
+        if self.decode_budget_left <= 0:
+            raise GenerationComplete(f"{self.request_id}: max_tokens={self.max_tokens} reached")
+        if self.tail_tokens != 1:
+            raise WrongDanglingCount(f"{self.request_id}: {self.tail_tokens} tail tokens, need 1")
+        allocated = self._grow_page_table(kv, self.kv_position + 1)
+        step = ScheduledStep(self.kv_position, 1, True, False, allocated)
+        self.kv_position += 1
+        self.num_placeholders += 1
+        self._pending.append(step)
+        self._record(EventKind.DECODE_SCHEDULED, 1)
+        return step
+
+    def _pop_oldest(self, is_prefill: bool) -> ScheduledStep:
+        if not self._pending or self._pending[0].is_prefill != is_prefill:
+            wanted = "prefill" if is_prefill else "decode"
+            raise WrongState(f"{self.request_id}: oldest scheduled step is not a {wanted}")
+        return self._pending[0]
+
+    def apply_prefill(self, token: int | None) -> None:
+        """Commit the oldest scheduled prefill chunk; the final chunk brings the sampled token."""
+        step = self._pop_oldest(is_prefill=True)
+        if step.samples and token is None:
+            raise MissingTokenOnFinalChunk(f"{self.request_id}: final chunk needs a token")
+        if not step.samples and token is not None:
+            raise TokenOnNonFinalChunk(f"{self.request_id}: token on a non-final chunk")
+        self._pending.popleft()
+        if token is not None:
+            self.tokens.append(token)
+            self.num_placeholders -= 1
+        self._record(EventKind.PREFILL_APPLIED, step.num_tokens)
+
+    def apply_decode(self, token: int) -> None:
+        """Commit the oldest scheduled decode step with its sampled token."""
+        self._pop_oldest(is_prefill=False)
+        self._pending.popleft()
+        self.tokens.append(token)
+        self.num_placeholders -= 1
+        self._record(EventKind.DECODE_APPLIED, 1)
+
+    def revert_schedule(self, kv: KVCacheManager) -> None:
+        """Undo the newest scheduled step, releasing the pages it pre-allocated (LIFO)."""
+        if not self._pending:
+            raise NothingScheduled(f"{self.request_id}: nothing to revert")
+        step = self._pending.pop()
+        self.kv_position -= step.num_tokens
+        self.num_placeholders -= int(step.samples)
+        if step.num_pages_allocated:
+            kv.free(self.page_table[-step.num_pages_allocated :])
+            del self.page_table[-step.num_pages_allocated :]
+        self._record(EventKind.SCHEDULE_REVERTED, step.num_tokens)
+
+    def release(self, kv: KVCacheManager) -> None:
+        """Give back every page: computed whole pages go to the prefix cache, the rest are freed.
+
+        Steps still scheduled are reverted first; the caller guarantees no in-flight batch still
+        uses the pages (deferred freeing).
+        """
+        while self._pending:
+            self.revert_schedule(kv)
+        if self.prefix_node is None:
+            return
+        num_full_pages = min(self.kv_position, len(self.tokens)) // self.page_size
+        cached = kv.cache_prefix(
+            self.tokens[: num_full_pages * self.page_size],
+            self.page_table[:num_full_pages],
+            held=self.prefix_node,
+        )
+        kv.unlock(cached.node)
+        kv.free(self.page_table[num_full_pages:])
+        self.page_table = []
+        self.prefix_node = None
+        self.kv_position = 0
+        self._record(EventKind.RELEASED, num_full_pages * self.page_size)
+
+    def reacquire(self, kv: KVCacheManager) -> int:
+        """After a preemption: recompute everything known so far, reusing cached pages."""
+        self.prefill_len = len(self.tokens)
+        matched = self.match_and_add_prefix(kv)
+        self._record(EventKind.REACQUIRED, matched)
+        return matched
+
+    def finish(self, reason: str) -> None:
+        """Mark finished (stop, length, abort, error); pages are released separately, once."""
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.times.finished = time.monotonic()
+        self._record(EventKind.FINISHED, self.num_output_tokens)
+
+    def _record(self, kind: EventKind, num_tokens: int) -> None:
+        self._history.append(SequenceEvent(kind, num_tokens, time.monotonic()))

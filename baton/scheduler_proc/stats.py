@@ -1,0 +1,80 @@
+"""Per-request and aggregate statistics of the scheduler core."""
+
+from __future__ import annotations
+
+import time
+
+from baton.scheduler_proc.kv_cache_manager import KVCacheManager
+from baton.scheduler_proc.outputs import AggregateStats, RequestStats, StepOutput, TokenLogprob
+from baton.scheduler_proc.sequence import Sequence
+
+
+class StatsCollector:
+    """Running totals, and the stats attached to each request's final output."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.finished_requests = 0
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
+        self.generated_tokens = 0
+        self.preemptions = 0
+
+    def count_tokens(self, seq: Sequence, new_tokens: list[int]) -> None:
+        """Account newly sampled tokens (and the first token's time)."""
+        if new_tokens and seq.times.first_token is None:
+            seq.times.first_token = time.monotonic()
+        self.generated_tokens += len(new_tokens)
+
+    def final_output(
+        self, seq: Sequence, new_tokens: list[int], logprobs: list[TokenLogprob] | None = None
+    ) -> StepOutput:
+        """The last output of a finished sequence, with its stats."""
+        self.finished_requests += 1
+        self.prompt_tokens += seq.num_prompt_tokens
+        self.cached_prompt_tokens += seq.num_cached_tokens
+        times = seq.times
+        end = times.finished or time.monotonic()
+        first_token = times.first_token
+        decode_time = end - first_token if first_token is not None else 0.0
+        decoded = max(seq.num_output_tokens - 1, 0)
+        stats = RequestStats(
+            prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=seq.num_cached_tokens,
+            generated_tokens=seq.num_output_tokens,
+            queue_time=(times.first_scheduled or end) - times.arrival,
+            time_to_first_token=first_token - times.arrival if first_token is not None else None,
+            decode_time=decode_time,
+            e2e_latency=end - times.arrival,
+            decode_tokens_per_s=decoded / decode_time if decode_time > 0 else 0.0,
+            preemptions=seq.num_preemptions,
+        )
+        return StepOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_tokens,
+            logprobs=logprobs,
+            finished=True,
+            finish_reason=seq.finish_reason,
+            stats=stats,
+        )
+
+    def aggregate(self, running: int, waiting: int, kv: KVCacheManager) -> AggregateStats:
+        """A snapshot of scheduler-wide state and totals."""
+        uptime = time.monotonic() - self.started
+        free = kv.allocator.num_free
+        cached = kv.cache.num_cached_pages
+        return AggregateStats(
+            running_requests=running,
+            waiting_requests=waiting,
+            total_pages=kv.num_pages,
+            free_pages=free,
+            cached_pages=cached,
+            used_pages=kv.num_pages - free - cached,
+            finished_requests=self.finished_requests,
+            prompt_tokens=self.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            generated_tokens=self.generated_tokens,
+            preemptions=self.preemptions,
+            uptime=uptime,
+            generation_throughput=self.generated_tokens / uptime if uptime > 0 else 0.0,
+        )

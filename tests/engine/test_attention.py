@@ -1,0 +1,212 @@
+"""TorchPagedAttention against a dense reference; the metadata builder; backend selection."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from baton.engine.attention.metadata import AttentionMetadata, build_attention_metadata
+from baton.engine.attention.select import make_attention_backend
+from baton.engine.attention.torch_backend import TorchPagedAttention
+from baton.engine.kv_pool import KVPool
+
+# (cached prefix, new tokens) per row: prefill chunks with and without a prefix, decode rows
+# interleaved with them (so decode queries are not contiguous), a row whose kv length is a multiple
+# of 16, and a decode row with a single key.
+MIXED_ROWS = [(0, 13), (5, 1), (37, 1), (20, 9), (15, 1), (0, 1), (31, 17), (2, 2)]
+DECODE_ROWS = [(40, 1), (3, 1), (15, 1), (0, 1), (63, 1)]
+
+
+def _build_batch(
+    rows: list[tuple[int, int]],
+    page_size: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    generator: torch.Generator,
+) -> tuple[KVPool, AttentionMetadata, list[torch.Tensor], list[torch.Tensor]]:
+    """Write every row's K/V into randomly scattered pages; return the batch's metadata too."""
+    kv_lens = [prefix + n for prefix, n in rows]
+    pages_needed = [-(-kv_len // page_size) + 1 for kv_len in kv_lens]  # +1: unused spare page
+    num_pages = 3 * sum(pages_needed)
+    free = torch.randperm(num_pages, generator=generator).tolist()
+    tables = []
+    for count in pages_needed:
+        tables.append(free[:count])
+        free = free[count:]
+    pool = KVPool(1, num_pages, page_size, kv_heads, head_dim, dtype, "cpu")
+    keys = [torch.randn(n, kv_heads, head_dim, generator=generator).to(dtype) for n in kv_lens]
+    values = [torch.randn(n, kv_heads, head_dim, generator=generator).to(dtype) for n in kv_lens]
+    # Fill the caches as earlier steps would have: every token of every row, by slot_mapping.
+    fill = build_attention_metadata([0] * len(rows), kv_lens, tables, page_size)
+    pool.write(0, torch.cat(keys), torch.cat(values), fill.slot_mapping)
+    meta = build_attention_metadata(
+        [prefix for prefix, _ in rows], [n for _, n in rows], tables, page_size
+    )
+    return pool, meta, keys, values
+
+
+def _dense_reference(
+    q: torch.Tensor,
+    meta: AttentionMetadata,
+    keys: list[torch.Tensor],
+    values: list[torch.Tensor],
+    scale: float,
+) -> torch.Tensor:
+    """Per-row causal softmax attention in float64 over the row's contiguous K/V."""
+    outputs = []
+    start = 0
+    for n, kv_len, k, v in zip(meta.q_lens, meta.kv_lens, keys, values, strict=True):
+        row_q = q[start : start + n].double()
+        start += n
+        group = q.shape[1] // k.shape[1]
+        k_full = k.double().repeat_interleave(group, dim=1)  # [kv_len, q_heads, d]
+        v_full = v.double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", row_q, k_full) * scale
+        query_pos = torch.arange(kv_len - n, kv_len).unsqueeze(1)
+        key_pos = torch.arange(kv_len).unsqueeze(0)
+        scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+        outputs.append(torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v_full))
+    return torch.cat(outputs)
+
+
+def _run_case(
+    rows: list[tuple[int, int]],
+    page_size: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    query_block: int = 512,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1234 + page_size + 7 * q_heads + head_dim)
+    pool, meta, keys, values = _build_batch(rows, page_size, kv_heads, head_dim, dtype, generator)
+    q = torch.randn(meta.num_tokens, q_heads, head_dim, generator=generator).to(dtype)
+    scale = 1.0 / math.sqrt(head_dim)
+    backend = TorchPagedAttention(q_heads, kv_heads, query_block=query_block)
+    backend.plan(meta)
+    out = backend.forward(q, pool.k_cache(0), pool.v_cache(0), meta, scale)
+    assert out.shape == q.shape and out.dtype == dtype
+    return out.double(), _dense_reference(q, meta, keys, values, scale)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize(("q_heads", "kv_heads"), [(4, 4), (4, 2), (8, 2)])
+@pytest.mark.parametrize("head_dim", [64, 24])
+@pytest.mark.parametrize("rows", [MIXED_ROWS, DECODE_ROWS], ids=["mixed", "decode"])
+def test_matches_dense_reference_float32(
+    rows: list[tuple[int, int]], page_size: int, q_heads: int, kv_heads: int, head_dim: int
+) -> None:
+    out, expected = _run_case(rows, page_size, q_heads, kv_heads, head_dim, torch.float32)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize(("q_heads", "kv_heads"), [(4, 1), (8, 2)])
+def test_matches_dense_reference_bfloat16(page_size: int, q_heads: int, kv_heads: int) -> None:
+    out, expected = _run_case(MIXED_ROWS, page_size, q_heads, kv_heads, 64, torch.bfloat16)
+    torch.testing.assert_close(out, expected, atol=3e-2, rtol=3e-2)
+
+
+def test_long_rows_split_into_query_blocks() -> None:
+    """Blocks of 4 queries cut every prefill row, including mid-way through its causal triangle."""
+    rows = [(9, 23), (0, 1), (0, 30), (50, 5)]
+    out, expected = _run_case(rows, 4, 6, 2, 32, torch.float32, query_block=4)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "rows", [[(19, 1)] * 4, [(0, 7), (12, 3)]], ids=["equal-decode", "prefill-only"]
+)
+def test_uniform_batches(rows: list[tuple[int, int]]) -> None:
+    out, expected = _run_case(rows, 4, 4, 2, 16, torch.float32)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_query_sliced_from_fused_qkv() -> None:
+    """Models slice q out of a fused QKV projection, so q arrives non-contiguous."""
+    generator = torch.Generator().manual_seed(11)
+    pool, meta, keys, values = _build_batch(MIXED_ROWS, 16, 2, 32, torch.float32, generator)
+    qkv = torch.randn(meta.num_tokens, 8 + 2 * 2, 32, generator=generator)
+    q = qkv[:, :8]
+    out = TorchPagedAttention(8, 2).forward(q, pool.k_cache(0), pool.v_cache(0), meta, 0.2)
+    expected = _dense_reference(q, meta, keys, values, 0.2)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_forward_replans_for_a_new_batch() -> None:
+    """Planning is per batch: a forward with different metadata must not reuse stale indices."""
+    generator = torch.Generator().manual_seed(7)
+    backend = TorchPagedAttention(4, 2)
+    for rows in (MIXED_ROWS, DECODE_ROWS):
+        pool, meta, keys, values = _build_batch(rows, 16, 2, 16, torch.float32, generator)
+        q = torch.randn(meta.num_tokens, 4, 16, generator=generator)
+        out = backend.forward(q, pool.k_cache(0), pool.v_cache(0), meta, 0.25)
+        expected = _dense_reference(q, meta, keys, values, 0.25)
+        torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_rejects_heads_that_do_not_group() -> None:
+    with pytest.raises(ValueError):
+        TorchPagedAttention(6, 4)
+
+
+def test_build_attention_metadata_by_hand() -> None:
+    """page_size 4; the second row ends exactly on a page boundary (kv_len 8)."""
+    meta = build_attention_metadata(
+        kv_starts=[0, 5, 8],
+        q_lens=[3, 3, 1],
+        page_tables=[[7, 2], [1, 9, 4], [3, 0, 5, 6]],
+        page_size=4,
+    )
+    assert meta.qo_indptr.tolist() == [0, 3, 6, 7]
+    assert meta.kv_indptr.tolist() == [0, 1, 3, 6]
+    assert meta.kv_indices.tolist() == [7, 1, 9, 3, 0, 5]
+    assert meta.kv_last_page_len.tolist() == [3, 4, 1]
+    assert meta.positions.tolist() == [0, 1, 2, 5, 6, 7, 8]
+    assert meta.slot_mapping.tolist() == [28, 29, 30, 37, 38, 39, 20]
+    assert meta.q_lens == (3, 3, 1) and meta.kv_lens == (3, 8, 9)
+    assert meta.qo_indptr.dtype == meta.kv_indptr.dtype == meta.kv_indices.dtype == torch.int32
+    assert meta.kv_last_page_len.dtype == torch.int32
+    assert meta.slot_mapping.dtype == meta.positions.dtype == torch.int64
+    assert not meta.is_decode_only and meta.batch_size == 3 and meta.num_tokens == 7
+
+
+def test_build_attention_metadata_rejects_bad_rows() -> None:
+    with pytest.raises(ValueError):
+        build_attention_metadata([0], [0], [[1]], 4)
+    with pytest.raises(ValueError):
+        build_attention_metadata([4], [1], [[1]], 4)
+
+
+def test_select_backend_on_cpu() -> None:
+    args = ("cpu", 4, 2, 16, torch.float32)
+    assert isinstance(make_attention_backend("torch", *args), TorchPagedAttention)
+    assert isinstance(make_attention_backend("auto", *args), TorchPagedAttention)
+    with pytest.raises(ValueError, match="CUDA"):
+        make_attention_backend("flashinfer", *args)
+    with pytest.raises(ValueError, match="unknown"):
+        make_attention_backend("sdpa", *args)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_torch_backend_on_cuda() -> None:
+    generator = torch.Generator().manual_seed(3)
+    pool, meta, keys, values = _build_batch(MIXED_ROWS, 16, 2, 64, torch.float32, generator)
+    q = torch.randn(meta.num_tokens, 8, 64, generator=generator)
+    cuda_meta = build_attention_metadata(
+        [kv - n for kv, n in zip(meta.kv_lens, meta.q_lens, strict=True)],
+        meta.q_lens,
+        [meta.kv_indices[s:e].tolist() for s, e in itertools.pairwise(meta.kv_indptr.tolist())],
+        16,
+        device="cuda",
+    )
+    backend = TorchPagedAttention(8, 2)
+    out = backend.forward(
+        q.cuda(), pool.k_cache(0).cuda(), pool.v_cache(0).cuda(), cuda_meta, 0.125
+    )
+    expected = _dense_reference(q, meta, keys, values, 0.125)
+    torch.testing.assert_close(out.cpu().double(), expected, atol=1e-4, rtol=1e-4)

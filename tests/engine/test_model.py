@@ -1,0 +1,264 @@
+"""Baton's CausalLM: weight loading, and logits against transformers' own models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import assert_greedy_matches_hf, hf_greedy_generate, hf_logits
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from baton.engine.attention.metadata import build_attention_metadata
+from baton.engine.attention.torch_backend import TorchPagedAttention
+from baton.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint
+from baton.engine.default_model import DEFAULT_HF_CONFIG
+from baton.engine.kv_pool import KVPool
+from baton.engine.model import CausalLM
+
+PAGE_SIZE = 4
+NUM_PAGES = 48
+# Float32 rounding differs between implementations by ~1e-5 at logit magnitudes ~6.
+FLOAT32_ATOL = 1e-4
+
+
+class PagedRunner:
+    """Drives a CausalLM through a KV pool whose pages are handed out in scrambled order."""
+
+    def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> None:
+        config = checkpoint.config
+        self.model = CausalLM(config, dtype, "cpu")
+        self.model.load_weights(checkpoint.iter_weights())
+        self.pool = KVPool(
+            config.num_layers,
+            NUM_PAGES,
+            PAGE_SIZE,
+            config.num_kv_heads,
+            config.head_dim,
+            dtype,
+            "cpu",
+        )
+        self.attn = TorchPagedAttention(config.num_heads, config.num_kv_heads)
+        self._free_pages = torch.randperm(
+            NUM_PAGES, generator=torch.Generator().manual_seed(0)
+        ).tolist()
+        self._tables: dict[int, list[int]] = {}
+        self._lengths: dict[int, int] = {}
+
+    def step(self, chunks: dict[int, list[int]], all_logits: bool = False) -> list[torch.Tensor]:
+        """Append each sequence's chunk; logits of each chunk's last token (or of all tokens)."""
+        kv_starts, q_lens, tables, input_ids = [], [], [], []
+        for seq, tokens in chunks.items():
+            start = self._lengths.get(seq, 0)
+            table = self._tables.setdefault(seq, [])
+            while len(table) * PAGE_SIZE < start + len(tokens):
+                table.append(self._free_pages.pop())
+            kv_starts.append(start)
+            q_lens.append(len(tokens))
+            tables.append(table)
+            input_ids.extend(tokens)
+            self._lengths[seq] = start + len(tokens)
+        meta = build_attention_metadata(kv_starts, q_lens, tables, PAGE_SIZE)
+        ends = torch.tensor(q_lens).cumsum(0)
+        indices = torch.arange(len(input_ids)) if all_logits else ends - 1
+        self.attn.plan(meta)
+        logits = self.model(
+            torch.tensor(input_ids), meta.positions, self.pool, self.attn, meta, indices
+        )
+        if all_logits:
+            return list(logits.split(q_lens))
+        return list(logits)
+
+
+def _tokens(count: int, seed: int, vocab: int = 256) -> list[int]:
+    return torch.randint(0, vocab, (count,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_full_sequence_matches_transformers(tiny_model_dir: Path) -> None:
+    tokens = _tokens(40, seed=1)
+    runner = PagedRunner(load_checkpoint(str(tiny_model_dir)))
+    [logits] = runner.step({0: tokens}, all_logits=True)
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, hf_logits(tiny_model_dir, tokens), rtol=0, atol=FLOAT32_ATOL)
+
+
+@pytest.mark.parametrize(
+    ("variant", "overrides"),
+    [
+        ("qwen3", {"attention_bias": True}),  # Qwen3 puts it on q/k/v and o_proj alike
+        ("llama", {"mlp_bias": True, "attention_bias": False, "tie_word_embeddings": True}),
+    ],
+)
+def test_optional_biases_match_transformers(
+    tiny_model_factory, variant: str, overrides: dict
+) -> None:
+    model_dir = tiny_model_factory(variant, **overrides)
+    tokens = _tokens(20, seed=5)
+    [logits] = PagedRunner(load_checkpoint(str(model_dir))).step({0: tokens}, all_logits=True)
+    torch.testing.assert_close(logits, hf_logits(model_dir, tokens), rtol=0, atol=FLOAT32_ATOL)
+
+
+def test_prefill_then_decode_matches_transformers(tiny_model_dir: Path) -> None:
+    tokens = _tokens(23, seed=2)
+    reference = hf_logits(tiny_model_dir, tokens)
+    runner = PagedRunner(load_checkpoint(str(tiny_model_dir)))
+    prefill = 7
+    [logits] = runner.step({0: tokens[:prefill]})
+    torch.testing.assert_close(logits, reference[prefill - 1], rtol=0, atol=FLOAT32_ATOL)
+    for position in range(prefill, len(tokens)):
+        [logits] = runner.step({0: [tokens[position]]})
+        torch.testing.assert_close(logits, reference[position], rtol=0, atol=FLOAT32_ATOL)
+
+
+def test_greedy_decode_matches_transformers_generate(tiny_model_dir: Path) -> None:
+    prompt = _tokens(6, seed=6)
+    runner = PagedRunner(load_checkpoint(str(tiny_model_dir)))
+    [logits] = runner.step({0: prompt})
+    generated = [int(logits.argmax())]
+    for _ in range(39):
+        [logits] = runner.step({0: generated[-1:]})
+        generated.append(int(logits.argmax()))
+    assert generated == hf_greedy_generate(tiny_model_dir, prompt, 40)
+    assert len(set(generated)) > 10  # the tiny models do not collapse into repeating one token
+    assert_greedy_matches_hf(tiny_model_dir, prompt, generated)
+    with pytest.raises(AssertionError, match="step 5"):
+        assert_greedy_matches_hf(tiny_model_dir, prompt, [*generated[:5], (generated[5] + 1) % 256])
+
+
+def test_ragged_batch_with_chunked_prefill_matches_transformers(tiny_llama_dir: Path) -> None:
+    """Decode rows, a first prefill chunk and a continued chunk in the same batches."""
+    sequences = {seq: _tokens(30, seed=10 + seq) for seq in range(3)}
+    references = {seq: hf_logits(tiny_llama_dir, tokens) for seq, tokens in sequences.items()}
+    runner = PagedRunner(load_checkpoint(str(tiny_llama_dir)))
+    runner.step({0: sequences[0][:9], 1: sequences[1][:1]})
+    # Sequence 0 decodes while 1 continues its prefill and 2 starts one; then all three decode.
+    schedule = [
+        {0: (9, 10), 1: (1, 12), 2: (0, 5)},
+        {2: (5, 6), 0: (10, 11), 1: (12, 13)},
+        {1: (13, 20), 2: (6, 7), 0: (11, 12)},
+    ]
+    for batch in schedule:
+        chunks = {seq: sequences[seq][start:end] for seq, (start, end) in batch.items()}
+        for seq, logits in zip(batch, runner.step(chunks), strict=True):
+            end = batch[seq][1]
+            torch.testing.assert_close(logits, references[seq][end - 1], rtol=0, atol=FLOAT32_ATOL)
+
+
+def test_logits_only_for_requested_rows(tiny_qwen3_dir: Path) -> None:
+    tokens = _tokens(12, seed=3)
+    runner = PagedRunner(load_checkpoint(str(tiny_qwen3_dir)))
+    meta = build_attention_metadata([0], [len(tokens)], [[5, 1, 9]], PAGE_SIZE)
+    runner.attn.plan(meta)
+    indices = torch.tensor([2, 7, 11])
+    logits = runner.model(
+        torch.tensor(tokens), meta.positions, runner.pool, runner.attn, meta, indices
+    )
+    assert logits.shape == (3, runner.model.config.vocab_size)
+    torch.testing.assert_close(
+        logits, hf_logits(tiny_qwen3_dir, tokens)[indices], rtol=0, atol=FLOAT32_ATOL
+    )
+
+
+def test_bfloat16_is_close_to_transformers_bfloat16(tiny_model_dir: Path) -> None:
+    tokens = _tokens(24, seed=4)
+    runner = PagedRunner(load_checkpoint(str(tiny_model_dir)), dtype=torch.bfloat16)
+    [logits] = runner.step({0: tokens[:16]}, all_logits=True)
+    decoded = [runner.step({0: [token]})[0] for token in tokens[16:]]
+    ours = torch.cat([logits, torch.stack(decoded)])
+    assert ours.dtype == torch.float32 and runner.model.embed_tokens.dtype == torch.bfloat16
+    exact = hf_logits(tiny_model_dir, tokens)
+    hf_bf16 = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
+    with torch.no_grad():
+        reference = hf_bf16(torch.tensor([tokens])).logits[0].float()
+    # bf16 rounding moves these logits by up to ~0.2; ours must be about as far from float32 as
+    # HF's own bf16 model is, both at worst and on average (argmax agreement is too fragile).
+    ours_error, hf_error = (ours - exact).abs(), (reference - exact).abs()
+    assert ours_error.max() < max(2 * hf_error.max(), 0.05), (ours_error.max(), hf_error.max())
+    assert ours_error.mean() < 2 * hf_error.mean(), (ours_error.mean(), hf_error.mean())
+
+
+def test_default_model_matches_transformers_llama(default_checkpoint: Checkpoint) -> None:
+    """The built-in model is an ordinary Llama: transformers computes the same logits from it."""
+    hf_config = {
+        k: v for k, v in DEFAULT_HF_CONFIG.items() if k not in ("architectures", "model_type")
+    }
+    reference_model = LlamaForCausalLM(LlamaConfig(**hf_config)).eval()
+    reference_model.load_state_dict(dict(default_checkpoint.iter_weights()), strict=False)
+    reference_model.tie_weights()
+    tokens = default_checkpoint.tokenizer.encode("The default model speaks bytes: ünïcödé ✓")
+    with torch.no_grad():
+        reference = reference_model(torch.tensor([tokens])).logits[0]
+    [logits] = PagedRunner(default_checkpoint).step({0: tokens}, all_logits=True)
+    torch.testing.assert_close(logits, reference, rtol=0, atol=FLOAT32_ATOL)
+
+
+def test_stories260k_matches_transformers(stories260k_dir: Path) -> None:
+    checkpoint = load_checkpoint(str(stories260k_dir))
+    tokens = checkpoint.tokenizer.encode("Once upon a time, there was a little girl named Lily.")
+    reference = hf_logits(stories260k_dir, tokens)
+    runner = PagedRunner(checkpoint)
+    [prefill] = runner.step({0: tokens[:5]}, all_logits=True)
+    decoded = [runner.step({0: [token]})[0] for token in tokens[5:]]
+    torch.testing.assert_close(
+        torch.cat([prefill, torch.stack(decoded)]), reference, rtol=0, atol=FLOAT32_ATOL
+    )
+
+
+def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    return dict(load_checkpoint(str(model_dir)).iter_weights())
+
+
+def _load(model_dir: Path, weights: dict[str, torch.Tensor]) -> None:
+    config = load_checkpoint(str(model_dir)).config
+    CausalLM(config, torch.float32, "cpu").load_weights(weights.items())
+
+
+@pytest.mark.parametrize(
+    ("tensor", "breakage", "message"),
+    [
+        ("model.layers.1.self_attn.k_proj.bias", "drop", "lacks 1 tensor.*k_proj.bias"),
+        ("lm_head.weight", "drop", "lacks 1 tensor.*lm_head.weight"),
+        ("model.layers.0.mlp.up_proj.weight", "reshape", "up_proj.weight.*shape"),
+        ("model.layers.0.self_attn.q_proj.weight", "reshape", "q_proj.weight.*shape"),
+        ("model.layers.0.self_attn.extra.weight", "add", "unexpected.*extra.weight"),
+    ],
+)
+def test_bad_weights_name_the_tensor(
+    tiny_llama_dir: Path, tensor: str, breakage: str, message: str
+) -> None:
+    weights = _weights(tiny_llama_dir)
+    if breakage == "drop":
+        del weights[tensor]
+    elif breakage == "reshape":
+        weights[tensor] = weights[tensor][:-1]
+    else:
+        weights[tensor] = torch.zeros(3)
+    with pytest.raises(CheckpointError, match=message):
+        _load(tiny_llama_dir, weights)
+
+
+def test_tied_lm_head_and_rotary_buffers_are_ignored(tiny_qwen2_dir: Path) -> None:
+    weights = _weights(tiny_qwen2_dir)
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    _load(tiny_qwen2_dir, weights)
+
+
+def test_fused_projections_hold_the_hf_tensors(tiny_qwen3_dir: Path) -> None:
+    weights = _weights(tiny_qwen3_dir)
+    config = load_checkpoint(str(tiny_qwen3_dir)).config
+    model = CausalLM(config, torch.float32, "cpu")
+    model.load_weights(weights.items())
+    layer = model.layers[1]
+    prefix = "model.layers.1."
+    expected_qkv = torch.cat([weights[f"{prefix}self_attn.{p}_proj.weight"] for p in "qkv"])
+    assert torch.equal(layer.self_attn.qkv_proj.weight, expected_qkv)
+    expected_gate_up = torch.cat([weights[f"{prefix}mlp.{p}_proj.weight"] for p in ("gate", "up")])
+    assert torch.equal(layer.mlp.gate_up_proj.weight, expected_gate_up)
+    assert torch.equal(layer.self_attn.qk_norm[0], weights[f"{prefix}self_attn.q_norm.weight"])
+    assert torch.equal(layer.self_attn.qk_norm[-1], weights[f"{prefix}self_attn.k_norm.weight"])
+
+
+def test_float16_is_refused_on_cpu(default_checkpoint: Checkpoint) -> None:
+    with pytest.raises(ValueError, match="float16"):
+        CausalLM(default_checkpoint.config, torch.float16, "cpu")

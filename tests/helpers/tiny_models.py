@@ -1,0 +1,137 @@
+"""Tiny seeded random HF checkpoints, written with transformers' own model classes.
+
+Every variant's logits are deliberately well separated (large init std, small vocabulary) so
+that greedy decoding agrees token for token with transformers despite float32 rounding noise:
+with HF's default 0.02 init, the top logits of a random model tie to within 1e-6.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from baton.tokenizer_proc.tokenizer import build_byte_tokenizer
+
+WEIGHT_STD = 0.2
+NORM_JITTER = 0.2  # norm weights are 1 + N(0, jitter): all ones would hide a misrouted norm
+BIAS_STD = 0.2  # HF zero-initialises biases, which would hide a misrouted bias
+# The byte-level tokenizer: 256 bytes, then <|bos|>, <|eos|>, <|pad|>.
+VOCAB_SIZE = 259
+BOS_ID, EOS_ID, PAD_ID = 256, 257, 258
+# generation_config.json adds <|pad|> as a second stop token (as Llama 3 lists <|eot_id|> next to
+# <|end_of_text|>), so tests see config.json's and generation_config.json's EOS ids merged.
+EXTRA_EOS_ID = PAD_ID
+
+
+@dataclass(frozen=True)
+class TinyVariant:
+    """One tiny architecture: its transformers classes and config keyword arguments."""
+
+    config_class: type[PretrainedConfig]
+    model_class: type[PreTrainedModel]
+    config_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-5,
+    "bos_token_id": BOS_ID,
+    "eos_token_id": EOS_ID,
+    "pad_token_id": PAD_ID,
+}
+
+TINY_VARIANTS: dict[str, TinyVariant] = {
+    # GQA, untied head, q/k/v/o biases, head_dim != hidden / heads, llama3 RoPE scaling whose
+    # three frequency bands (kept, blended, stretched) all occur at head_dim 24.
+    "llama": TinyVariant(
+        LlamaConfig,
+        LlamaForCausalLM,
+        {
+            **_COMMON,
+            "head_dim": 24,
+            "attention_bias": True,
+            "tie_word_embeddings": False,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        },
+    ),
+    # q/k/v biases (no o bias), tied embeddings.
+    "qwen2": TinyVariant(
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        {**_COMMON, "tie_word_embeddings": True, "rope_parameters": {"rope_theta": 1e6}},
+    ),
+    # Per-head q/k RMSNorm, head_dim != hidden / heads, untied.
+    "qwen3": TinyVariant(
+        Qwen3Config,
+        Qwen3ForCausalLM,
+        {**_COMMON, "head_dim": 32, "tie_word_embeddings": False},
+    ),
+}
+
+
+def tiny_hf_model(variant: str, seed: int = 0, **config_overrides: Any) -> PreTrainedModel:
+    """A float32 transformers model of `variant` with seeded, well-separated random weights."""
+    spec = TINY_VARIANTS[variant]
+    config = spec.config_class(**{**spec.config_kwargs, **config_overrides})
+    model = spec.model_class(config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        # named_parameters lists a tied lm_head once, under the embedding's name.
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            if name.endswith("bias"):
+                param.copy_(noise * BIAS_STD)
+            elif param.dim() == 1:
+                param.copy_(1.0 + noise * NORM_JITTER)
+            else:
+                param.copy_(noise * WEIGHT_STD)
+    return model
+
+
+def write_tiny_checkpoint(
+    directory: Path,
+    variant: str,
+    seed: int = 0,
+    max_shard_size: str | None = None,
+    **config_overrides: Any,
+) -> Path:
+    """Save a tiny `variant` checkpoint (weights, config, tokenizer, generation config)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model = tiny_hf_model(variant, seed, **config_overrides)
+    if max_shard_size is None:
+        model.save_pretrained(directory)
+    else:
+        model.save_pretrained(directory, max_shard_size=max_shard_size)
+    build_byte_tokenizer().save_pretrained(directory)
+    generation = GenerationConfig(
+        bos_token_id=BOS_ID, eos_token_id=[EOS_ID, EXTRA_EOS_ID], pad_token_id=PAD_ID
+    )
+    generation.save_pretrained(directory)
+    return directory

@@ -1,0 +1,164 @@
+"""The offline LLM end to end: greedy tokens equal transformers', whatever the batching."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from helpers import EOS_ID, EXTRA_EOS_ID, hf_greedy_generate
+
+from baton import LLM, SamplingParams
+from baton.scheduler_proc.errors import PromptTooLongError, RequestError
+
+PROMPT_LENGTHS = (1, 5, 17, 40, 64, 100, 200, 300)
+NEW_TOKENS = 32
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+def random_prompts(lengths: tuple[int, ...], seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(256) for _ in range(n)] for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def llama_reference(tiny_llama_dir: Path) -> tuple[list[list[int]], list[list[int]]]:
+    """Prompts and transformers' greedy continuations on the tiny Llama."""
+    prompts = random_prompts(PROMPT_LENGTHS, seed=1)
+    return prompts, [hf_greedy_generate(tiny_llama_dir, p, NEW_TOKENS) for p in prompts]
+
+
+def test_greedy_matches_transformers(tiny_model_dir: Path) -> None:
+    prompts = random_prompts(PROMPT_LENGTHS)
+    llm = LLM(str(tiny_model_dir), dtype="float32")
+    outputs = llm.generate(prompts, GREEDY)
+    for prompt, output in zip(prompts, outputs):
+        assert output.token_ids == hf_greedy_generate(tiny_model_dir, prompt, NEW_TOKENS)
+        assert output.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"disable_overlap": True},
+        {"chunk_size": 7},  # every prompt but the shortest is split into chunks
+        {"page_size": 1},
+        {"page_size": 16, "chunk_size": 64},
+        {"schedule_policy": "decode-first", "chunk_size": 48},
+        {"enable_prefix_caching": False},
+        {"max_running_requests": 3},
+        # 25 pages of 16 tokens: the 300-token prompt alone needs 21, so requests wait for pages.
+        {"num_pages": 25},
+    ],
+    ids=repr,
+)
+def test_batching_does_not_change_greedy_tokens(
+    tiny_llama_dir: Path, llama_reference: tuple[list[list[int]], list[list[int]]], options: dict
+) -> None:
+    prompts, expected = llama_reference
+    llm = LLM(str(tiny_llama_dir), dtype="float32", **options)
+    together = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in together] == expected
+    assert_pool_idle(llm)
+
+
+def test_alone_equals_together(tiny_llama_dir: Path, llama_reference) -> None:
+    prompts, expected = llama_reference
+    llm = LLM(str(tiny_llama_dir), dtype="float32", chunk_size=32)
+    for prompt, tokens in zip(prompts[::3], expected[::3]):
+        assert llm.generate([prompt], GREEDY)[0].token_ids == tokens
+
+
+def test_shared_prefixes_hit_the_cache(tiny_llama_dir: Path) -> None:
+    rng = random.Random(7)
+    prefix = [rng.randrange(256) for _ in range(150)]
+    prompts = [prefix + [rng.randrange(256) for _ in range(n)] for n in (1, 9, 33)]
+    expected = [hf_greedy_generate(tiny_llama_dir, p, NEW_TOKENS) for p in prompts]
+    llm = LLM(str(tiny_llama_dir), dtype="float32", page_size=16)
+    first = llm.generate(prompts[:1], GREEDY)[0]
+    assert first.stats.cached_tokens == 0
+    rest = llm.generate(prompts[1:], GREEDY)
+    assert [first.token_ids] + [o.token_ids for o in rest] == expected
+    # 150 shared tokens = 9 whole pages of 16 cached by the first request.
+    assert [o.stats.cached_tokens for o in rest] == [144, 144]
+    # The same prompt again: everything but the last page is served from the cache.
+    again = llm.generate(prompts[2:], GREEDY)[0]
+    assert again.token_ids == expected[2]
+    assert again.stats.cached_tokens == (len(prompts[2]) - 1) // 16 * 16
+    assert_pool_idle(llm)
+
+
+def test_stop_token_ids_and_eos(tiny_llama_dir: Path, llama_reference) -> None:
+    prompts, expected = llama_reference
+    llm = LLM(str(tiny_llama_dir), dtype="float32")
+    stop_at = expected[4][5]
+    output = llm.generate(prompts[4], SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[stop_at]))[0]
+    cut = expected[4].index(stop_at) + 1
+    assert output.token_ids == expected[4][:cut] and output.finish_reason == "stop"
+    # Without ignore_eos, the checkpoint's EOS ids (config.json's and generation_config.json's) stop.
+    eos_ids = {EOS_ID, EXTRA_EOS_ID}
+    for prompt, tokens in zip(prompts, expected):
+        hits = [i for i, t in enumerate(tokens) if t in eos_ids]
+        output = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=NEW_TOKENS))[0]
+        if hits:
+            assert output.token_ids == tokens[: hits[0] + 1] and output.finish_reason == "stop"
+        else:
+            assert output.token_ids == tokens and output.finish_reason == "length"
+
+
+def test_stop_strings_trim_text(default_llm: LLM) -> None:
+    full = default_llm.generate("abc", SamplingParams(temperature=0, max_tokens=24))[0]
+    text = full.text
+    assert len(text) > 6
+    stop = text[3:5]
+    output = default_llm.generate("abc", SamplingParams(temperature=0, max_tokens=24, stop=stop))[0]
+    assert output.finish_reason == "stop"
+    assert output.text == text[: text.index(stop)]
+    assert len(output.token_ids) < len(full.token_ids)
+
+
+def test_seeded_sampling_is_reproducible_across_batches(default_llm: LLM) -> None:
+    seeded = SamplingParams(temperature=1.0, top_k=50, seed=1234, max_tokens=16, ignore_eos=True)
+    alone = default_llm.generate("hello", seeded)[0].token_ids
+    others = [SamplingParams(temperature=0.7, top_p=0.9, max_tokens=16, ignore_eos=True)] * 3
+    batch = default_llm.generate(["x", "hello", "yz", "long prompt"], [others[0], seeded, *others[1:]])
+    assert batch[1].token_ids == alone
+    other_seed = SamplingParams(temperature=1.0, top_k=50, seed=99, max_tokens=16, ignore_eos=True)
+    assert default_llm.generate("hello", other_seed)[0].token_ids != alone
+
+
+def test_logprobs(default_llm: LLM) -> None:
+    output = default_llm.generate(
+        "hi", SamplingParams(temperature=0, max_tokens=4, logprobs=3, ignore_eos=True)
+    )[0]
+    assert len(output.logprobs) == 4
+    for token, entry in zip(output.token_ids, output.logprobs):
+        top_ids = [token_id for token_id, _ in entry.top]
+        assert len(entry.top) == 3 and top_ids[0] == token  # greedy: the chosen token is the top one
+        assert entry.logprob == pytest.approx(entry.top[0][1]) and entry.logprob <= 0
+
+
+def test_invalid_requests_raise_typed_errors(default_llm: LLM) -> None:
+    max_len = default_llm.engine.max_model_len
+    with pytest.raises(PromptTooLongError):
+        default_llm.generate([[1] * max_len], SamplingParams(max_tokens=1))
+    with pytest.raises(ValueError, match="temperature"):
+        default_llm.generate("x", SamplingParams(temperature=-1))
+    with pytest.raises(RequestError, match="token ids"):
+        default_llm.generate([[10**9]], SamplingParams())
+    # The engine keeps serving after rejected requests.
+    assert default_llm.generate("ok", SamplingParams(max_tokens=3, ignore_eos=True))[0].token_ids
+    assert_pool_idle(default_llm)
+
+
+def assert_pool_idle(llm: LLM) -> None:
+    """Every page is free or merely cached (evictable): nothing leaked, nothing still locked."""
+    stats = llm.scheduler.aggregate_stats()
+    assert stats.running_requests == stats.waiting_requests == 0
+    assert stats.used_pages == 0
+    assert llm.scheduler.kv.cache.num_evictable_pages == stats.cached_pages
+
+
+@pytest.fixture(scope="module")
+def default_llm() -> LLM:
+    return LLM()
