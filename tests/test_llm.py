@@ -6,7 +6,8 @@ import random
 from pathlib import Path
 
 import pytest
-from helpers import EOS_ID, EXTRA_EOS_ID, hf_greedy_generate
+import torch
+from helpers import EOS_ID, EXTRA_EOS_ID, hf_greedy_generate, load_hf_model
 
 from baton import LLM, SamplingParams
 from baton.scheduler_proc.errors import PromptTooLongError, RequestError
@@ -92,10 +93,12 @@ def test_stop_token_ids_and_eos(tiny_llama_dir: Path, llama_reference) -> None:
     prompts, expected = llama_reference
     llm = LLM(str(tiny_llama_dir), dtype="float32")
     stop_at = expected[4][5]
-    output = llm.generate(prompts[4], SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[stop_at]))[0]
+    output = llm.generate(
+        prompts[4], SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[stop_at])
+    )[0]
     cut = expected[4].index(stop_at) + 1
     assert output.token_ids == expected[4][:cut] and output.finish_reason == "stop"
-    # Without ignore_eos, the checkpoint's EOS ids (config.json's and generation_config.json's) stop.
+    # Without ignore_eos the checkpoint's EOS ids (config.json's + generation_config.json's) stop.
     eos_ids = {EOS_ID, EXTRA_EOS_ID}
     for prompt, tokens in zip(prompts, expected):
         hits = [i for i, t in enumerate(tokens) if t in eos_ids]
@@ -121,7 +124,9 @@ def test_seeded_sampling_is_reproducible_across_batches(default_llm: LLM) -> Non
     seeded = SamplingParams(temperature=1.0, top_k=50, seed=1234, max_tokens=16, ignore_eos=True)
     alone = default_llm.generate("hello", seeded)[0].token_ids
     others = [SamplingParams(temperature=0.7, top_p=0.9, max_tokens=16, ignore_eos=True)] * 3
-    batch = default_llm.generate(["x", "hello", "yz", "long prompt"], [others[0], seeded, *others[1:]])
+    batch = default_llm.generate(
+        ["x", "hello", "yz", "long prompt"], [others[0], seeded, *others[1:]]
+    )
     assert batch[1].token_ids == alone
     other_seed = SamplingParams(temperature=1.0, top_k=50, seed=99, max_tokens=16, ignore_eos=True)
     assert default_llm.generate("hello", other_seed)[0].token_ids != alone
@@ -134,7 +139,9 @@ def test_logprobs(default_llm: LLM) -> None:
     assert len(output.logprobs) == 4
     for token, entry in zip(output.token_ids, output.logprobs):
         top_ids = [token_id for token_id, _ in entry.top]
-        assert len(entry.top) == 3 and top_ids[0] == token  # greedy: the chosen token is the top one
+        assert (
+            len(entry.top) == 3 and top_ids[0] == token
+        )  # greedy: the chosen token is the top one
         assert entry.logprob == pytest.approx(entry.top[0][1]) and entry.logprob <= 0
 
 
@@ -162,3 +169,33 @@ def assert_pool_idle(llm: LLM) -> None:
 @pytest.fixture(scope="module")
 def default_llm() -> LLM:
     return LLM()
+
+
+def test_stories260k_text_and_eos_match_transformers(stories260k_dir: Path) -> None:
+    # The first three end their story with EOS within 300 tokens; the last one loops to the limit.
+    prompts = [
+        "The little dog",
+        "One day, a girl named Sue",
+        "Once upon a time, there was a big bear.",
+        "Lily and Tom went to the park",
+    ]
+    llm = LLM(str(stories260k_dir), dtype="float32")
+    tokenizer = llm.tokenizer
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=300))
+    model = load_hf_model(stories260k_dir)
+    for prompt, output in zip(prompts, outputs):
+        prompt_ids = tokenizer.encode(prompt)
+        with torch.no_grad():
+            generated = model.generate(
+                torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=300
+            )
+        hf_ids = generated[0, len(prompt_ids) :].tolist()
+        assert output.token_ids == hf_ids
+        if len(hf_ids) < 300:  # transformers stopped on generation_config.json's EOS ids [1, 2]
+            assert hf_ids[-1] in (1, 2) and output.finish_reason == "stop"
+        else:
+            assert output.finish_reason == "length"
+        full_text = tokenizer.decode(prompt_ids + hf_ids, skip_special_tokens=True)
+        prompt_text = tokenizer.decode(prompt_ids, skip_special_tokens=True)
+        assert output.text == full_text[len(prompt_text) :]
+    assert [o.finish_reason for o in outputs] == ["stop", "stop", "stop", "length"]

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def _parameter(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+def empty_parameter(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    """An uninitialised, frozen parameter (inference only: no gradients)."""
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
@@ -30,10 +31,11 @@ class Linear(nn.Module):
         device: torch.device | str,
     ) -> None:
         super().__init__()
-        self.weight = _parameter(out_features, in_features, dtype=dtype, device=device)
-        self.bias = _parameter(out_features, dtype=dtype, device=device) if bias else None
+        self.weight = empty_parameter(out_features, in_features, dtype=dtype, device=device)
+        self.bias = empty_parameter(out_features, dtype=dtype, device=device) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., in_features] -> [..., out_features]."""
         return F.linear(x, self.weight, self.bias)
 
 
@@ -55,10 +57,11 @@ class RMSNorm(nn.Module):
 
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
-        self.weight = _parameter(size, dtype=dtype, device=device)
+        self.weight = empty_parameter(size, dtype=dtype, device=device)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise x's last dimension."""
         return rms_norm(x, self.weight, self.eps)
 
 
@@ -131,6 +134,7 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, bias, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[tokens, hidden] -> [tokens, hidden]."""
         gate_up = self.gate_up_proj(x)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up))

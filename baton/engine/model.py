@@ -17,7 +17,15 @@ from torch import nn
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
 from baton.engine.kv_pool import KVPool
-from baton.engine.layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rope, rms_norm
+from baton.engine.layers import (
+    GatedMLP,
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+    apply_rope,
+    empty_parameter,
+    rms_norm,
+)
 from baton.engine.model_config import CheckpointError, ModelConfig
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16)
@@ -46,10 +54,7 @@ class Attention(nn.Module):
         # one norm call covers q and k, which sit side by side in the qkv output.
         qk_heads = self.num_heads + self.num_kv_heads
         self.qk_norm = (
-            nn.Parameter(
-                torch.empty(qk_heads, self.head_dim, dtype=dtype, device=device),
-                requires_grad=False,
-            )
+            empty_parameter(qk_heads, self.head_dim, dtype=dtype, device=device)
             if config.qk_norm
             else None
         )
@@ -63,6 +68,7 @@ class Attention(nn.Module):
         attn: AttentionBackend,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        """[tokens, hidden] -> [tokens, hidden]; appends the tokens' K/V to this layer's cache."""
         tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         qk = qkv[:, : self.q_size + self.kv_size].view(tokens, -1, self.head_dim)
@@ -103,6 +109,7 @@ class DecoderLayer(nn.Module):
         attn: AttentionBackend,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        """[tokens, hidden] -> [tokens, hidden] (the input tensor is not modified)."""
         attn_out = self.self_attn(self.input_layernorm(hidden), cos, sin, kv_pool, attn, meta)
         # In-place residual adds reuse the freshly allocated projection outputs.
         hidden = attn_out.add_(hidden)
@@ -128,9 +135,7 @@ class CausalLM(nn.Module):
             raise ValueError(f"dtype {dtype} is not supported on {device}")
         self.config = config
         embedding_shape = (config.vocab_size, config.hidden_size)
-        self.embed_tokens = nn.Parameter(
-            torch.empty(embedding_shape, dtype=dtype, device=device), requires_grad=False
-        )
+        self.embed_tokens = empty_parameter(*embedding_shape, dtype=dtype, device=device)
         self.layers = nn.ModuleList(
             DecoderLayer(config, layer, dtype, device) for layer in range(config.num_layers)
         )
@@ -138,9 +143,7 @@ class CausalLM(nn.Module):
         self.lm_head = (
             self.embed_tokens
             if config.tie_word_embeddings
-            else nn.Parameter(
-                torch.empty(embedding_shape, dtype=dtype, device=device), requires_grad=False
-            )
+            else empty_parameter(*embedding_shape, dtype=dtype, device=device)
         )
         self.rotary = RotaryEmbedding(
             config.head_dim,

@@ -11,7 +11,10 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 @lru_cache(maxsize=16)
 def load_hf_model(model_dir: Path) -> PreTrainedModel:
-    """The checkpoint as a float32 transformers model (cached: tests never modify it)."""
+    """The checkpoint as a float32 transformers model, cached per folder.
+
+    Never modify it (no `.to(dtype)`): load a separate copy for other dtypes.
+    """
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 

@@ -1,0 +1,144 @@
+"""The scheduler core under pressure: preemption, aborts in flight, deferred freeing, limits."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from baton import LLM, SamplingParams
+from baton.config import BatonConfig
+from baton.engine.engine import Engine
+from baton.scheduler_proc.errors import OverloadedError
+from baton.scheduler_proc.scheduler import Scheduler
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+def prompts(count: int, seed: int = 3) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(256) for _ in range(rng.randrange(4, 60))] for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama_dir: Path) -> list[list[int]]:
+    """Greedy outputs of 24 requests run with plenty of KV pages."""
+    llm = LLM(str(tiny_llama_dir), dtype="float32")
+    return [o.token_ids for o in llm.generate(prompts(24), GREEDY)]
+
+
+def run_all(scheduler: Scheduler, requests: list[list[int]]) -> dict[str, list[int]]:
+    for index, prompt in enumerate(requests):
+        scheduler.add_request(str(index), prompt, GREEDY)
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(requests))}
+    while scheduler.has_unfinished_requests():
+        for output in scheduler.step():
+            tokens[output.request_id].extend(output.new_token_ids)
+    return tokens
+
+
+@pytest.mark.parametrize("disable_overlap", [False, True], ids=["overlap", "plain"])
+def test_kv_pressure_preempts_and_recovers(
+    tiny_llama_dir: Path, reference: list[list[int]], disable_overlap: bool
+) -> None:
+    # 40 pages of 4 tokens = 160 tokens for 24 requests of up to 84 tokens each.
+    config = BatonConfig(
+        model=str(tiny_llama_dir),
+        dtype="float32",
+        page_size=4,
+        num_pages=40,
+        disable_overlap=disable_overlap,
+    )
+    scheduler = Scheduler(config, Engine(config))
+    tokens = run_all(scheduler, prompts(24))
+    assert [tokens[str(i)] for i in range(24)] == reference
+    stats = scheduler.aggregate_stats()
+    assert stats.preemptions > 0
+    assert stats.used_pages == 0 and stats.free_pages + stats.cached_pages == 40
+    assert scheduler.kv.cache.num_evictable_pages == stats.cached_pages
+    assert sorted(scheduler.free_slots) == list(range(config.max_running_requests))
+
+
+def test_abort_inside_in_flight_batch(tiny_llama_dir: Path, reference: list[list[int]]) -> None:
+    config = BatonConfig(model=str(tiny_llama_dir), dtype="float32", page_size=4)
+    scheduler = Scheduler(config, Engine(config))
+    requests = prompts(24)[:3]
+    for index, prompt in enumerate(requests):
+        scheduler.add_request(str(index), prompt, GREEDY)
+    tokens: dict[str, list[int]] = {"0": [], "1": [], "2": []}
+    finals = {}
+    for _ in range(5):
+        for output in scheduler.step():
+            tokens[output.request_id].extend(output.new_token_ids)
+    victim = scheduler.requests["1"]
+    assert victim.in_flight_batches == 1  # the overlap loop has a batch with it computing
+    scheduler.abort_request("1")
+    assert victim.page_table  # not freed while the in-flight batch may still read its pages
+    tokens_at_abort = len(tokens["1"])
+    while scheduler.has_unfinished_requests():
+        for output in scheduler.step():
+            tokens[output.request_id].extend(output.new_token_ids)
+            if output.finished:
+                finals[output.request_id] = output
+    assert finals["1"].finish_reason == "abort"
+    assert len(tokens["1"]) == tokens_at_abort  # tokens computed after the abort never surface
+    assert tokens["1"] == reference[1][:tokens_at_abort]
+    assert tokens["0"] == reference[0] and tokens["2"] == reference[2]
+    assert victim.page_table == [] and "1" not in scheduler.requests
+    assert scheduler.aggregate_stats().used_pages == 0
+
+
+def test_finished_request_is_freed_one_step_late(tiny_llama_dir: Path) -> None:
+    config = BatonConfig(model=str(tiny_llama_dir), dtype="float32", page_size=4)
+    scheduler = Scheduler(config, Engine(config))
+    scheduler.add_request("a", prompts(1)[0], SamplingParams(temperature=0, max_tokens=50))
+    scheduler.add_request("b", prompts(2)[1], GREEDY)
+    first_token = None
+    while first_token is None:
+        outputs = [o for o in scheduler.step() if o.request_id == "a" and o.new_token_ids]
+        first_token = outputs[0].new_token_ids[0] if outputs else None
+    # Re-run with that token as a stop token: "a" finishes on its first token, while the overlap
+    # loop already has its first decode step in flight.
+    scheduler = Scheduler(config, Engine(config))
+    scheduler.add_request(
+        "a", prompts(1)[0], SamplingParams(temperature=0, stop_token_ids=[first_token])
+    )
+    scheduler.add_request("b", prompts(2)[1], GREEDY)
+    finished = []
+    while not finished:
+        finished = [o for o in scheduler.step() if o.request_id == "a" and o.finished]
+    seq_a = scheduler.requests["a"]
+    assert finished[0].finish_reason == "stop" and finished[0].new_token_ids == [first_token]
+    assert seq_a.in_flight_batches == 1 and seq_a in scheduler.releasing and seq_a.page_table
+    scheduler.step()
+    assert "a" not in scheduler.requests and seq_a.page_table == []
+
+
+def test_abort_waiting_request_and_queue_bound(tiny_llama_dir: Path) -> None:
+    config = BatonConfig(model=str(tiny_llama_dir), dtype="float32", max_waiting_requests=2)
+    scheduler = Scheduler(config, Engine(config))
+    scheduler.add_request("a", [1, 2, 3], GREEDY)
+    scheduler.add_request("b", [4, 5, 6], GREEDY)
+    with pytest.raises(OverloadedError):
+        scheduler.add_request("c", [7, 8, 9], GREEDY)
+    scheduler.abort_request("b")
+    scheduler.abort_request("b")  # twice, and unknown ids, are harmless
+    scheduler.abort_request("nope")
+    outputs = scheduler.step()
+    aborted = [o for o in outputs if o.request_id == "b"]
+    assert len(aborted) == 1 and aborted[0].finished and aborted[0].finish_reason == "abort"
+    while scheduler.has_unfinished_requests():
+        scheduler.step()
+    assert scheduler.aggregate_stats().finished_requests == 2
+
+
+def test_request_stats(tiny_llama_dir: Path) -> None:
+    llm = LLM(str(tiny_llama_dir), dtype="float32")
+    output = llm.generate([list(range(1, 30))], GREEDY)[0]
+    stats = output.stats
+    assert stats.prompt_tokens == 29 and stats.generated_tokens == 24
+    assert 0 <= stats.queue_time <= stats.time_to_first_token <= stats.e2e_latency
+    assert stats.decode_tokens_per_s > 0
+    totals = llm.scheduler.aggregate_stats()
+    assert totals.finished_requests == 1 and totals.generated_tokens == 24
