@@ -33,10 +33,15 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _launch(args: argparse.Namespace) -> int:
+    from baton.launch import run
+
+    return run(config_from_args(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with its subcommands."""
     parser = argparse.ArgumentParser(prog="baton", description=__doc__)
-    parser.add_argument("--log-level", default="WARNING")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="complete prompts offline and print the text")
     generate.add_argument("prompt", nargs="+")
@@ -48,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--sampling-seed", type=int, default=None)
     generate.add_argument("--ignore-eos", action="store_true")
     generate.set_defaults(handler=_generate)
+    launch = commands.add_parser("launch", help="start the server (all processes) and supervise it")
+    add_config_args(launch)
+    launch.set_defaults(handler=_launch)
     return parser
 
 

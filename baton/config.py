@@ -36,6 +36,11 @@ class BatonConfig:
     enable_prefix_caching: bool = True
     disable_overlap: bool = False
     max_waiting_requests: int = 4096
+    # Serving
+    host: str = "127.0.0.1"
+    port: int = 8000
+    zmq_port: int | None = None  # client-facing ZMQ on tcp (this port and the next), else ipc
+    log_level: str = "info"
 
     def replace(self, **changes: object) -> BatonConfig:
         """A copy with `changes` applied (the config itself is immutable)."""
@@ -116,6 +121,16 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         help="plain loop: wait for each batch before scheduling the next",
     )
     group.add_argument("--max-waiting-requests", type=int, default=defaults.max_waiting_requests)
+    group = parser.add_argument_group("serving")
+    group.add_argument("--host", default=defaults.host)
+    group.add_argument("--port", type=int, default=defaults.port)
+    group.add_argument(
+        "--zmq-port",
+        type=int,
+        default=None,
+        help="serve the ZMQ client protocol on tcp ports N and N+1 (default: ipc)",
+    )
+    group.add_argument("--log-level", default=defaults.log_level)
 
 
 def config_from_args(args: argparse.Namespace) -> BatonConfig:

@@ -35,18 +35,26 @@ WEIGHT_SEED = 0
 COMPLETE_MARKER = ".complete"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # The byte-level tokenizer's special tokens, which the model configs name as BOS/EOS/PAD.
-_SPECIAL_IDS = {
-    token: BYTE_VOCAB_SIZE + offset for offset, token in enumerate(BYTE_SPECIAL_TOKENS)
-}
+_SPECIAL_IDS = {token: BYTE_VOCAB_SIZE + offset for offset, token in enumerate(BYTE_SPECIAL_TOKENS)}
 BOS_ID, EOS_ID, PAD_ID = _SPECIAL_IDS[BOS_TOKEN], _SPECIAL_IDS[EOS_TOKEN], _SPECIAL_IDS[PAD_TOKEN]
 
 
 @dataclass(frozen=True)
+class BenchWorkload:
+    """The offline benchmark's default workload for a shape: about a minute or two on 2 cores."""
+
+    num_prompts: int
+    input_len: int
+    output_len: int
+
+
+@dataclass(frozen=True)
 class ModelShape:
-    """One Qwen2 architecture: `Qwen2Config` keyword arguments, without the token ids."""
+    """One Qwen2 architecture: `Qwen2Config` keyword arguments (no token ids), bench defaults."""
 
     name: str
     config_kwargs: dict[str, Any]
+    bench_workload: BenchWorkload
 
     def hf_config(self, dtype: torch.dtype) -> Qwen2Config:
         """The transformers config, with the byte tokenizer's special token ids."""
@@ -76,6 +84,7 @@ SHAPES: dict[str, ModelShape] = {
                 "tie_word_embeddings": True,
                 "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
             },
+            BenchWorkload(num_prompts=64, input_len=128, output_len=128),
         ),
         # Qwen2.5-0.5B's published config.json, minus the sliding-window fields it leaves off.
         ModelShape(
@@ -92,6 +101,7 @@ SHAPES: dict[str, ModelShape] = {
                 "tie_word_embeddings": True,
                 "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
             },
+            BenchWorkload(num_prompts=32, input_len=128, output_len=64),
         ),
     )
 }

@@ -52,10 +52,7 @@ class Engine:
         self.model_config = model_config
         self.device = torch.device(config.device)
         self.dtype = resolve_dtype(config.dtype, model_config.torch_dtype, self.device)
-        self.max_model_len = min(
-            config.max_model_len or model_config.max_position_embeddings,
-            model_config.max_position_embeddings,
-        )
+        self.max_model_len = model_config.served_context_length(config.max_model_len)
         self.page_size = config.page_size
         self.num_pages = config.num_pages or self._pages_from_budget(config)
         self.model = CausalLM(model_config, self.dtype, self.device)

@@ -63,6 +63,11 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
 
+    def served_context_length(self, requested: int | None) -> int:
+        """The context length served: `requested` (a --max-model-len), capped at the positions."""
+        positions = self.max_position_embeddings
+        return min(requested or positions, positions)
+
     @property
     def q_size(self) -> int:
         """Width of the query projection (all heads)."""

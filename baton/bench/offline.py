@@ -1,0 +1,283 @@
+"""Offline throughput benchmark, nano-vLLM's shape: N random requests submitted at once, timed.
+
+Prompts are random token ids; input and output lengths are drawn uniformly from
+[len * (1 - r), len * (1 + r)] (vLLM's `--random-range-ratio`) with a seed; `ignore_eos=True`, so
+exactly the drawn output lengths are generated. `--compare-hf` runs transformers on the same
+weights and workload afterwards and prints the throughput ratio.
+
+    python -m baton.bench.offline --shape tiny --compare-hf
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
+from baton.config import BatonConfig, add_config_args, config_from_args
+from baton.engine.checkpoint import load_checkpoint
+from baton.llm import LLM
+from baton.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+# Untimed warm-up: enough to touch every code path (prefill, decode, sampling) once.
+WARMUP_PROMPTS, WARMUP_INPUT_LEN, WARMUP_OUTPUT_LEN = 2, 16, 4
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The requests: prompt token ids and the exact number of tokens each must generate."""
+
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(len(prompt) for prompt in self.prompts)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+
+@dataclass
+class EngineResult:
+    """One engine's timed run over a workload."""
+
+    engine: str
+    elapsed_s: float
+    num_requests: int
+    input_tokens: int
+    output_tokens: int  # generated tokens that count: each request's own length
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def output_throughput(self) -> float:
+        return self.output_tokens / self.elapsed_s
+
+    @property
+    def total_throughput(self) -> float:
+        return (self.input_tokens + self.output_tokens) / self.elapsed_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, throughputs included."""
+        return {
+            **asdict(self),
+            "output_throughput": self.output_throughput,
+            "total_throughput": self.total_throughput,
+            "requests_per_s": self.num_requests / self.elapsed_s,
+        }
+
+
+def sample_lengths(mean: int, range_ratio: float, count: int, rng: random.Random) -> list[int]:
+    """`count` lengths uniform in [floor(mean*(1-r)), ceil(mean*(1+r))], never below 1."""
+    low = max(1, math.floor(mean * (1 - range_ratio)))
+    high = max(low, math.ceil(mean * (1 + range_ratio)))
+    return [rng.randint(low, high) for _ in range(count)]
+
+
+def make_workload(
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    vocab_size: int,
+    seed: int,
+) -> Workload:
+    """Seeded random prompts (ids uniform over the model's vocabulary) and output lengths."""
+    if not 0 <= range_ratio < 1:
+        raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
+    rng = random.Random(seed)
+    input_lens = sample_lengths(input_len, range_ratio, num_prompts, rng)
+    output_lens = sample_lengths(output_len, range_ratio, num_prompts, rng)
+    prompts = [[rng.randrange(vocab_size) for _ in range(n)] for n in input_lens]
+    return Workload(prompts, output_lens)
+
+
+def run_baton(config: BatonConfig, workload: Workload) -> EngineResult:
+    """Time `LLM.generate` over the whole workload; the engine is shut down before returning."""
+    llm = LLM(**asdict(config))
+    try:
+        vocab = llm.engine.vocab_size
+        warmup = make_workload(WARMUP_PROMPTS, WARMUP_INPUT_LEN, WARMUP_OUTPUT_LEN, 0, vocab, -1)
+        llm.generate(warmup.prompts, _greedy_params(warmup.output_lens))
+        params = _greedy_params(workload.output_lens)
+        start = time.perf_counter()
+        outputs = llm.generate(workload.prompts, params)
+        elapsed = time.perf_counter() - start
+        dtype = str(llm.engine.dtype).removeprefix("torch.")
+    finally:
+        llm.scheduler.shutdown()
+    generated = [len(output.token_ids) for output in outputs]
+    if generated != workload.output_lens:
+        logger.warning("Baton generated lengths differ from the requested ones")
+    details = {"dtype": dtype, "disable_overlap": config.disable_overlap}
+    return EngineResult(
+        "baton", elapsed, len(outputs), workload.input_tokens, sum(generated), details
+    )
+
+
+def _greedy_params(output_lens: list[int]) -> list[SamplingParams]:
+    return [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in output_lens]
+
+
+def run_transformers(model: str, dtype: str, workload: Workload, batch_size: int) -> EngineResult:
+    """Time transformers' greedy `generate` in static, left-padded batches.
+
+    Requests are sorted by output length (longest first) before batching, so each batch's rows
+    need nearly the same number of steps: static batching's best case. A batch generates its
+    longest request's length (`min_new_tokens` = `max_new_tokens` rules out early EOS), and
+    only each request's own length counts as output; the rest is reported as wasted tokens.
+    """
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
+    pad_id = hf_model.generation_config.pad_token_id or 0
+    order = sorted(range(len(workload.prompts)), key=lambda i: -workload.output_lens[i])
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    vocab = hf_model.config.vocab_size
+    warmup = make_workload(WARMUP_PROMPTS, WARMUP_INPUT_LEN, WARMUP_OUTPUT_LEN, 0, vocab, -1)
+    _hf_generate(hf_model, warmup.prompts, WARMUP_OUTPUT_LEN, pad_id)
+    computed = 0
+    start = time.perf_counter()
+    for batch in batches:
+        longest = max(workload.output_lens[i] for i in batch)
+        _hf_generate(hf_model, [workload.prompts[i] for i in batch], longest, pad_id)
+        computed += longest * len(batch)
+    elapsed = time.perf_counter() - start
+    details = {
+        "dtype": dtype,
+        "batch_size": batch_size,
+        "wasted_tokens": computed - workload.output_tokens,
+    }
+    return EngineResult(
+        "transformers",
+        elapsed,
+        len(workload.prompts),
+        workload.input_tokens,
+        workload.output_tokens,
+        details,
+    )
+
+
+@torch.inference_mode()
+def _hf_generate(
+    hf_model: torch.nn.Module, prompts: list[list[int]], new_tokens: int, pad_id: int
+) -> None:
+    width = max(len(prompt) for prompt in prompts)
+    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    output = hf_model.generate(
+        input_ids=input_ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        pad_token_id=pad_id,
+    )
+    if output.shape[1] - width != new_tokens:
+        raise RuntimeError(f"transformers generated {output.shape[1] - width}, not {new_tokens}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The benchmark flags (vLLM's names) plus every engine flag of `baton.config`."""
+    parser = argparse.ArgumentParser(prog="python -m baton.bench.offline", description=__doc__)
+    add_config_args(parser)  # defines --model, --dtype and --seed too
+    parser.set_defaults(dtype="bfloat16")
+    group = parser.add_argument_group("benchmark")
+    group.add_argument("--shape", choices=sorted(SHAPES), help="random weights of a named shape")
+    group.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
+    group.add_argument("--num-prompts", type=int, default=None, help="default: from the shape")
+    group.add_argument("--random-input-len", type=int, default=None, help="default: from shape")
+    group.add_argument("--random-output-len", type=int, default=None, help="default: from shape")
+    group.add_argument("--random-range-ratio", type=float, default=0.5)
+    group.add_argument("--output-json", type=Path, default=None)
+    group.add_argument("--compare-hf", action="store_true", help="also run transformers")
+    group.add_argument("--hf-batch-size", type=int, default=16)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; print and return the results (also written to `--output-json`)."""
+    args = build_parser().parse_args(argv)
+    if args.model and args.shape:
+        raise SystemExit("give --model or --shape, not both")
+    shape = SHAPES[args.shape or "tiny"]
+    if args.model is None:
+        weights_dtype = "bfloat16" if args.dtype == "auto" else args.dtype
+        model = str(materialize_shape(shape.name, args.cache_dir, weights_dtype))
+    else:
+        model = args.model
+    defaults = shape.bench_workload
+    workload = make_workload(
+        args.num_prompts or defaults.num_prompts,
+        args.random_input_len or defaults.input_len,
+        args.random_output_len or defaults.output_len,
+        args.random_range_ratio,
+        load_checkpoint(model).config.vocab_size,
+        args.seed,
+    )
+    baton = run_baton(config_from_args(args).replace(model=model), workload)
+    gc.collect()  # free Baton's weights and KV pool before transformers loads its copy
+    hf = None
+    if args.compare_hf:
+        hf = run_transformers(model, baton.details["dtype"], workload, args.hf_batch_size)
+    report = _report(args, model, workload, baton, hf)
+    if args.output_json is not None:
+        args.output_json.write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _report(
+    args: argparse.Namespace,
+    model: str,
+    workload: Workload,
+    baton: EngineResult,
+    hf: EngineResult | None,
+) -> dict[str, Any]:
+    """Print the figures and return them as one JSON-ready dict."""
+    report: dict[str, Any] = {
+        "model": model,
+        "shape": args.shape,
+        "num_prompts": len(workload.prompts),
+        "random_range_ratio": args.random_range_ratio,
+        "seed": args.seed,
+        "torch_threads": torch.get_num_threads(),
+        "input_lens": [len(prompt) for prompt in workload.prompts],
+        "output_lens": workload.output_lens,
+        "total_input_tokens": workload.input_tokens,
+        "total_output_tokens": workload.output_tokens,
+        "baton": baton.to_dict(),
+    }
+    print(
+        f"{len(workload.prompts)} requests, {workload.input_tokens} input tokens, "
+        f"{workload.output_tokens} output tokens ({model})"
+    )
+    for result in (baton, hf):
+        if result is not None:
+            print(
+                f"{result.engine:>12}: {result.elapsed_s:8.2f} s, "
+                f"{result.output_throughput:9.1f} output tok/s, "
+                f"{result.total_throughput:9.1f} total tok/s"
+            )
+    if hf is not None:
+        report["transformers"] = hf.to_dict()
+        report["baton_vs_transformers"] = baton.output_throughput / hf.output_throughput
+        print(f"Baton / transformers: {report['baton_vs_transformers']:.2f}x output tok/s")
+    return report
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    main()

@@ -1,0 +1,92 @@
+"""What every child process of a server shares: arguments, logging, parent-death and readiness."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+
+import msgspec
+import zmq
+
+from baton.addresses import ServerAddresses
+from baton.config import BatonConfig
+from baton.messages import Codec, LauncherMessage, ProcessReady
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def child_command(module: str, config: BatonConfig, addresses: ServerAddresses) -> list[str]:
+    """The argv that starts `module` (a process's `__main__`) for this server."""
+    return [
+        sys.executable,
+        "-m",
+        module,
+        "--config",
+        msgspec.json.encode(config).decode(),
+        "--addresses",
+        addresses.to_json(),
+    ]
+
+
+class ReadyReporter:
+    """Tells the launcher this process is serving, or why it could not start."""
+
+    def __init__(self, context: zmq.Context, name: str, launcher_address: str) -> None:
+        self.name = name
+        self._socket = context.socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.LINGER, 1000)
+        self._socket.connect(launcher_address)
+        self._codec = Codec(LauncherMessage)
+
+    def ready(self, **info: str) -> None:
+        self._socket.send(self._codec.encode(ProcessReady(name=self.name, info=info)))
+
+    def failed(self, error: str) -> None:
+        self._socket.send(self._codec.encode(ProcessReady(name=self.name, error=error)))
+
+    def close(self) -> None:
+        self._socket.close()
+
+
+def run_child(
+    name: str, serve: Callable[[BatonConfig, ServerAddresses, zmq.Context, ReadyReporter], None]
+) -> None:
+    """Parse the launcher's arguments and run `serve` until it returns or the process is stopped.
+
+    The process dies with its parent (PR_SET_PDEATHSIG), so a killed launcher leaves no orphans;
+    SIGTERM and SIGINT end it quietly. A failure to start is reported to the launcher.
+    """
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--addresses", required=True)
+    args = parser.parse_args()
+    config = msgspec.json.decode(args.config, type=BatonConfig)
+    addresses = ServerAddresses.from_json(args.addresses)
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format=f"%(asctime)s {name} %(levelname)s %(message)s",
+    )
+    if sys.platform == "linux":
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+    context = zmq.Context()
+    reporter = ReadyReporter(context, name, addresses.launcher)
+    try:
+        serve(config, addresses, context, reporter)
+    except SystemExit:
+        pass
+    except Exception:
+        logger.exception("%s failed", name)
+        reporter.failed(traceback.format_exc(limit=5))
+        raise
+    finally:
+        reporter.close()
+        context.destroy(linger=0)

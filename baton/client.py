@@ -1,0 +1,203 @@
+"""An async Python client of a Baton server over ZMQ.
+
+```python
+async with BatonClient(requests_address, replies_address) as client:
+    result = await client.generate("Once upon a time", SamplingParams(max_tokens=32))
+    async with contextlib.aclosing(client.stream("Hi", SamplingParams())) as deltas:
+        async for delta in deltas:
+            print(delta.text, end="")
+```
+Cancelling a `generate` task, or closing a stream before it finished, aborts the request on the
+server. Any number of clients may talk to one server; each gets only its own replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import zmq
+import zmq.asyncio
+
+from baton.messages import (
+    AbortRequest,
+    ChatMessage,
+    ClientMessage,
+    ClientReply,
+    Codec,
+    ErrorReply,
+    GenerateDelta,
+    GenerateRequest,
+    Hello,
+    HelloAck,
+    StatsReply,
+    StatsRequest,
+    Usage,
+)
+from baton.sampling_params import SamplingParams
+from baton.scheduler_proc.outputs import AggregateStats, RequestStats, TokenLogprob
+
+logger = logging.getLogger(__name__)
+
+
+class ServerError(Exception):
+    """A typed error from the server: `code` is invalid_request, prompt_too_long, overloaded..."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class GenerateResult:
+    """A finished request, as `generate` returns it."""
+
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    usage: Usage | None = None
+    stats: RequestStats | None = None
+
+
+class BatonClient:
+    """Talks to a server's tokenizer (requests) and detokenizer (replies) sockets."""
+
+    def __init__(self, requests: str, replies: str) -> None:
+        self._addresses = (requests, replies)
+        self.client_id = uuid.uuid4().bytes
+        self._context = zmq.asyncio.Context()
+        self._requests = self._context.socket(zmq.DEALER)
+        self._replies = self._context.socket(zmq.DEALER)
+        for socket in (self._requests, self._replies):
+            socket.setsockopt(zmq.ROUTING_ID, self.client_id)
+            socket.setsockopt(zmq.LINGER, 0)
+        self._encoder = Codec(ClientMessage)
+        self._decoder = Codec(ClientReply)
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._receiver: asyncio.Task | None = None
+
+    async def connect(self, timeout: float = 30.0) -> None:
+        """Connect and wait until the server can route replies to this client."""
+        requests, replies = self._addresses
+        self._requests.connect(requests)
+        self._replies.connect(replies)
+        acked = False
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not acked:
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"no answer from {replies}")
+            await self._replies.send(self._encoder.encode(Hello()))
+            if await self._replies.poll(500):
+                acked = isinstance(
+                    self._decoder.decode_or_none(await self._replies.recv()), HelloAck
+                )
+        self._receiver = asyncio.create_task(self._receive())
+
+    async def close(self) -> None:
+        if self._receiver is not None:
+            self._receiver.cancel()
+        self._requests.close()
+        self._replies.close()
+        self._context.term()
+
+    async def __aenter__(self) -> BatonClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _receive(self) -> None:
+        while True:
+            reply = self._decoder.decode_or_none(await self._replies.recv())
+            if reply is None or isinstance(reply, HelloAck):
+                continue
+            for item in reply.items:
+                queue = self._queues.get(item.request_id)
+                if queue is not None:
+                    queue.put_nowait(item)
+
+    async def stream(
+        self,
+        prompt: str | list[int] | list[ChatMessage],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[GenerateDelta]:
+        """Yield the request's deltas as they come; the last one has `finished` set.
+
+        A prompt is text, token ids, or chat messages. Raises ServerError on a typed error.
+        """
+        request_id = request_id or uuid.uuid4().hex
+        request = GenerateRequest(request_id=request_id, params=params or SamplingParams())
+        if isinstance(prompt, str):
+            request.prompt = prompt
+        elif prompt and isinstance(prompt[0], ChatMessage):
+            request.messages = list(prompt)
+        else:
+            request.prompt_token_ids = list(prompt)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = queue
+        finished = False
+        try:
+            await self._requests.send(self._encoder.encode(request))
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, ErrorReply):
+                    finished = True
+                    raise ServerError(item.code, item.message)
+                finished = item.finished
+                yield item
+        finally:
+            del self._queues[request_id]
+            if not finished:  # cancelled or closed early: free the server-side request
+                self._requests.send(self._encoder.encode(AbortRequest(request_id=request_id)))
+
+    async def generate(
+        self,
+        prompt: str | list[int] | list[ChatMessage],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+    ) -> GenerateResult:
+        """Run a request to completion and return its output."""
+        result: GenerateResult | None = None
+        stream = self.stream(prompt, params, request_id)
+        try:
+            async for delta in stream:
+                result = result or GenerateResult(delta.request_id)
+                result.token_ids.extend(delta.token_ids)
+                result.text += delta.text
+                if delta.logprobs is not None:
+                    result.logprobs = (result.logprobs or []) + delta.logprobs
+                if delta.finished:
+                    result.finish_reason = delta.finish_reason
+                    result.usage = delta.usage
+                    result.stats = delta.stats
+        finally:
+            await stream.aclose()
+        assert result is not None  # a stream ends with a finished delta or raises
+        return result
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request by id (its stream then ends with finish_reason "abort")."""
+        await self._requests.send(self._encoder.encode(AbortRequest(request_id=request_id)))
+
+    async def stats(self) -> AggregateStats:
+        """The scheduler's aggregate stats."""
+        request_id = uuid.uuid4().hex
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = queue
+        try:
+            await self._requests.send(self._encoder.encode(StatsRequest(request_id=request_id)))
+            reply = await queue.get()
+        finally:
+            del self._queues[request_id]
+        if isinstance(reply, ErrorReply):
+            raise ServerError(reply.code, reply.message)
+        assert isinstance(reply, StatsReply)
+        return reply.stats

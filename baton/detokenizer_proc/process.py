@@ -1,0 +1,282 @@
+"""The detokenizer process: turns scheduler outputs into text deltas and routes every reply.
+
+Each client has a DEALER (routing id = its `client_id`) connected to this process's ROUTER; replies
+are batched per client per handled message. A stop string is detected here, so the client gets its
+final delta at once and the scheduler is told to abort the request.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import zmq
+from transformers import PreTrainedTokenizerBase
+
+from baton.addresses import ServerAddresses
+from baton.child_process import ReadyReporter
+from baton.config import BatonConfig
+from baton.detokenizer_proc.incremental import IncrementalDetokenizer
+from baton.engine.checkpoint import load_checkpoint
+from baton.messages import (
+    AbortRid,
+    ClientReply,
+    Codec,
+    DetokenizerClientMessage,
+    DetokenizerMessage,
+    ErrorReply,
+    ForwardedStats,
+    GenerateDelta,
+    HelloAck,
+    Replies,
+    RequestFailed,
+    RequestStarted,
+    SchedulerMessage,
+    SchedulerOutputs,
+    Shutdown,
+    StatsReply,
+    Usage,
+)
+from baton.scheduler_proc.outputs import StepOutput
+
+logger = logging.getLogger(__name__)
+
+ReplyItem = GenerateDelta | ErrorReply | StatsReply
+# Bounded so SIGTERM is noticed even on an idle server; the loop never spins.
+POLL_TIMEOUT_MS = 1000
+
+
+@dataclass(slots=True)
+class _RequestState:
+    """What the detokenizer keeps for one started request."""
+
+    client_id: bytes
+    request_id: str
+    detokenizer: IncrementalDetokenizer
+    prompt_tokens: int
+    completion_tokens: int = 0
+    # A stop string matched: the client has its final delta; only the scheduler's own final
+    # output (which deletes this state) is still to come.
+    stopped: bool = False
+
+
+class Handled(NamedTuple):
+    """What one message produced: replies per client (in order) and messages for the scheduler."""
+
+    replies: dict[bytes, list[ReplyItem]]
+    to_scheduler: list[AbortRid]
+
+
+class DetokenizerService:
+    """The socket-free core: per-request detokenizer state and message -> replies translation."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self._tokenizer = tokenizer
+        self._requests: dict[str, _RequestState] = {}
+
+    @property
+    def active_rids(self) -> set[str]:
+        """The rids whose state is still held (stopped ones included)."""
+        return set(self._requests)
+
+    def handle_message(self, message: DetokenizerMessage) -> Handled:
+        """Apply one message from the scheduler or tokenizer; Shutdown produces nothing."""
+        handled = Handled({}, [])
+        if isinstance(message, SchedulerOutputs):
+            for started in message.started:
+                self._register(started, handled)
+            for step in message.steps:
+                self._apply_step(step, handled)
+        elif isinstance(message, RequestFailed):
+            error = ErrorReply(
+                request_id=message.request_id, code=message.code, message=message.message
+            )
+            _add_reply(handled, message.client_id, error)
+        elif isinstance(message, ForwardedStats):
+            reply = StatsReply(request_id=message.request_id, stats=message.stats)
+            _add_reply(handled, message.client_id, reply)
+        return handled
+
+    def client_vanished(self, client_id: bytes) -> list[AbortRid]:
+        """Forget a client's requests; the aborts the scheduler needs for those still running."""
+        rids = [rid for rid, state in self._requests.items() if state.client_id == client_id]
+        aborts = [AbortRid(rid=rid) for rid in rids if not self._requests[rid].stopped]
+        for rid in rids:
+            del self._requests[rid]
+        return aborts
+
+    def _register(self, started: RequestStarted, handled: Handled) -> None:
+        if started.rid in self._requests:
+            logger.warning("request %s registered twice; replacing its state", started.rid)
+        try:
+            detokenizer = IncrementalDetokenizer(
+                self._tokenizer, started.prompt_token_ids, started.stop, started.skip_special_tokens
+            )
+        except Exception as error:  # tokenizers raise various types for out-of-range ids
+            logger.warning("cannot detokenize request %s: %s", started.rid, error)
+            self._requests.pop(started.rid, None)
+            message = f"cannot decode the prompt: {error}"
+            _add_reply(handled, started.client_id, _internal_error(started.request_id, message))
+            handled.to_scheduler.append(AbortRid(rid=started.rid))
+            return
+        self._requests[started.rid] = _RequestState(
+            client_id=started.client_id,
+            request_id=started.request_id,
+            detokenizer=detokenizer,
+            prompt_tokens=len(started.prompt_token_ids),
+        )
+
+    def _apply_step(self, step: StepOutput, handled: Handled) -> None:
+        state = self._requests.get(step.request_id)
+        if state is None:
+            return  # never registered, failed, or its client vanished
+        if state.stopped:
+            if step.finished:
+                del self._requests[step.request_id]
+            return
+        try:
+            delta = self._delta(state, step)
+        except Exception as error:  # a bad token id must not take down every other request
+            logger.exception("detokenizing request %s failed", step.request_id)
+            del self._requests[step.request_id]
+            message = f"detokenization failed: {error}"
+            _add_reply(handled, state.client_id, _internal_error(state.request_id, message))
+            if not step.finished:
+                handled.to_scheduler.append(AbortRid(rid=step.request_id))
+            return
+        if delta is None:
+            return
+        _add_reply(handled, state.client_id, delta)
+        if step.finished:
+            del self._requests[step.request_id]
+        elif delta.finished:
+            state.stopped = True
+            handled.to_scheduler.append(AbortRid(rid=step.request_id, reason="stop"))
+
+    def _delta(self, state: _RequestState, step: StepOutput) -> GenerateDelta | None:
+        """The client's delta for one step (None if there is nothing to tell)."""
+        pushed = state.detokenizer.push(step.new_token_ids)
+        state.completion_tokens += len(step.new_token_ids)
+        text = pushed.text
+        stopped_by_string = pushed.stop_string is not None
+        if step.finished and not stopped_by_string:
+            text += state.detokenizer.flush()
+        if not (step.finished or stopped_by_string or step.new_token_ids):
+            return None
+        finished = step.finished or stopped_by_string
+        delta = GenerateDelta(
+            request_id=state.request_id,
+            token_ids=step.new_token_ids,
+            text=text,
+            logprobs=step.logprobs,
+            finished=finished,
+        )
+        if finished:
+            delta.finish_reason = "stop" if stopped_by_string else step.finish_reason
+            # Before the scheduler's final output the cache hit count is unknown (stats is None).
+            cached = step.stats.cached_tokens if step.stats is not None else 0
+            delta.usage = Usage(
+                prompt_tokens=state.prompt_tokens,
+                completion_tokens=state.completion_tokens,
+                cached_tokens=cached,
+            )
+            delta.stats = step.stats
+        return delta
+
+
+def _add_reply(handled: Handled, client_id: bytes, reply: ReplyItem) -> None:
+    handled.replies.setdefault(client_id, []).append(reply)
+
+
+def _internal_error(request_id: str, message: str) -> ErrorReply:
+    return ErrorReply(request_id=request_id, code="internal", message=message)
+
+
+class _ClientRouter:
+    """The client-facing ROUTER: Hello handshakes, and replies that detect vanished clients."""
+
+    def __init__(
+        self, socket: zmq.Socket, service: DetokenizerService, to_scheduler: zmq.Socket
+    ) -> None:
+        self._socket = socket
+        self._service = service
+        self._to_scheduler = to_scheduler
+        self._inbound: Codec[DetokenizerClientMessage] = Codec(DetokenizerClientMessage)
+        self._outbound: Codec[ClientReply] = Codec(ClientReply)
+        self._scheduler_codec: Codec[SchedulerMessage] = Codec(SchedulerMessage)
+
+    def answer_hellos(self) -> None:
+        """Answer every Hello waiting on the socket; anything else is logged and dropped."""
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                logger.warning("dropping a client message of %d frames", len(frames))
+                continue
+            client_id, frame = frames
+            if self._inbound.decode_or_none(frame) is not None:
+                self._send(client_id, self._outbound.encode(HelloAck()))
+
+    def deliver(self, handled: Handled) -> None:
+        """Send each client its batch (encoded once) and the scheduler its aborts."""
+        for client_id, items in handled.replies.items():
+            self._send(client_id, self._outbound.encode(Replies(items=items)))
+        self.send_to_scheduler(handled.to_scheduler)
+
+    def send_to_scheduler(self, messages: list[AbortRid]) -> None:
+        """Push aborts to the scheduler."""
+        for message in messages:
+            self._to_scheduler.send(self._scheduler_codec.encode(message))
+
+    def _send(self, client_id: bytes, frame: bytes) -> None:
+        try:
+            self._socket.send_multipart([client_id, frame], zmq.NOBLOCK)
+        except zmq.ZMQError as error:
+            # ROUTER_MANDATORY turns "no such peer" into EHOSTUNREACH; EAGAIN (a full queue)
+            # cannot happen with the unlimited send queue, but would mean the same: not reading.
+            if error.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                raise
+            logger.info("client %s is gone; aborting its requests", client_id.hex())
+            self.send_to_scheduler(self._service.client_vanished(client_id))
+
+
+def serve(
+    config: BatonConfig, addresses: ServerAddresses, context: zmq.Context, reporter: ReadyReporter
+) -> None:
+    """Bind, report ready, then translate and route messages until Shutdown."""
+    service = DetokenizerService(load_checkpoint(config.model).tokenizer)
+    inbox = context.socket(zmq.PULL)
+    inbox.bind(addresses.detokenizer)
+    replies = context.socket(zmq.ROUTER)
+    replies.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    # A client slow to read must neither stall the others nor lose replies: queue without limit.
+    replies.setsockopt(zmq.SNDHWM, 0)
+    replies.bind(addresses.replies)
+    to_scheduler = context.socket(zmq.PUSH)
+    to_scheduler.connect(addresses.scheduler)
+    router = _ClientRouter(replies, service, to_scheduler)
+    inbound: Codec[DetokenizerMessage] = Codec(DetokenizerMessage)
+    poller = zmq.Poller()
+    poller.register(inbox, zmq.POLLIN)
+    poller.register(replies, zmq.POLLIN)
+    reporter.ready()
+    while True:
+        events = dict(poller.poll(POLL_TIMEOUT_MS))
+        if replies in events:
+            router.answer_hellos()
+        if inbox not in events:
+            continue
+        while True:
+            try:
+                frame = inbox.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            message = inbound.decode_or_none(frame)
+            if isinstance(message, Shutdown):
+                logger.info("shutting down")
+                return
+            if message is not None:
+                router.deliver(service.handle_message(message))

@@ -1,0 +1,168 @@
+"""`baton launch`: start every server process, wait until each is ready, supervise them.
+
+If any child dies, the rest are stopped and the launcher exits non-zero: no orphans (children
+also die with the launcher, via PR_SET_PDEATHSIG). Ctrl-C / SIGTERM stop everything cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+
+import zmq
+
+from baton.addresses import ServerAddresses
+from baton.child_process import child_command
+from baton.config import BatonConfig, add_config_args, config_from_args
+from baton.messages import Codec, LauncherMessage, Shutdown
+
+logger = logging.getLogger(__name__)
+
+# Started in this order: the scheduler binds what the tokenizer and detokenizer connect to, but
+# ZMQ reconnects, so order only matters for readability of logs.
+PROCESS_MODULES = {
+    "scheduler": "baton.scheduler_proc",
+    "detokenizer": "baton.detokenizer_proc",
+    "tokenizer": "baton.tokenizer_proc",
+}
+
+
+class ServerStartError(RuntimeError):
+    """A child process failed to start or did not report ready in time."""
+
+
+class Server:
+    """A running server: its child processes and addresses. Use as a context manager."""
+
+    def __init__(self, config: BatonConfig) -> None:
+        self.config = config
+        self.addresses = ServerAddresses.create(config.host, config.zmq_port)
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.info: dict[str, str] = {}
+        self._context = zmq.Context()
+        self._ready = self._context.socket(zmq.PULL)
+        self._ready.bind(self.addresses.launcher)
+        self._codec = Codec(LauncherMessage)
+        self._shutdown_codec = Codec(Shutdown)
+
+    def start(self, timeout: float = 600.0) -> None:
+        """Start the children and wait for each to report ready (ServerStartError if not)."""
+        for name, module in PROCESS_MODULES.items():
+            command = child_command(module, self.config, self.addresses)
+            self.processes[name] = subprocess.Popen(command)
+        pending = set(self.processes)
+        deadline = time.monotonic() + timeout
+        while pending:
+            dead = self.dead_child()
+            if dead is not None:
+                raise ServerStartError(f"{dead} process exited during startup")
+            if time.monotonic() > deadline:
+                raise ServerStartError(
+                    f"not ready after {timeout:.0f}s: {', '.join(sorted(pending))}"
+                )
+            if not self._ready.poll(200):
+                continue
+            report = self._codec.decode_or_none(self._ready.recv())
+            if report is None:
+                continue
+            if report.error is not None:
+                raise ServerStartError(f"{report.name} failed to start:\n{report.error}")
+            pending.discard(report.name)
+            self.info.update(report.info)
+
+    def dead_child(self) -> str | None:
+        """The name of a child that has exited, if any."""
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                return name
+        return None
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop every child and clean up: Shutdown to the scheduler and detokenizer (they leave
+        their loops), SIGTERM to all, SIGKILL for any still alive after `grace` seconds."""
+        for address in (self.addresses.scheduler, self.addresses.detokenizer):
+            with self._context.socket(zmq.PUSH) as shutdown:
+                shutdown.setsockopt(zmq.LINGER, 200)
+                shutdown.connect(address)
+                shutdown.send(self._shutdown_codec.encode(Shutdown()), zmq.NOBLOCK)
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + grace
+        for process in self.processes.values():
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._ready.close(linger=0)
+        self._context.term()
+        shutil.rmtree(self.addresses.directory, ignore_errors=True)
+
+    def __enter__(self) -> Server:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run(config: BatonConfig) -> int:
+    """Serve until a signal (exit 0) or a child's death (exit 1)."""
+    stopping = False
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    server = Server(config)
+    try:
+        server.start()
+    except ServerStartError as error:
+        logger.error("%s", error)
+        server.stop()
+        return 1
+    print(
+        f"Baton ready: model {server.info.get('model', config.model or 'built-in default')}\n"
+        f"  ZMQ requests: {server.addresses.requests}\n"
+        f"  ZMQ replies:  {server.addresses.replies}",
+        flush=True,
+    )
+    exit_code = 0
+    while not stopping:
+        dead = server.dead_child()
+        if dead is not None:
+            logger.error("%s process died; stopping the server", dead)
+            exit_code = 1
+            break
+        time.sleep(0.2)
+    server.stop()
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m baton.launch`."""
+    parser = argparse.ArgumentParser(prog="baton launch", description=__doc__)
+    add_config_args(parser)
+    args = parser.parse_args(argv)
+    config = config_from_args(args)
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s launch %(levelname)s %(message)s"
+    )
+    return run(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""The wire protocol: msgspec Structs in tagged unions, msgpack-encoded, one union per receiver.
+
+Flow: client -> tokenizer_proc -> scheduler_proc -> detokenizer_proc -> client. Every reply to a
+client comes from the detokenizer, routed by the client's ZMQ identity (`client_id`), so each
+client gets only its own replies. Never pickle: a frame that does not decode into the receiver's
+union is logged and dropped (`decode_or_none`), it never kills a process.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Generic, TypeVar
+
+import msgspec
+
+from baton.sampling_params import SamplingParams
+from baton.scheduler_proc.outputs import AggregateStats, RequestStats, StepOutput, TokenLogprob
+
+logger = logging.getLogger(__name__)
+
+
+class ChatMessage(msgspec.Struct):
+    """One chat turn, as in OpenAI's API."""
+
+    role: str
+    content: str
+
+
+# --- client -> tokenizer_proc -----------------------------------------------------------------
+class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True):
+    """Exactly one of `prompt`, `prompt_token_ids` and `messages` is set."""
+
+    request_id: str
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    messages: list[ChatMessage] | None = None
+    params: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    add_special_tokens: bool = True
+    skip_special_tokens: bool = True
+
+
+class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):
+    """Stop a request early; its final reply has finish_reason "abort" (or `reason`)."""
+
+    request_id: str
+    reason: str = "abort"
+
+
+class StatsRequest(msgspec.Struct, tag="stats", kw_only=True):
+    """Ask the scheduler for its aggregate stats; answered with a StatsReply."""
+
+    request_id: str
+
+
+class Shutdown(msgspec.Struct, tag="shutdown"):
+    """Ask the scheduler or the detokenizer to leave its loop (sent by the launcher on stop, on
+    their private sockets; clients cannot send it)."""
+
+
+ClientMessage = GenerateRequest | AbortRequest | StatsRequest
+
+
+# --- tokenizer_proc / detokenizer_proc -> scheduler_proc ----------------------------------------
+class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True):
+    """A validated request with its prompt as token ids; `rid` is unique server-wide."""
+
+    rid: str
+    client_id: bytes
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    skip_special_tokens: bool = True
+    arrival_time: float
+
+
+class AbortRid(msgspec.Struct, tag="abort_rid", kw_only=True):
+    """Abort by server-wide id: a client's abort (via the tokenizer), a stop string or a vanished
+    client (via the detokenizer)."""
+
+    rid: str
+    reason: str = "abort"
+
+
+class ForwardedStatsRequest(msgspec.Struct, tag="stats_fwd", kw_only=True):
+    """A client's StatsRequest on its way to the scheduler."""
+
+    client_id: bytes
+    request_id: str
+
+
+SchedulerMessage = TokenizedRequest | AbortRid | ForwardedStatsRequest | Shutdown
+
+
+# --- scheduler_proc / tokenizer_proc -> detokenizer_proc ----------------------------------------
+class RequestStarted(msgspec.Struct, tag="started", kw_only=True):
+    """Registers a request with the detokenizer before any of its outputs (same socket: FIFO)."""
+
+    rid: str
+    client_id: bytes
+    request_id: str
+    prompt_token_ids: list[int]
+    stop: list[str]
+    skip_special_tokens: bool
+
+
+class RequestFailed(msgspec.Struct, tag="failed", kw_only=True):
+    """A request rejected before it started; relayed to its client as an ErrorReply."""
+
+    client_id: bytes
+    request_id: str
+    code: str
+    message: str
+
+
+class SchedulerOutputs(msgspec.Struct, tag="outputs", kw_only=True):
+    """Everything one scheduler iteration produced, in order."""
+
+    started: list[RequestStarted] = []
+    steps: list[StepOutput] = []
+
+
+class ForwardedStats(msgspec.Struct, tag="stats_out", kw_only=True):
+    """The scheduler's answer to a ForwardedStatsRequest, on its way to the client."""
+
+    client_id: bytes
+    request_id: str
+    stats: AggregateStats
+
+
+DetokenizerMessage = SchedulerOutputs | RequestFailed | ForwardedStats | Shutdown
+
+
+# --- detokenizer_proc -> client -----------------------------------------------------------------
+class Usage(msgspec.Struct, kw_only=True):
+    """Token counts of a finished request, as OpenAI's `usage`."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+class GenerateDelta(msgspec.Struct, tag="delta", kw_only=True):
+    """New output of one request; the last one has `finished`, `finish_reason`, usage and stats."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprob] | None = None
+    finished: bool = False
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    stats: RequestStats | None = None
+
+
+class ErrorReply(msgspec.Struct, tag="error", kw_only=True):
+    """A typed error: invalid_request | prompt_too_long | overloaded | internal."""
+
+    request_id: str
+    code: str
+    message: str
+
+
+class StatsReply(msgspec.Struct, tag="stats_reply", kw_only=True):
+    """Aggregate scheduler stats, answering a StatsRequest."""
+
+    request_id: str
+    stats: AggregateStats
+
+
+class Replies(msgspec.Struct, tag="replies"):
+    """Replies for one client, batched per detokenizer iteration."""
+
+    items: list[GenerateDelta | ErrorReply | StatsReply]
+
+
+class Hello(msgspec.Struct, tag="hello"):
+    """Sent by a client on its reply socket; answered with HelloAck once it is routable."""
+
+
+class HelloAck(msgspec.Struct, tag="hello_ack"):
+    """The detokenizer can now route replies to this client."""
+
+
+ClientReply = Replies | HelloAck
+DetokenizerClientMessage = Hello
+
+
+# --- launcher ---------------------------------------------------------------------------------
+class ProcessReady(msgspec.Struct, tag="ready", kw_only=True):
+    """A child process reports it is serving (or that it failed to start, with `error`)."""
+
+    name: str
+    error: str | None = None
+    info: dict[str, str] = {}
+
+
+LauncherMessage = ProcessReady
+
+T = TypeVar("T")
+
+
+def make_rid(client_id: bytes, request_id: str) -> str:
+    """The server-wide id of a client's request (client ids are ZMQ routing ids)."""
+    return f"{client_id.hex()}:{request_id}"
+
+
+class Codec(Generic[T]):
+    """msgpack encoder/decoder for one receiver's union."""
+
+    def __init__(self, union: type[T]) -> None:
+        self._decoder = msgspec.msgpack.Decoder(union)
+        self._encoder = msgspec.msgpack.Encoder()
+
+    def encode(self, message: object) -> bytes:
+        return self._encoder.encode(message)
+
+    def decode_or_none(self, frame: bytes) -> T | None:
+        """The decoded message, or None (logged) for a malformed frame."""
+        try:
+            return self._decoder.decode(frame)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            logger.warning("dropping malformed frame (%d bytes): %s", len(frame), error)
+            return None

@@ -1,0 +1,217 @@
+"""The tokenizer process: validates and tokenizes client requests, then forwards them.
+
+Clients' DEALER sockets reach this process's ROUTER. Valid requests go to the scheduler as
+`TokenizedRequest`s; rejected ones go to the detokenizer as `RequestFailed`, because every reply
+to a client comes from the detokenizer. Tokenizing here keeps long prompts off the scheduler's
+loop. No input, however malformed, ends the loop: it becomes an error reply and a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Literal
+
+import msgspec
+import zmq
+from jinja2 import TemplateError
+from transformers import PreTrainedTokenizerBase
+
+from baton.addresses import ServerAddresses
+from baton.child_process import ReadyReporter
+from baton.config import BatonConfig
+from baton.engine.checkpoint import load_checkpoint
+from baton.messages import (
+    AbortRequest,
+    AbortRid,
+    ClientMessage,
+    DetokenizerMessage,
+    ForwardedStatsRequest,
+    GenerateRequest,
+    RequestFailed,
+    SchedulerMessage,
+    StatsRequest,
+    TokenizedRequest,
+    make_rid,
+)
+from baton.tokenizer_proc.chat import render_chat
+
+logger = logging.getLogger(__name__)
+
+Destination = Literal["scheduler", "detokenizer"]
+Outgoing = tuple[Destination, SchedulerMessage | DetokenizerMessage]
+
+
+class RejectedRequest(ValueError):
+    """A request that fails validation; `code` is the wire-level error kind."""
+
+    def __init__(self, message: str, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class TokenizerService:
+    """Turns one client frame into the messages to send; owns no sockets, so tests need none."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, max_model_len: int
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self._decoder = msgspec.msgpack.Decoder(ClientMessage)
+
+    @classmethod
+    def from_config(cls, config: BatonConfig) -> TokenizerService:
+        """Load the model's tokenizer and limits (no weights are read)."""
+        checkpoint = load_checkpoint(config.model)
+        max_model_len = checkpoint.config.served_context_length(config.max_model_len)
+        return cls(checkpoint.tokenizer, checkpoint.config.vocab_size, max_model_len)
+
+    def handle_multipart(self, parts: list[bytes]) -> list[Outgoing]:
+        """Handle what the ROUTER received: the client's routing id, then exactly one frame."""
+        client_id, frames = parts[0], parts[1:]
+        if len(frames) != 1:
+            logger.warning("client %s sent %d frames; expected 1", client_id.hex(), len(frames))
+            text = f"expected one message frame, got {len(frames)}"
+            return [_failure(client_id, "", "invalid_request", text)]
+        return self.handle(client_id, frames[0])
+
+    def handle(self, client_id: bytes, frame: bytes) -> list[Outgoing]:
+        """The messages one client frame produces, each with its destination socket."""
+        try:
+            message = self._decoder.decode(frame)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            logger.warning("client %s: malformed frame: %s", client_id.hex(), error)
+            request_id = _recover_request_id(frame)
+            text = f"malformed message: {error}"
+            return [_failure(client_id, request_id, "invalid_request", text)]
+        try:
+            return [self._route(client_id, message)]
+        except Exception as error:  # a bug (e.g. in a tokenizer) must cost one request, not all
+            logger.exception("client %s: request %r failed", client_id.hex(), message.request_id)
+            return [_failure(client_id, message.request_id, "internal", f"internal error: {error}")]
+
+    def _route(
+        self, client_id: bytes, message: GenerateRequest | AbortRequest | StatsRequest
+    ) -> Outgoing:
+        """One decoded client message -> where it goes: a forwarded message or a rejection."""
+        if not message.request_id:
+            logger.warning("client %s: empty request_id", client_id.hex())
+            return _failure(client_id, "", "invalid_request", "request_id must be non-empty")
+        if isinstance(message, AbortRequest):
+            rid = make_rid(client_id, message.request_id)
+            return ("scheduler", AbortRid(rid=rid, reason=message.reason))
+        if isinstance(message, StatsRequest):
+            stats = ForwardedStatsRequest(client_id=client_id, request_id=message.request_id)
+            return ("scheduler", stats)
+        try:
+            prompt_ids = self._validated_prompt(message)
+        except RejectedRequest as error:
+            logger.warning("request %r rejected: %s", message.request_id, error)
+            return _failure(client_id, message.request_id, error.code, str(error))
+        tokenized = TokenizedRequest(
+            rid=make_rid(client_id, message.request_id),
+            client_id=client_id,
+            request_id=message.request_id,
+            prompt_token_ids=prompt_ids,
+            params=message.params,
+            skip_special_tokens=message.skip_special_tokens,
+            arrival_time=time.monotonic(),
+        )
+        return ("scheduler", tokenized)
+
+    def _validated_prompt(self, request: GenerateRequest) -> list[int]:
+        """The prompt's token ids; RejectedRequest if the request cannot be served."""
+        given = [
+            name
+            for name in ("prompt", "prompt_token_ids", "messages")
+            if getattr(request, name) is not None
+        ]
+        if len(given) != 1:
+            found = ", ".join(given) or "none"
+            raise RejectedRequest(
+                f"exactly one of prompt, prompt_token_ids and messages must be set (got {found})"
+            )
+        try:
+            request.params.validate(self.vocab_size)
+        except ValueError as error:
+            raise RejectedRequest(str(error)) from error
+        prompt_ids = self._prompt_ids(request)
+        if not prompt_ids:
+            raise RejectedRequest("the prompt is empty")
+        self._check_length(len(prompt_ids), request.params.max_tokens)
+        return prompt_ids
+
+    def _prompt_ids(self, request: GenerateRequest) -> list[int]:
+        if request.prompt is not None:
+            return self.tokenizer.encode(
+                request.prompt, add_special_tokens=request.add_special_tokens
+            )
+        if request.messages is not None:
+            try:
+                return render_chat(self.tokenizer, request.messages)
+            except (ValueError, TemplateError) as error:
+                raise RejectedRequest(f"invalid messages: {error}") from error
+        prompt_ids = request.prompt_token_ids or []
+        for index, token in enumerate(prompt_ids):
+            if not 0 <= token < self.vocab_size:
+                raise RejectedRequest(
+                    f"prompt_token_ids[{index}] = {token} is outside the vocabulary "
+                    f"[0, {self.vocab_size})"
+                )
+        return prompt_ids
+
+    def _check_length(self, prompt_len: int, max_tokens: int | None) -> None:
+        """vLLM's context-length checks and wording; max_tokens=None means "until the end"."""
+        limit = self.max_model_len
+        if prompt_len >= limit:
+            raise RejectedRequest(
+                f"This model's maximum context length is {limit} tokens. However, your request "
+                f"has {prompt_len} input tokens. Please reduce the length of the input messages.",
+                code="prompt_too_long",
+            )
+        if max_tokens is not None and prompt_len + max_tokens > limit:
+            raise RejectedRequest(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} "
+                "in the completion). Please reduce the length of the messages or completion.",
+                code="prompt_too_long",
+            )
+
+
+def _failure(client_id: bytes, request_id: str, code: str, message: str) -> Outgoing:
+    failed = RequestFailed(client_id=client_id, request_id=request_id, code=code, message=message)
+    return ("detokenizer", failed)
+
+
+def _recover_request_id(frame: bytes) -> str:
+    """The frame's "request_id" if it is msgpack with a string one, else "" (best effort)."""
+    try:
+        content = msgspec.msgpack.decode(frame)
+    except Exception:  # anything, even RecursionError on deeply nested garbage
+        return ""
+    if isinstance(content, dict) and isinstance(content.get("request_id"), str):
+        return content["request_id"]
+    return ""
+
+
+def serve(
+    config: BatonConfig, addresses: ServerAddresses, context: zmq.Context, reporter: ReadyReporter
+) -> None:
+    """Bind the client-facing ROUTER, connect to the scheduler and detokenizer, loop until
+    terminated (SIGTERM, from the launcher)."""
+    service = TokenizerService.from_config(config)
+    requests = context.socket(zmq.ROUTER)
+    requests.bind(addresses.requests)
+    outboxes = {
+        "scheduler": context.socket(zmq.PUSH),
+        "detokenizer": context.socket(zmq.PUSH),
+    }
+    outboxes["scheduler"].connect(addresses.scheduler)
+    outboxes["detokenizer"].connect(addresses.detokenizer)
+    encoder = msgspec.msgpack.Encoder()
+    reporter.ready(max_model_len=str(service.max_model_len))
+    while True:
+        for destination, message in service.handle_multipart(requests.recv_multipart()):
+            outboxes[destination].send(encoder.encode(message))

@@ -1,0 +1,108 @@
+"""The launcher supervises its children: a dead child stops the server, signals stop it cleanly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def free_port_pair() -> int:
+    """A port P such that P and P+1 were free a moment ago."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise RuntimeError("no free port pair")
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """Direct children of `pid` and their command lines (Linux /proc)."""
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    result = {}
+    for child in map(int, text.split()):
+        cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        result[child] = cmdline
+    return result
+
+
+def alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status  # a zombie has exited
+
+
+def start_launcher(model_dir: Path) -> tuple[subprocess.Popen, dict[int, str]]:
+    port = free_port_pair()
+    command = [
+        sys.executable,
+        "-m",
+        "baton.launch",
+        "--model",
+        str(model_dir),
+        "--zmq-port",
+        str(port),
+    ]
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    for line in launcher.stdout:
+        if line.startswith("Baton ready"):
+            break
+        assert time.monotonic() < deadline, "launcher never became ready"
+    children = children_of(launcher.pid)
+    assert len(children) == 3
+    return launcher, children
+
+
+def wait_dead(pids, timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.1)
+    return [pid for pid in pids if alive(pid)]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_killing_the_scheduler_stops_the_server(stories260k_dir: Path) -> None:
+    launcher, children = start_launcher(stories260k_dir)
+    try:
+        (scheduler,) = [pid for pid, cmd in children.items() if "baton.scheduler_proc" in cmd]
+        killed_at = time.monotonic()
+        os.kill(scheduler, signal.SIGKILL)
+        assert launcher.wait(timeout=15) != 0
+        assert time.monotonic() - killed_at < 10
+        assert wait_dead(children) == []
+    finally:
+        launcher.kill()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_sigterm_stops_everything_cleanly(stories260k_dir: Path) -> None:
+    launcher, children = start_launcher(stories260k_dir)
+    try:
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=15) == 0
+        assert wait_dead(children) == []
+    finally:
+        launcher.kill()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and PR_SET_PDEATHSIG")
+def test_children_die_with_a_killed_launcher(stories260k_dir: Path) -> None:
+    launcher, children = start_launcher(stories260k_dir)
+    launcher.kill()
+    launcher.wait()
+    assert wait_dead(children) == []

@@ -1,0 +1,243 @@
+"""The launched server end to end, through the ZMQ client: outputs, aborts, pressure, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+import zmq.asyncio
+
+from baton import LLM, SamplingParams
+from baton.client import BatonClient, ServerError
+from baton.config import BatonConfig
+from baton.launch import Server
+from baton.messages import ClientReply, Codec, ErrorReply, Hello
+
+STORY_PROMPTS = ["The little dog", "One day, a girl named Sue", "Lily and Tom went to the park"]
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["overlap", "plain"])
+def server(request: pytest.FixtureRequest, stories260k_dir: Path) -> Iterator[Server]:
+    config = BatonConfig(
+        model=str(stories260k_dir),
+        dtype="float32",
+        page_size=4,
+        num_pages=400,
+        disable_overlap=request.param,
+        log_level="warning",
+    )
+    with Server(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def offline(stories260k_dir: Path) -> LLM:
+    return LLM(str(stories260k_dir), dtype="float32")
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+async def connected(server: Server) -> BatonClient:
+    client = BatonClient(server.addresses.requests, server.addresses.replies)
+    await client.connect()
+    return client
+
+
+async def wait_idle(client: BatonClient, timeout: float = 10.0):
+    """Aggregate stats once nothing runs and every page is free or merely cached."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        stats = await client.stats()
+        idle = stats.running_requests == stats.waiting_requests == stats.used_pages == 0
+        if idle or asyncio.get_running_loop().time() > deadline:
+            return stats
+        await asyncio.sleep(0.05)
+
+
+def test_greedy_outputs_equal_offline_llm(server: Server, offline: LLM) -> None:
+    params = SamplingParams(temperature=0, max_tokens=200)
+    expected = offline.generate(STORY_PROMPTS, params)
+
+    async def main():
+        client = await connected(server)
+        try:
+            return await asyncio.gather(*(client.generate(p, params) for p in STORY_PROMPTS))
+        finally:
+            await client.close()
+
+    results = run(main())
+    for result, reference in zip(results, expected):
+        assert result.token_ids == reference.token_ids
+        assert result.text == reference.text
+        assert result.finish_reason == reference.finish_reason
+        assert result.usage.completion_tokens == len(reference.token_ids)
+        assert result.usage.prompt_tokens == len(reference.prompt_token_ids)
+
+
+def test_stream_abort_frees_pages_and_spares_others(server: Server, offline: LLM) -> None:
+    long = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
+    expected = offline.generate(STORY_PROMPTS[1], long)[0]
+
+    async def main():
+        client = await connected(server)
+        try:
+            survivor = asyncio.create_task(client.generate(STORY_PROMPTS[1], long))
+            received = 0
+            async with contextlib.aclosing(client.stream(STORY_PROMPTS[0], long)) as stream:
+                async for delta in stream:
+                    received += len(delta.token_ids)
+                    if received >= 5:
+                        break  # closing the stream aborts the request server-side
+            cancelled = asyncio.create_task(client.generate(STORY_PROMPTS[2], long))
+            await asyncio.sleep(0.2)
+            cancelled.cancel()  # cancelling a generate task aborts too
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            return await survivor, await wait_idle(client)
+        finally:
+            await client.close()
+
+    survivor, stats = run(main())
+    assert survivor.token_ids == expected.token_ids
+    assert stats.used_pages == 0 and stats.running_requests == 0
+    assert stats.free_pages + stats.cached_pages == stats.total_pages
+
+
+def test_explicit_abort_reports_abort(server: Server) -> None:
+    async def main():
+        client = await connected(server)
+        try:
+            params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+            task = asyncio.create_task(client.generate("Once upon a time", params, request_id="r1"))
+            await asyncio.sleep(0.3)
+            await client.abort("r1")
+            return await task
+        finally:
+            await client.close()
+
+    result = run(main())
+    assert result.finish_reason == "abort" and 0 < len(result.token_ids) < 400
+
+
+def test_hundred_concurrent_requests_under_kv_pressure(stories260k_dir: Path, offline: LLM) -> None:
+    rng = random.Random(5)
+    prompts = [
+        [1, *(rng.randrange(3, 512) for _ in range(rng.randrange(8, 40)))] for _ in range(100)
+    ]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    expected = [o.token_ids for o in offline.generate(prompts, params)]
+    # 60 pages of 4 tokens: a few requests at a time; the rest wait or get preempted.
+    config = BatonConfig(
+        model=str(stories260k_dir), dtype="float32", page_size=4, num_pages=60, log_level="warning"
+    )
+
+    async def main(server: Server):
+        client = await connected(server)
+        try:
+            results = await asyncio.gather(*(client.generate(p, params) for p in prompts))
+            return results, await wait_idle(client)
+        finally:
+            await client.close()
+
+    with Server(config) as server:
+        results, stats = run(main(server))
+    assert [r.token_ids for r in results] == expected
+    assert stats.used_pages == 0 and stats.free_pages + stats.cached_pages == 60
+    assert stats.preemptions > 0
+
+
+def test_stop_string_across_tokens_never_leaks(server: Server, offline: LLM) -> None:
+    params = SamplingParams(temperature=0, max_tokens=200)
+    full = offline.generate(STORY_PROMPTS[0], params)[0].text
+    stop = full[20:32]  # spans several tokens of the SentencePiece vocabulary
+    stopped = SamplingParams(temperature=0, max_tokens=200, stop=[stop])
+
+    async def main():
+        client = await connected(server)
+        try:
+            deltas = []
+            async with contextlib.aclosing(client.stream(STORY_PROMPTS[0], stopped)) as stream:
+                async for delta in stream:
+                    deltas.append(delta)
+            return deltas
+        finally:
+            await client.close()
+
+    deltas = run(main())
+    text = "".join(d.text for d in deltas)
+    assert text == full[: full.index(stop)]
+    assert deltas[-1].finish_reason == "stop"
+    emitted = ""
+    for delta in deltas:
+        emitted += delta.text
+        assert full.startswith(emitted)  # nothing emitted is ever taken back
+
+
+def test_bad_input_gets_typed_errors_and_server_keeps_serving(server: Server) -> None:
+    async def main():
+        client = await connected(server)
+        errors = {}
+        try:
+            for name, prompt, params in [
+                ("too_long", [1] * 600, SamplingParams(max_tokens=4)),
+                ("negative_max_tokens", "hi", SamplingParams(max_tokens=-1)),
+                ("bad_token", [1, 10**6], SamplingParams()),
+                ("bad_temperature", "hi", SamplingParams(temperature=-3)),
+            ]:
+                with pytest.raises(ServerError) as raised:
+                    await client.generate(prompt, params)
+                errors[name] = raised.value.code
+            errors["raw"] = await raw_frames(server, client.client_id)
+            ok = await client.generate("Once", SamplingParams(max_tokens=3, ignore_eos=True))
+            return errors, ok
+        finally:
+            await client.close()
+
+    errors, ok = run(main())
+    assert errors["too_long"] == "prompt_too_long"
+    assert errors["negative_max_tokens"] == errors["bad_token"] == "invalid_request"
+    assert errors["bad_temperature"] == "invalid_request"
+    assert errors["raw"] == ["invalid_request", "invalid_request", "invalid_request"]
+    assert len(ok.token_ids) == 3
+
+
+async def raw_frames(server: Server, client_id: bytes) -> list[str]:
+    """Send hand-made bad frames from a second raw client; collect the error codes."""
+    context = zmq.asyncio.Context.instance()
+    requests, replies = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
+    raw_id = client_id[::-1]
+    for socket, address in (
+        (requests, server.addresses.requests),
+        (replies, server.addresses.replies),
+    ):
+        socket.setsockopt(zmq.ROUTING_ID, raw_id)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(address)
+    codec = Codec(ClientReply)
+    await replies.send(msgspec.msgpack.encode(Hello()))
+    await replies.recv()
+    frames = [
+        b"\xc1 not msgpack",
+        msgspec.msgpack.encode({"type": "generate", "request_id": "w", "prompt": 5}),
+        msgspec.msgpack.encode(
+            {"type": "generate", "request_id": "x", "params": {"temperature": "hot"}}
+        ),
+    ]
+    codes = []
+    for frame in frames:
+        await requests.send(frame)
+        reply = codec.decode_or_none(await asyncio.wait_for(replies.recv(), 10))
+        (item,) = reply.items
+        assert isinstance(item, ErrorReply) and item.message
+        codes.append(item.code)
+    requests.close()
+    replies.close()
+    return codes

@@ -1,0 +1,82 @@
+"""Chat rendering: a tokenizer's own template, the plain fallback, and role validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import PreTrainedTokenizerBase
+
+from baton.engine.checkpoint import Checkpoint
+from baton.messages import ChatMessage
+from baton.tokenizer_proc.chat import render_chat
+from baton.tokenizer_proc.tokenizer import load_tokenizer
+
+CONVERSATION = [
+    ChatMessage(role="system", content="You are terse."),
+    ChatMessage(role="user", content="Once upon a time"),
+]
+BRACKET_TEMPLATE = (
+    "{% for message in messages %}[{{ message['role'] }}]{{ message['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+
+
+@pytest.fixture()
+def stories_tokenizer(stories260k_dir: Path) -> PreTrainedTokenizerBase:
+    """A fresh stories260K tokenizer (tests may set a template on it)."""
+    return load_tokenizer(stories260k_dir)
+
+
+def test_fallback_without_template_is_role_lines_then_cue(
+    stories_tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    assert not stories_tokenizer.chat_template
+    expected_text = "system: You are terse.\nuser: Once upon a time\nassistant:"
+    ids = render_chat(stories_tokenizer, CONVERSATION)
+    assert ids == stories_tokenizer.encode(expected_text, add_special_tokens=True)
+    assert ids[0] == stories_tokenizer.bos_token_id
+
+
+def test_tokenizer_template_is_used_when_set(stories_tokenizer: PreTrainedTokenizerBase) -> None:
+    stories_tokenizer.chat_template = BRACKET_TEMPLATE
+    expected_text = "[system]You are terse.[user]Once upon a time[assistant]"
+    ids = render_chat(stories_tokenizer, CONVERSATION)
+    # The template supplies any special tokens itself, so the text is encoded without them.
+    assert ids == stories_tokenizer.encode(expected_text, add_special_tokens=False)
+
+
+def test_default_model_byte_template(default_checkpoint: Checkpoint) -> None:
+    tokenizer = default_checkpoint.tokenizer
+    ids = render_chat(tokenizer, [ChatMessage(role="user", content="hi")])
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    # Byte tokenizer: each byte of the role headers and content is its own id.
+    expected = [bos, *b"<|user|>\nhi", eos, *b"\n<|assistant|>\n"]
+    assert ids == expected
+
+
+class _ListTemplateTokenizer:
+    """A transformers-4 style tokenizer whose apply_chat_template returns a plain list."""
+
+    chat_template = "unused"
+
+    def apply_chat_template(self, conversation: list[dict], **options: object) -> list[int]:
+        assert options == {"add_generation_prompt": True, "tokenize": True}
+        return [len(message["content"]) for message in conversation]
+
+
+def test_template_result_as_plain_list() -> None:
+    ids = render_chat(_ListTemplateTokenizer(), CONVERSATION)  # type: ignore[arg-type]
+    assert ids == [len("You are terse."), len("Once upon a time")]
+
+
+@pytest.mark.parametrize("role", ["tool", "developer", "", "User"])
+def test_unsupported_role_is_rejected(default_checkpoint: Checkpoint, role: str) -> None:
+    messages = [ChatMessage(role="user", content="a"), ChatMessage(role=role, content="b")]
+    with pytest.raises(ValueError, match=r"messages\[1\]\.role"):
+        render_chat(default_checkpoint.tokenizer, messages)
+
+
+def test_empty_conversation_is_rejected(default_checkpoint: Checkpoint) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        render_chat(default_checkpoint.tokenizer, [])

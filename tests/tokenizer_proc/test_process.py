@@ -1,0 +1,298 @@
+"""The tokenizer process: request validation and routing (no sockets), then one real process."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import zmq
+
+from baton.addresses import ServerAddresses
+from baton.child_process import child_command
+from baton.config import BatonConfig
+from baton.engine.checkpoint import Checkpoint, load_checkpoint
+from baton.messages import (
+    AbortRequest,
+    AbortRid,
+    ChatMessage,
+    Codec,
+    DetokenizerMessage,
+    ForwardedStatsRequest,
+    GenerateRequest,
+    LauncherMessage,
+    RequestFailed,
+    SchedulerMessage,
+    Shutdown,
+    StatsRequest,
+    TokenizedRequest,
+    make_rid,
+)
+from baton.sampling_params import SamplingParams
+from baton.tokenizer_proc.process import TokenizerService
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CLIENT = b"client-7"
+MAX_MODEL_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def service(default_checkpoint: Checkpoint) -> TokenizerService:
+    """The default model's byte tokenizer with a short context, to reach the limits cheaply."""
+    vocab = default_checkpoint.config.vocab_size
+    return TokenizerService(default_checkpoint.tokenizer, vocab, MAX_MODEL_LEN)
+
+
+@pytest.fixture(scope="module")
+def stories_service(stories260k_dir: Path) -> TokenizerService:
+    """A real trained tokenizer (SentencePiece-style BPE, BOS added, no chat template)."""
+    return TokenizerService.from_config(BatonConfig(model=str(stories260k_dir)))
+
+
+def _frame(message: Any) -> bytes:
+    return msgspec.msgpack.encode(message)
+
+
+def _generate(**fields: Any) -> bytes:
+    """A hand-built generate frame: any field, of any type, as a client could send it."""
+    return _frame({"type": "generate", "request_id": "r1", **fields})
+
+
+def _single(outputs: list, destination: str, kind: type) -> Any:
+    assert len(outputs) == 1, outputs
+    sent_to, message = outputs[0]
+    assert sent_to == destination, message
+    assert isinstance(message, kind), message
+    return message
+
+
+def _failure(outputs: list, code: str = "invalid_request", request_id: str = "r1") -> str:
+    failed = _single(outputs, "detokenizer", RequestFailed)
+    assert (failed.client_id, failed.request_id, failed.code) == (CLIENT, request_id, code)
+    return failed.message
+
+
+def test_text_prompt_is_tokenized(stories_service: TokenizerService) -> None:
+    params = SamplingParams(temperature=0.5, max_tokens=8, stop=["."])
+    request = GenerateRequest(
+        request_id="r1", prompt="Once upon a time", params=params, skip_special_tokens=False
+    )
+    before = time.monotonic()
+    outputs = stories_service.handle(CLIENT, _frame(request))
+    tokenized = _single(outputs, "scheduler", TokenizedRequest)
+    tokenizer = stories_service.tokenizer
+    assert tokenized.prompt_token_ids == tokenizer.encode("Once upon a time")
+    assert tokenized.prompt_token_ids[0] == tokenizer.bos_token_id
+    assert tokenized.rid == make_rid(CLIENT, "r1")
+    assert (tokenized.client_id, tokenized.request_id) == (CLIENT, "r1")
+    assert tokenized.params == params
+    assert tokenized.skip_special_tokens is False
+    assert before <= tokenized.arrival_time <= time.monotonic()
+
+
+def test_text_prompt_without_special_tokens(stories_service: TokenizerService) -> None:
+    frame = _generate(prompt="Once upon a time", add_special_tokens=False)
+    tokenized = _single(stories_service.handle(CLIENT, frame), "scheduler", TokenizedRequest)
+    expected = stories_service.tokenizer.encode("Once upon a time", add_special_tokens=False)
+    assert tokenized.prompt_token_ids == expected
+    assert stories_service.tokenizer.bos_token_id not in expected
+
+
+def test_token_ids_pass_through(service: TokenizerService) -> None:
+    ids = [0, 5, service.vocab_size - 1]
+    tokenized = _single(
+        service.handle(CLIENT, _generate(prompt_token_ids=ids)), "scheduler", TokenizedRequest
+    )
+    assert tokenized.prompt_token_ids == ids
+    assert tokenized.params == SamplingParams()
+
+
+def test_chat_messages_use_the_fallback(stories_service: TokenizerService) -> None:
+    messages = [ChatMessage(role="user", content="Tell me a story")]
+    frame = _frame(GenerateRequest(request_id="r1", messages=messages))
+    tokenized = _single(stories_service.handle(CLIENT, frame), "scheduler", TokenizedRequest)
+    expected = stories_service.tokenizer.encode("user: Tell me a story\nassistant:")
+    assert tokenized.prompt_token_ids == expected
+
+
+@pytest.mark.parametrize(
+    ("fields", "found"),
+    [
+        ({}, "none"),
+        ({"prompt": "a", "prompt_token_ids": [1]}, "prompt, prompt_token_ids"),
+        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt, messages"),
+    ],
+)
+def test_exactly_one_prompt_field(service: TokenizerService, fields: dict, found: str) -> None:
+    message = _failure(service.handle(CLIENT, _generate(**fields)))
+    assert "exactly one of prompt, prompt_token_ids and messages" in message
+    assert f"(got {found})" in message
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"prompt": "a", "params": {"temperature": "hot"}}, "`$.params.temperature`"),
+        ({"prompt": "a", "params": {"max_tokens": -1}}, "max_tokens must be >= 1, got -1"),
+        ({"prompt": "a", "params": {"top_p": 0}}, "top_p must be in (0, 1]"),
+        ({"prompt": "a", "params": {"stop_token_ids": [10**6]}}, "stop_token_ids entry 1000000"),
+        ({"prompt_token_ids": [1, "2"]}, "Expected `int`, got `str` - at `$.prompt_token_ids[1]`"),
+        ({"prompt_token_ids": [1, 259]}, "prompt_token_ids[1] = 259 is outside the vocabulary"),
+        ({"prompt_token_ids": [-1]}, "prompt_token_ids[0] = -1 is outside the vocabulary"),
+        ({"prompt": 5}, "Expected `str | null`, got `int` - at `$.prompt`"),
+        ({"prompt": "", "add_special_tokens": False}, "the prompt is empty"),
+        ({"prompt_token_ids": []}, "the prompt is empty"),
+        ({"messages": []}, "messages is empty"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role is 'tool'"),
+        ({"messages": [{"role": "user"}]}, "missing required field `content`"),
+    ],
+)
+def test_invalid_requests(service: TokenizerService, fields: dict, expected: str) -> None:
+    assert expected in _failure(service.handle(CLIENT, _generate(**fields)))
+
+
+def test_request_id_must_be_a_non_empty_string(service: TokenizerService) -> None:
+    missing = _frame({"type": "generate", "prompt": "a"})
+    assert "request_id" in _failure(service.handle(CLIENT, missing), request_id="")
+    empty = _frame(GenerateRequest(request_id="", prompt="a"))
+    assert "request_id must be non-empty" in _failure(service.handle(CLIENT, empty), request_id="")
+    number = _frame({"type": "abort", "request_id": 3})
+    assert "`$.request_id`" in _failure(service.handle(CLIENT, number), request_id="")
+
+
+def test_garbage_and_unknown_tags(service: TokenizerService) -> None:
+    garbage = _failure(service.handle(CLIENT, b"\xc1\x00not msgpack"), request_id="")
+    assert garbage.startswith("malformed message:")
+    unknown = _failure(service.handle(CLIENT, _frame({"type": "launch", "request_id": "r1"})))
+    assert "'launch'" in unknown and "`$.type`" in unknown
+    untagged = _failure(service.handle(CLIENT, _frame(["generate", "r1"])), request_id="")
+    assert "Expected `object`, got `array`" in untagged
+    deeply_nested = b"\x91" * 100_000 + b"\x01"  # overflows an untyped decoder's recursion
+    assert "malformed" in _failure(service.handle(CLIENT, deeply_nested), request_id="")
+
+
+def test_prompt_length_limits(service: TokenizerService) -> None:
+    fits = service.handle(CLIENT, _generate(prompt_token_ids=[1] * 63, params={"max_tokens": None}))
+    assert len(_single(fits, "scheduler", TokenizedRequest).prompt_token_ids) == 63
+    frame = _generate(prompt_token_ids=[1] * 64, params={"max_tokens": None})
+    assert _failure(service.handle(CLIENT, frame), code="prompt_too_long") == (
+        "This model's maximum context length is 64 tokens. However, your request has 64 input "
+        "tokens. Please reduce the length of the input messages."
+    )
+
+
+def test_prompt_plus_max_tokens_limit(service: TokenizerService) -> None:
+    fits = service.handle(CLIENT, _generate(prompt_token_ids=[1] * 60, params={"max_tokens": 4}))
+    _single(fits, "scheduler", TokenizedRequest)
+    frame = _generate(prompt_token_ids=[1] * 60, params={"max_tokens": 5})
+    assert _failure(service.handle(CLIENT, frame), code="prompt_too_long") == (
+        "This model's maximum context length is 64 tokens. However, you requested 65 tokens "
+        "(60 in the messages, 5 in the completion). Please reduce the length of the messages "
+        "or completion."
+    )
+
+
+def test_long_chat_is_measured_after_rendering(service: TokenizerService) -> None:
+    messages = [ChatMessage(role="user", content="x" * 40)]  # + ~25 template bytes > 64
+    frame = _frame(GenerateRequest(request_id="r1", messages=messages))
+    assert "context length is 64" in _failure(service.handle(CLIENT, frame), code="prompt_too_long")
+
+
+def test_abort_stats_and_shutdown(service: TokenizerService) -> None:
+    abort = service.handle(CLIENT, _frame(AbortRequest(request_id="r9", reason="cancelled")))
+    assert _single(abort, "scheduler", AbortRid) == AbortRid(
+        rid=make_rid(CLIENT, "r9"), reason="cancelled"
+    )
+    stats = _single(
+        service.handle(CLIENT, _frame(StatsRequest(request_id="s1"))),
+        "scheduler",
+        ForwardedStatsRequest,
+    )
+    assert (stats.client_id, stats.request_id) == (CLIENT, "s1")
+    # Clients cannot stop the server: Shutdown is not a client message.
+    (failed,) = service.handle(CLIENT, msgspec.msgpack.encode(Shutdown()))
+    assert failed[0] == "detokenizer" and failed[1].code == "invalid_request"
+
+
+def test_multipart_needs_exactly_one_frame(service: TokenizerService) -> None:
+    frame = _generate(prompt="a")
+    message = _failure(service.handle_multipart([CLIENT, frame, frame]), request_id="")
+    assert "expected one message frame, got 2" in message
+    _single(service.handle_multipart([CLIENT, frame]), "scheduler", TokenizedRequest)
+
+
+class _BrokenTokenizer:
+    """A tokenizer that fails on every call, standing in for a tokenizer bug."""
+
+    chat_template = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        raise RuntimeError("tokenizer exploded")
+
+
+def test_tokenizer_failure_is_an_internal_error() -> None:
+    broken = TokenizerService(_BrokenTokenizer(), 100, MAX_MODEL_LEN)  # type: ignore[arg-type]
+    message = _failure(broken.handle(CLIENT, _generate(prompt="a")), code="internal")
+    assert "tokenizer exploded" in message
+    # Requests that need no tokenizer are unaffected.
+    abort = broken.handle(CLIENT, _frame(AbortRequest(request_id="r1")))
+    _single(abort, "scheduler", AbortRid)
+
+
+def test_max_model_len_is_capped_by_the_model(default_checkpoint: Checkpoint) -> None:
+    model = default_checkpoint.config
+    positions = model.max_position_embeddings
+    assert model.served_context_length(BatonConfig().max_model_len) == positions
+    assert model.served_context_length(100) == 100
+    assert model.served_context_length(positions * 2) == positions
+
+
+def _receive(socket: zmq.Socket, codec: Codec, timeout_s: float) -> Any:
+    assert socket.poll(int(timeout_s * 1000)), "nothing arrived in time"
+    return codec.decode_or_none(socket.recv())
+
+
+def test_real_process_round_trip() -> None:
+    """Start `python -m baton.tokenizer_proc` with fake neighbours and talk to it over ZMQ."""
+    config = BatonConfig(log_level="warning")
+    addresses = ServerAddresses.create()
+    context = zmq.Context()
+    neighbours = {}
+    for name in ("scheduler", "detokenizer", "launcher"):
+        neighbours[name] = context.socket(zmq.PULL)
+        neighbours[name].bind(getattr(addresses, name))
+    client = context.socket(zmq.DEALER)
+    client.setsockopt(zmq.ROUTING_ID, CLIENT)
+    command = child_command("baton.tokenizer_proc", config, addresses)
+    process = subprocess.Popen(command, cwd=REPO_ROOT)
+    try:
+        # Generous: the child imports transformers, and the suite may share the CPU.
+        ready = _receive(neighbours["launcher"], Codec(LauncherMessage), timeout_s=120)
+        assert (ready.name, ready.error) == ("tokenizer", None)
+        assert ready.info["max_model_len"] == str(
+            load_checkpoint(None).config.max_position_embeddings
+        )
+        client.connect(addresses.requests)
+        client.send(_frame(GenerateRequest(request_id="r1", prompt="hi")))
+        tokenized = _receive(neighbours["scheduler"], Codec(SchedulerMessage), timeout_s=10)
+        assert isinstance(tokenized, TokenizedRequest)
+        assert (tokenized.rid, tokenized.prompt_token_ids) == (
+            make_rid(CLIENT, "r1"),
+            [256, *b"hi"],
+        )
+        client.send(b"garbage")
+        failed = _receive(neighbours["detokenizer"], Codec(DetokenizerMessage), timeout_s=10)
+        assert isinstance(failed, RequestFailed)
+        assert (failed.client_id, failed.code) == (CLIENT, "invalid_request")
+        process.terminate()  # the launcher stops the tokenizer with SIGTERM
+        assert process.wait(timeout=10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        context.destroy(linger=0)
+        shutil.rmtree(addresses.directory, ignore_errors=True)
