@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 from baton.config import BatonConfig
 from baton.detokenizer_proc.incremental import IncrementalDetokenizer
-from baton.engine.engine import Engine
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.outputs import RequestStats, StepOutput, TokenLogprob
 from baton.scheduler_proc.scheduler import Scheduler
@@ -38,9 +37,9 @@ class LLM:
 
     def __init__(self, model: str | None = None, **config: object) -> None:
         self.config = BatonConfig(model=model, **config)
-        self.engine = Engine(self.config)
+        self.scheduler = Scheduler(self.config)
+        self.engine = self.scheduler.engine
         self.tokenizer = self.engine.checkpoint.tokenizer
-        self.scheduler = Scheduler(self.config, self.engine)
         self._ids = itertools.count()
 
     def generate(

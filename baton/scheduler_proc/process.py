@@ -9,7 +9,6 @@ import zmq
 from baton.addresses import ServerAddresses
 from baton.child_process import ReadyReporter, run_child
 from baton.config import BatonConfig
-from baton.engine.engine import Engine
 from baton.messages import (
     AbortRid,
     Codec,
@@ -95,8 +94,8 @@ def serve(
     inbox.bind(addresses.scheduler)
     outbox = context.socket(zmq.PUSH)
     outbox.connect(addresses.detokenizer)
-    engine = Engine(config)
-    scheduler = Scheduler(config, engine)
+    scheduler = Scheduler(config)
+    engine = scheduler.engine
     service = SchedulerService(scheduler)
     inbound = Codec(SchedulerMessage)
     outbound = Codec(DetokenizerMessage)

@@ -9,7 +9,6 @@ import pytest
 
 from baton import LLM, SamplingParams
 from baton.config import BatonConfig
-from baton.engine.engine import Engine
 from baton.scheduler_proc.errors import OverloadedError
 from baton.scheduler_proc.scheduler import Scheduler
 
@@ -50,7 +49,7 @@ def test_kv_pressure_preempts_and_recovers(
         num_pages=40,
         disable_overlap=disable_overlap,
     )
-    scheduler = Scheduler(config, Engine(config))
+    scheduler = Scheduler(config)
     tokens = run_all(scheduler, prompts(24))
     assert [tokens[str(i)] for i in range(24)] == reference
     stats = scheduler.aggregate_stats()
@@ -62,7 +61,7 @@ def test_kv_pressure_preempts_and_recovers(
 
 def test_abort_inside_in_flight_batch(tiny_llama_dir: Path, reference: list[list[int]]) -> None:
     config = BatonConfig(model=str(tiny_llama_dir), dtype="float32", page_size=4)
-    scheduler = Scheduler(config, Engine(config))
+    scheduler = Scheduler(config)
     requests = prompts(24)[:3]
     for index, prompt in enumerate(requests):
         scheduler.add_request(str(index), prompt, GREEDY)
@@ -91,7 +90,7 @@ def test_abort_inside_in_flight_batch(tiny_llama_dir: Path, reference: list[list
 
 def test_finished_request_is_freed_one_step_late(tiny_llama_dir: Path) -> None:
     config = BatonConfig(model=str(tiny_llama_dir), dtype="float32", page_size=4)
-    scheduler = Scheduler(config, Engine(config))
+    scheduler = Scheduler(config)
     scheduler.add_request("a", prompts(1)[0], SamplingParams(temperature=0, max_tokens=50))
     scheduler.add_request("b", prompts(2)[1], GREEDY)
     first_token = None
@@ -100,7 +99,7 @@ def test_finished_request_is_freed_one_step_late(tiny_llama_dir: Path) -> None:
         first_token = outputs[0].new_token_ids[0] if outputs else None
     # Re-run with that token as a stop token: "a" finishes on its first token, while the overlap
     # loop already has its first decode step in flight.
-    scheduler = Scheduler(config, Engine(config))
+    scheduler = Scheduler(config)
     scheduler.add_request(
         "a", prompts(1)[0], SamplingParams(temperature=0, stop_token_ids=[first_token])
     )
@@ -117,7 +116,7 @@ def test_finished_request_is_freed_one_step_late(tiny_llama_dir: Path) -> None:
 
 def test_abort_waiting_request_and_queue_bound(tiny_llama_dir: Path) -> None:
     config = BatonConfig(model=str(tiny_llama_dir), dtype="float32", max_waiting_requests=2)
-    scheduler = Scheduler(config, Engine(config))
+    scheduler = Scheduler(config)
     scheduler.add_request("a", [1, 2, 3], GREEDY)
     scheduler.add_request("b", [4, 5, 6], GREEDY)
     with pytest.raises(OverloadedError):
