@@ -40,6 +40,9 @@ class BatonConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     zmq_port: int | None = None  # client-facing ZMQ on tcp (this port and the next), else ipc
+    api_key: str | None = None  # when set, the HTTP API requires "Authorization: Bearer <key>"
+    served_model_name: str | None = None  # the model name in the API (default: the checkpoint's)
+    max_request_body_bytes: int = 32 << 20
     log_level: str = "info"
 
     def replace(self, **changes: object) -> BatonConfig:
@@ -129,6 +132,11 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="serve the ZMQ client protocol on tcp ports N and N+1 (default: ipc)",
+    )
+    group.add_argument("--api-key", default=None, help="require this bearer token on the HTTP API")
+    group.add_argument("--served-model-name", default=None)
+    group.add_argument(
+        "--max-request-body-bytes", type=int, default=defaults.max_request_body_bytes
     )
     group.add_argument("--log-level", default=defaults.log_level)
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from baton.config import BatonConfig
 from baton.scheduler_proc.errors import AllocationFailed
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
-from baton.scheduler_proc.sequence import ScheduledStep, Sequence, SequenceStatus
+from baton.scheduler_proc.sequence import Sequence
+from baton.scheduler_proc.sequence_state import ScheduledStep, SequenceStatus
 
 
 @dataclass

@@ -28,7 +28,8 @@ from baton.scheduler_proc.batch_result import apply_results, build_forward_batch
 from baton.scheduler_proc.errors import OverloadedError, PromptTooLongError, RequestError
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.outputs import AggregateStats, StepOutput, TokenLogprob
-from baton.scheduler_proc.sequence import Sequence, SequenceStatus
+from baton.scheduler_proc.sequence import Sequence
+from baton.scheduler_proc.sequence_state import SequenceStatus
 from baton.scheduler_proc.stats import StatsCollector
 
 logger = logging.getLogger(__name__)

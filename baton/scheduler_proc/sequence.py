@@ -10,10 +10,8 @@ num_output_placeholders): it counts in `total_tokens` and so in `tail_tokens`.
 
 from __future__ import annotations
 
-import enum
 import time
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
@@ -32,61 +30,13 @@ from baton.scheduler_proc.errors import (
 )
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.radix_cache import RadixNode
-
-
-class SequenceStatus(enum.Enum):
-    """Coarse states (Vajra): WAITING -> RUNNING -> FINISHED; RUNNING -> WAITING_PREEMPT -> ..."""
-
-    WAITING = "waiting"
-    RUNNING = "running"
-    WAITING_PREEMPT = "waiting_preempt"
-    FINISHED = "finished"
-
-
-class EventKind(enum.Enum):
-    """Lifecycle transitions recorded in a sequence's append-only history."""
-
-    CREATED = "created"
-    PREFIX_MATCHED = "prefix_matched"
-    PREFILL_SCHEDULED = "prefill_scheduled"
-    PREFILL_APPLIED = "prefill_applied"
-    DECODE_SCHEDULED = "decode_scheduled"
-    DECODE_APPLIED = "decode_applied"
-    SCHEDULE_REVERTED = "schedule_reverted"
-    PREFIX_CACHED = "prefix_cached"
-    RELEASED = "released"
-    REACQUIRED = "reacquired"
-    FINISHED = "finished"
-
-
-@dataclass(frozen=True)
-class SequenceEvent:
-    """One history entry: what happened, how many tokens it concerned, and when."""
-
-    kind: EventKind
-    num_tokens: int
-    time: float
-
-
-@dataclass(frozen=True)
-class ScheduledStep:
-    """What one scheduled step asks of the engine for this sequence."""
-
-    start: int  # kv_position before the step: tokens already in the cache
-    num_tokens: int  # tokens whose K/V the step computes
-    samples: bool  # whether the step samples a token (final prefill chunk, or decode)
-    is_prefill: bool
-    num_pages_allocated: int  # pages this step pre-allocated, released LIFO by a revert
-
-
-@dataclass
-class RequestTimes:
-    """Wall-clock timestamps for per-request stats."""
-
-    arrival: float
-    first_scheduled: float | None = None
-    first_token: float | None = None
-    finished: float | None = None
+from baton.scheduler_proc.sequence_state import (
+    EventKind,
+    RequestTimes,
+    ScheduledStep,
+    SequenceEvent,
+    SequenceStatus,
+)
 
 
 class Sequence:

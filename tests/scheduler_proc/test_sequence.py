@@ -7,7 +7,8 @@ import pytest
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc import errors
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
-from baton.scheduler_proc.sequence import EventKind, Sequence
+from baton.scheduler_proc.sequence import Sequence
+from baton.scheduler_proc.sequence_state import EventKind
 
 PAGE = 4
 
