@@ -22,6 +22,9 @@ class BatonConfig:
     dtype: str = "auto"
     device: str = "cpu"
     attention_backend: Literal["auto", "torch", "flashinfer"] = "auto"
+    # CPU threads of the engine's torch ops; None leaves one core to the tokenizer, detokenizer,
+    # frontend and clients: OpenMP teams stall badly when a team thread is descheduled.
+    num_threads: int | None = None
     seed: int = 0
     # Paged KV cache: `num_pages=None` sizes the pool from `kv_cache_memory_bytes`, capped at what
     # `max_running_requests` sequences of `max_model_len` tokens could ever use.
@@ -79,6 +82,9 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "torch", "flashinfer"],
     )
     group.add_argument("--seed", type=int, default=defaults.seed)
+    group.add_argument(
+        "--num-threads", type=int, default=None, help="engine CPU threads (default: cores - 1)"
+    )
     group.add_argument(
         "--block-size",
         dest="page_size",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -38,6 +39,11 @@ def resolve_dtype(
     return _DTYPES[name]
 
 
+def default_num_threads() -> int:
+    """All usable cores but one (at least one)."""
+    return max(1, len(os.sched_getaffinity(0)) - 1)
+
+
 class Engine:
     """Runs `ForwardBatch`es: writes their K/V into the pool, samples their next tokens.
 
@@ -47,6 +53,9 @@ class Engine:
     """
 
     def __init__(self, config: BatonConfig, checkpoint: Checkpoint | None = None) -> None:
+        if torch.device(config.device).type == "cpu":
+            # Called on the thread that will run every forward (see Scheduler).
+            torch.set_num_threads(config.num_threads or default_num_threads())
         self.checkpoint = checkpoint or load_checkpoint(config.model)
         model_config = self.checkpoint.config
         self.model_config = model_config

@@ -1,0 +1,290 @@
+"""Online serving benchmark against any OpenAI-compatible server (Baton, vLLM, SGLang, llama.cpp).
+
+Mirrors vLLM's `benchmarks/benchmark_serving.py` (`vllm bench serve`): same flag and metric
+names. Requests stream with `ignore_eos` and `max_tokens` (and `min_tokens`) = the workload's
+output length, arrive as a Poisson process (`--request-rate`, `inf` = all at once) under an
+optional `--max-concurrency` cap; TTFT, TPOT, ITL and E2E latency are reported.
+
+    python -m baton.bench.serving --base-url http://127.0.0.1:8000 --num-prompts 200 \
+        --random-input-len 512 --random-output-len 128 --max-concurrency 16
+    python -m baton.bench.serving --concurrency-sweep 1,4,16 --plot plots/ --output-json r.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+import math
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from tqdm import tqdm
+
+from baton.bench.metrics import RequestRecord, compute_metrics, format_report
+from baton.bench.plots import plot_concurrency_sweep, plot_latency_cdfs
+from baton.bench.workloads import (
+    CHAT_ENDPOINT,
+    DATASET_NAMES,
+    RequestOptions,
+    arrival_offsets,
+    build_payload,
+    build_workload,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _concurrency_levels(text: str) -> list[int]:
+    levels = [int(level) for level in text.split(",") if level.strip()]
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"need positive integers like 1,4,16, got {text!r}")
+    return levels
+
+
+def add_serving_args(parser: argparse.ArgumentParser) -> None:
+    """Add the serving benchmark's flags (vLLM's names) to `parser`."""
+    server = parser.add_argument_group("server")
+    server.add_argument("--base-url", default=None, help="e.g. http://127.0.0.1:8000")
+    server.add_argument("--host", default="127.0.0.1", help="used when --base-url is not given")
+    server.add_argument("--port", type=int, default=8000)
+    server.add_argument("--endpoint", default="/v1/completions", help=f"or {CHAT_ENDPOINT}")
+    server.add_argument("--model", default=None, help="default: the first of GET /v1/models")
+    server.add_argument("--api-key", default=None)
+    server.add_argument("--request-timeout", type=float, default=6 * 60 * 60, help="seconds")
+    data = parser.add_argument_group("workload")
+    data.add_argument("--dataset-name", choices=DATASET_NAMES, default="random")
+    data.add_argument("--dataset-path", type=Path, default=None, help="for --dataset-name jsonl")
+    data.add_argument("--num-prompts", type=int, default=1000)
+    data.add_argument("--random-input-len", type=int, default=1024)
+    data.add_argument("--random-output-len", type=int, default=128)
+    data.add_argument("--random-range-ratio", type=float, default=0.0)
+    data.add_argument("--random-prompt-text", action="store_true", help="words, not token ids")
+    data.add_argument("--random-vocab-size", type=int, default=256, help="ids drawn below it")
+    data.add_argument("--seed", type=int, default=0)
+    load = parser.add_argument_group("load")
+    load.add_argument("--request-rate", type=float, default=float("inf"), help="req/s, Poisson")
+    load.add_argument("--burstiness", type=float, default=1.0, help="1 = Poisson arrivals")
+    load.add_argument("--max-concurrency", type=int, default=None)
+    load.add_argument("--concurrency-sweep", type=_concurrency_levels, help="e.g. 1,4,16")
+    load.add_argument("--num-warmups", type=int, default=0, help="untimed requests first")
+    request = parser.add_argument_group("request")
+    request.add_argument("--temperature", type=float, default=0.0)
+    request.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    request.add_argument("--send-min-tokens", action=argparse.BooleanOptionalAction, default=True)
+    request.add_argument("--extra-body", type=json.loads, default=None, help="JSON merged in")
+    report = parser.add_argument_group("report")
+    report.add_argument("--disable-tqdm", action="store_true")
+    report.add_argument("--output-json", type=Path, default=None)
+    report.add_argument("--plot", type=Path, default=None, help="folder for PNG plots")
+
+
+def _chunk_text(chunk: dict[str, Any]) -> str:
+    choice = (chunk.get("choices") or [{}])[0]
+    delta = choice.get("delta") or {}
+    # Reasoning models stream their thinking as `reasoning_content`: tokens all the same.
+    return choice.get("text") or delta.get("content") or delta.get("reasoning_content") or ""
+
+
+async def send_request(
+    session: aiohttp.ClientSession, url: str, payload: dict[str, Any], prompt_len: int
+) -> RequestRecord:
+    """Stream one request; every failure ends up in the record's `error`, never raised."""
+    record = RequestRecord(start_s=time.perf_counter(), prompt_len=prompt_len)
+    usage: dict[str, Any] = {}
+    finished = False
+    try:
+        async with session.post(url, json=payload) as response:
+            if response.status != 200:
+                record.error = f"HTTP {response.status}: {(await response.text())[:500]}"
+                return record
+            async for raw_line in response.content:
+                arrival = time.perf_counter()
+                line = raw_line.decode("utf-8").strip()
+                if not line.startswith("data:"):
+                    continue  # blank separators, SSE comments and keep-alives
+                data = line[len("data:") :].strip()
+                if data == "[DONE]":
+                    finished = True
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    record.error = f"server error: {chunk['error']}"
+                    return record
+                if _chunk_text(chunk):
+                    record.chunk_times_s.append(arrival)
+                usage = chunk.get("usage") or usage
+    # Any failure (HTTP, transport, malformed stream) must count against this request only.
+    except Exception as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+        return record
+    if not finished:
+        record.error = "stream ended without [DONE]"
+    elif not record.chunk_times_s:
+        record.error = "no output tokens received"
+    else:
+        record.success = True
+        record.end_s = record.chunk_times_s[-1]
+        record.output_tokens = usage.get("completion_tokens") or len(record.chunk_times_s)
+        record.prompt_len = usage.get("prompt_tokens") or prompt_len
+    return record
+
+
+def _rejects_min_tokens(record: RequestRecord, payload: dict[str, Any]) -> bool:
+    # Some servers (Baton among them) answer min_tokens > 0 with a 400; ignore_eos alone
+    # still pins the output length there.
+    rejected = record.error.startswith("HTTP 400") and "min_tokens" in record.error
+    return rejected and "min_tokens" in payload
+
+
+def _without_min_tokens(payload: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in payload.items() if key != "min_tokens"}
+
+
+def _base_url(args: argparse.Namespace) -> str:
+    return (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+
+
+async def fetch_model(session: aiohttp.ClientSession, base_url: str) -> str:
+    """The first model the server lists under GET /v1/models."""
+    async with session.get(f"{base_url}/v1/models") as response:
+        response.raise_for_status()
+        return (await response.json())["data"][0]["id"]
+
+
+async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """One benchmark run at `args.max_concurrency`: the metrics and the run's settings."""
+    base_url = _base_url(args)
+    requests = build_workload(
+        args.dataset_name,
+        args.num_prompts,
+        args.seed,
+        input_len=args.random_input_len,
+        output_len=args.random_output_len,
+        range_ratio=args.random_range_ratio,
+        vocab_size=args.random_vocab_size,
+        as_text=args.random_prompt_text or args.endpoint == CHAT_ENDPOINT,
+        dataset_path=args.dataset_path,
+    )
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    timeout = aiohttp.ClientTimeout(total=args.request_timeout)
+    connector = aiohttp.TCPConnector(limit=0)  # the semaphore, not the pool, caps concurrency
+    async with aiohttp.ClientSession(
+        headers=headers, timeout=timeout, connector=connector, read_bufsize=2**20
+    ) as session:
+        model = args.model or await fetch_model(session, base_url)
+        options = RequestOptions(
+            args.endpoint, args.temperature, args.ignore_eos, args.send_min_tokens, args.extra_body
+        )
+        payloads = [build_payload(request, model, options) for request in requests]
+        limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+        url = f"{base_url}{args.endpoint}"
+        progress = tqdm(total=len(requests), disable=args.disable_tqdm)
+        min_tokens_rejected: list[bool] = []  # set once, shared by all requests of the run
+
+        async def limited(payload: dict[str, Any], prompt_len: int) -> RequestRecord:
+            async with limit or contextlib.nullcontext():
+                if min_tokens_rejected:
+                    payload = _without_min_tokens(payload)
+                record = await send_request(session, url, payload, prompt_len)
+                if _rejects_min_tokens(record, payload):
+                    if not min_tokens_rejected:
+                        logger.warning("the server rejects min_tokens: retrying without it")
+                    min_tokens_rejected.append(True)
+                    record = await send_request(
+                        session, url, _without_min_tokens(payload), prompt_len
+                    )
+                return record
+
+        if args.num_warmups:
+            warmups = [payloads[index % len(payloads)] for index in range(args.num_warmups)]
+            warm = await asyncio.gather(*(limited(payload, 0) for payload in warmups))
+            if failed := sum(not record.success for record in warm):
+                logger.warning("%d of %d warm-up requests failed", failed, len(warm))
+
+        async def tracked(payload: dict[str, Any], prompt_len: int) -> RequestRecord:
+            record = await limited(payload, prompt_len)
+            progress.update(1)
+            return record
+
+        offsets = arrival_offsets(len(requests), args.request_rate, args.burstiness, args.seed)
+        start = time.perf_counter()
+        tasks = []
+        for offset, payload, request in zip(offsets, payloads, requests):
+            await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+            tasks.append(asyncio.create_task(tracked(payload, request.prompt_len)))
+        records = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+        progress.close()
+    result = compute_metrics(records, duration)
+    if errors := result["errors"]:
+        distinct = list(dict.fromkeys(errors))
+        logger.warning("%d requests failed; distinct errors: %s", len(errors), distinct[:3])
+    return {
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "base_url": base_url,
+        "endpoint": args.endpoint,
+        "model_id": model,
+        "dataset_name": args.dataset_name,
+        "num_prompts": args.num_prompts,
+        "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+        "seed": args.seed,
+        **result,
+    }
+
+
+async def run_concurrency_sweep(args: argparse.Namespace) -> dict[str, Any]:
+    """One run per `args.concurrency_sweep` level, in turn: {"concurrency_levels", "results"}."""
+    results = []
+    for level in args.concurrency_sweep:
+        level_args = copy.copy(args)
+        level_args.max_concurrency = level
+        result = await run_benchmark(level_args)
+        print(format_report(result))
+        results.append(result)
+    return {"concurrency_levels": list(args.concurrency_sweep), "results": results}
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run what parsed `args` ask for (one run or a sweep), print, save JSON and plots."""
+    if args.concurrency_sweep:
+        output = asyncio.run(run_concurrency_sweep(args))
+        runs, labels = output["results"], [f"concurrency {n}" for n in args.concurrency_sweep]
+    else:
+        output = asyncio.run(run_benchmark(args))
+        print(format_report(output))
+        runs, labels = [output], [f"concurrency {args.max_concurrency or 'unlimited'}"]
+    if args.output_json:
+        args.output_json.parent.mkdir(parents=True, exist_ok=True)
+        args.output_json.write_text(json.dumps(output, indent=2))
+    if args.plot:
+        plot_latency_cdfs(runs, labels, args.plot)
+        if args.concurrency_sweep:
+            plot_concurrency_sweep(output, args.plot)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m baton.bench.serving`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m baton.bench.serving",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_serving_args(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return run_from_args(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

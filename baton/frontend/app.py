@@ -1,0 +1,73 @@
+"""The FastAPI app of the OpenAI-compatible frontend."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from transformers import PreTrainedTokenizerBase
+
+from baton.client import BatonClient
+from baton.config import BatonConfig
+from baton.engine.default_model import DEFAULT_MODEL_NAME
+from baton.frontend import chat, completions, info
+from baton.frontend.auth import ApiKeyMiddleware
+from baton.frontend.body_limit import BodySizeLimitMiddleware
+from baton.frontend.errors import install_error_handlers
+from baton.frontend.logprobs import TokenTextDecoder
+from baton.frontend.metrics import FrontendMetrics
+from baton.frontend.state import FrontendState
+
+logger = logging.getLogger(__name__)
+
+ClientFactory = Callable[[], Awaitable[BatonClient]]
+
+
+def served_model_name(config: BatonConfig) -> str:
+    """The model's name in the API: `served_model_name`, else the `--model` given."""
+    return config.served_model_name or config.model or DEFAULT_MODEL_NAME
+
+
+def create_app(
+    config: BatonConfig,
+    connect: ClientFactory,
+    tokenizer: PreTrainedTokenizerBase,
+    max_model_len: int,
+) -> FastAPI:
+    """The app; its lifespan connects the pipeline client with `connect` and closes it after.
+
+    `tokenizer` turns logprob token ids into text; `max_model_len` is reported by /v1/models.
+    """
+    name = served_model_name(config)
+    state = FrontendState(
+        model_name=name,
+        model_root=config.model or name,
+        max_model_len=max_model_len,
+        created=int(time.time()),
+        decoder=TokenTextDecoder(tokenizer),
+        metrics=FrontendMetrics(name),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.client = await connect()
+        logger.info("connected to the pipeline; serving model %s", name)
+        try:
+            yield
+        finally:
+            client, state.client = state.client, None
+            await client.close()
+
+    app = FastAPI(title="Baton", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.frontend = state
+    for router in (completions.router, chat.router, info.router):
+        app.include_router(router)
+    install_error_handlers(app)
+    # The last middleware added runs first: the key is checked before the body is read.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_body_bytes)
+    if config.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    return app

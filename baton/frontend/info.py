@@ -1,0 +1,60 @@
+"""Routes that describe the server: `GET /v1/models`, `GET /health`, `GET /metrics`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from baton.client import ServerError
+from baton.frontend.errors import OpenAIError, json_response
+from baton.frontend.state import FrontendState, frontend_state
+from baton.scheduler_proc.outputs import AggregateStats
+
+router = APIRouter()
+# A stats round trip crosses all three pipeline processes; on a live server it takes
+# milliseconds, so a pipeline silent for this long is not serving.
+STATS_TIMEOUT_S = 2.0
+
+
+async def scheduler_stats(state: FrontendState) -> AggregateStats | None:
+    """The scheduler's stats, or None if the pipeline does not answer in time."""
+    if state.client is None:
+        return None
+    try:
+        return await asyncio.wait_for(state.client.stats(), STATS_TIMEOUT_S)
+    except (asyncio.TimeoutError, ServerError):
+        return None
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    """The one served model."""
+    state = frontend_state(request)
+    model = {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "baton",
+        "root": state.model_root,
+        "parent": None,
+        "max_model_len": state.max_model_len,
+    }
+    return json_response({"object": "list", "data": [model]})
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    """200 when every pipeline process answers (a stats round trip), else 503."""
+    if await scheduler_stats(frontend_state(request)) is None:
+        raise OpenAIError(503, "the pipeline is not answering")
+    return Response(status_code=200)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition; scheduler gauges are left out while the pipeline is silent."""
+    state = frontend_state(request)
+    stats = await scheduler_stats(state)
+    return Response(state.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)

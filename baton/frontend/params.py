@@ -1,0 +1,86 @@
+"""Validated API requests -> the pipeline's requests: one `ChoiceRequest` per returned choice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from baton.messages import ChatMessage
+from baton.sampling_params import SamplingParams
+
+Prompt = str | list[int] | list[ChatMessage]
+
+# SamplingParams accepts seeds in [0, 2**63); choice i's seed wraps around inside that range.
+SEED_RANGE = 2**63
+DEFAULT_TEMPERATURE = 1.0
+
+
+@dataclass(frozen=True)
+class ChoiceRequest:
+    """One pipeline request: the choice `index` it answers and the prompt `group` it belongs to
+    (usage counts each prompt once, however many choices it has)."""
+
+    index: int
+    group: int
+    prompt: Prompt
+    params: SamplingParams
+
+
+def sampling_params(
+    request: SamplingRequest, max_tokens: int | None, logprobs: int | None, choice: int
+) -> SamplingParams:
+    """The params of the `choice`-th sample: with a seed, choice i uses seed + i, so the choices
+    differ from each other yet are reproducible."""
+    seed = None if request.seed is None else (request.seed + choice) % SEED_RANGE
+    params = SamplingParams(
+        temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=request.stop,
+        stop_token_ids=request.stop_token_ids,
+        ignore_eos=request.ignore_eos,
+        logprobs=logprobs,
+    )
+    if request.top_p is not None:
+        params.top_p = request.top_p
+    if request.top_k is not None:
+        params.top_k = request.top_k
+    if request.min_p is not None:
+        params.min_p = request.min_p
+    return params
+
+
+def completion_prompts(request: CompletionRequest) -> list[str | list[int]]:
+    """`prompt` as a list of prompts: a single string or token list is one prompt."""
+    prompt = request.prompt
+    if isinstance(prompt, str) or isinstance(prompt[0], int):
+        return [prompt]  # type: ignore[list-item]
+    return list(prompt)  # type: ignore[arg-type]
+
+
+def completion_choices(request: CompletionRequest) -> list[ChoiceRequest]:
+    """n choices per prompt; prompt p's choice i has index p * n + i, as in vLLM."""
+    return [
+        ChoiceRequest(
+            index=group * request.n + choice,
+            group=group,
+            prompt=prompt,
+            params=sampling_params(request, request.max_tokens, request.logprobs, choice),
+        )
+        for group, prompt in enumerate(completion_prompts(request))
+        for choice in range(request.n)
+    ]
+
+
+def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
+    """n choices of one conversation (the tokenizer process applies the chat template)."""
+    messages = [ChatMessage(role=m.role, content=m.text) for m in request.messages]
+    return [
+        ChoiceRequest(
+            index=choice,
+            group=0,
+            prompt=messages,
+            params=sampling_params(request, request.output_limit, request.logprob_count, choice),
+        )
+        for choice in range(request.n)
+    ]

@@ -1,0 +1,85 @@
+"""The frontend process: the HTTP app on uvicorn (uvloop), one BatonClient to the pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import uvicorn
+import uvloop
+import zmq
+
+from baton.addresses import ServerAddresses
+from baton.child_process import ReadyReporter
+from baton.client import BatonClient
+from baton.config import BatonConfig
+from baton.engine.checkpoint import load_checkpoint
+from baton.frontend.app import create_app, served_model_name
+
+logger = logging.getLogger(__name__)
+
+# The detokenizer answers the client's handshake once it is up; on a cold machine the
+# pipeline's processes can take a while to import and load.
+CONNECT_TIMEOUT_S = 300.0
+# Open streams may hold up shutdown this long before they are cut (the launcher's grace
+# period before SIGKILL is longer).
+GRACEFUL_SHUTDOWN_S = 2
+STARTED_POLL_S = 0.05
+
+
+class FrontendStartError(RuntimeError):
+    """uvicorn exited before serving (port taken, or the pipeline never answered)."""
+
+
+def serve(
+    config: BatonConfig, addresses: ServerAddresses, context: zmq.Context, reporter: ReadyReporter
+) -> None:
+    """Serve HTTP until SIGTERM/SIGINT (then exit cleanly, via run_child's handlers)."""
+    checkpoint = load_checkpoint(config.model)  # the tokenizer only: no weights are read
+
+    async def connect() -> BatonClient:
+        client = BatonClient(addresses.requests, addresses.replies)
+        await client.connect(CONNECT_TIMEOUT_S)
+        return client
+
+    max_model_len = checkpoint.config.served_context_length(config.max_model_len)
+    app = create_app(config, connect, checkpoint.tokenizer, max_model_len)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            loop="uvloop",
+            log_level=config.log_level.lower(),
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+    )
+    model = served_model_name(config)
+    uvloop.run(_serve_until_stopped(server, lambda url: reporter.ready(http=url, model=model)))
+
+
+async def _serve_until_stopped(server: uvicorn.Server, on_started: Callable[[str], None]) -> None:
+    """Run uvicorn; once it listens, call `on_started` with its URL.
+
+    uvicorn catches SIGTERM itself, shuts down gracefully, then re-raises the signal, so
+    run_child's handler still ends the process with exit code 0.
+    """
+    serving = asyncio.ensure_future(_serve(server))
+    while not server.started:
+        if serving.done():
+            serving.result()  # raises why it stopped
+            raise FrontendStartError("uvicorn stopped before it started serving")
+        await asyncio.sleep(STARTED_POLL_S)
+    host, port = server.servers[0].sockets[0].getsockname()[:2]
+    on_started(f"http://{host}:{port}")
+    await serving
+
+
+async def _serve(server: uvicorn.Server) -> None:
+    try:
+        await server.serve()
+    except SystemExit as exit:
+        if not server.started:  # uvicorn exits on a startup failure; make it an error
+            raise FrontendStartError(f"uvicorn failed to start (exit code {exit.code})") from exit
+        raise

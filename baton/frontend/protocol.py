@@ -1,0 +1,219 @@
+"""Request bodies of the OpenAI-compatible API, as pydantic models (OpenAI's and vLLM's names).
+
+Models are strict (a string is never coerced into a number) and ignore unknown fields, as vLLM
+does. Ranges are checked here so that a bad request gets a 400 naming the field before it reaches
+the pipeline. Options that would change the output but are not implemented (penalties, logit
+bias, echo...) are rejected rather than silently ignored. Responses are plain dicts built per
+endpoint: pydantic per streamed chunk would cost too much.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from baton.sampling_params import MAX_LOGPROBS
+
+# Each choice is a separate request in the pipeline; a cap keeps one HTTP call from flooding it.
+MAX_CHOICES = 128
+
+TokenId = Annotated[int, Field(ge=0)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+PositiveInt = Annotated[int, Field(ge=1)]
+LogprobCount = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+
+
+class StrictModel(BaseModel):
+    """Strict types, unknown fields ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(StrictModel):
+    """`stream_options`: `include_usage` adds a last chunk with `usage` and no choices."""
+
+    include_usage: bool = False
+
+
+def _must_be(value: Any, allowed: tuple[Any, ...], what: str) -> Any:
+    if value is not None and value not in allowed:
+        raise ValueError(f"{what} is not supported")
+    return value
+
+
+class SamplingRequest(StrictModel):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: Annotated[float, Field(ge=0)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool = False
+    # BatonClient always sends the pipeline's defaults for these two.
+    skip_special_tokens: bool = True
+    user: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None) -> float | None:
+        return _must_be(value, (0,), "a non-zero penalty")
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _no_repetition_penalty(cls, value: float | None) -> float | None:
+        return _must_be(value, (1,), "a repetition_penalty other than 1")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported")
+        return value
+
+    @field_validator("min_tokens")
+    @classmethod
+    def _no_min_tokens(cls, value: int | None) -> int | None:
+        return _must_be(value, (0,), "min_tokens > 0")
+
+    @field_validator("skip_special_tokens")
+    @classmethod
+    def _skip_special_tokens(cls, value: bool) -> bool:
+        return _must_be(value, (True,), "skip_special_tokens=false")
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if any(not stop for stop in stops):
+            raise ValueError("stop strings must be non-empty")
+        return value
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options can only be given when stream is true")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed response ends with a usage chunk."""
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(SamplingRequest):
+    """`POST /v1/completions`. `prompt` is text, token ids, or a list of either (one choice set
+    per prompt)."""
+
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1)]
+    )
+    max_tokens: PositiveInt | None = 16
+    logprobs: LogprobCount | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    add_special_tokens: bool = True
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        return _must_be(value, (False,), "echo")
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("suffix is not supported")
+        return value
+
+    @field_validator("add_special_tokens")
+    @classmethod
+    def _add_special_tokens(cls, value: bool) -> bool:
+        return _must_be(value, (True,), "add_special_tokens=false")
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_best_of(cls, value: int | None) -> int | None:
+        return _must_be(value, (1,), "best_of > 1")
+
+
+class TextPart(StrictModel):
+    """One part of a message's content; only text is supported."""
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessageParam(StrictModel):
+    """One message: `content` is a string or a list of text parts (null counts as empty)."""
+
+    role: str
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The content as one string; text parts are joined with newlines, as vLLM does."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """`POST /v1/chat/completions`; `max_completion_tokens` wins over the older `max_tokens`."""
+
+    messages: Annotated[list[ChatMessageParam], Field(min_length=1)]
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool = False
+    top_logprobs: LogprobCount | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type", "text") != "text":
+            raise ValueError("only the text response format is supported")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        if value:
+            raise ValueError("tools are not supported")
+        return value
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+    @property
+    def output_limit(self) -> int | None:
+        """The output token limit (None: until the context is full or the model stops)."""
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def logprob_count(self) -> int | None:
+        """Alternatives per token to return, or None when no logprobs are wanted."""
+        return (self.top_logprobs or 0) if self.logprobs else None

@@ -1,0 +1,46 @@
+"""What the routes share: the pipeline client, the served model, the decoder and the metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from baton.client import BatonClient
+from baton.frontend.errors import OpenAIError
+from baton.frontend.logprobs import TokenTextDecoder
+from baton.frontend.metrics import FrontendMetrics
+
+
+@dataclass
+class FrontendState:
+    """Per-app state; `client` is set once the app's lifespan has connected it."""
+
+    model_name: str
+    model_root: str
+    max_model_len: int
+    created: int
+    decoder: TokenTextDecoder
+    metrics: FrontendMetrics
+    client: BatonClient | None = None
+
+    def require_client(self) -> BatonClient:
+        """The connected client (503 while the server is still starting)."""
+        if self.client is None:
+            raise OpenAIError(503, "the server is not connected to its pipeline yet")
+        return self.client
+
+    def check_model(self, requested: str | None) -> None:
+        """404 unless `requested` is the served model (omitted means the served one)."""
+        if requested is not None and requested != self.model_name:
+            raise OpenAIError(
+                404,
+                f"The model `{requested}` does not exist; this server serves `{self.model_name}`.",
+                code="model_not_found",
+                param="model",
+            )
+
+
+def frontend_state(request: Request) -> FrontendState:
+    """The app's FrontendState."""
+    return request.app.state.frontend

@@ -1,0 +1,121 @@
+"""Server-sent events: `data: {json}\\n\\n` chunks ending with `data: [DONE]`.
+
+A streamed response starts only once its first delta is in, so an error the pipeline reports up
+front (prompt too long, overloaded) still gets its proper status code instead of a 200 stream.
+A client that disconnects cancels the stream: its pipeline requests are aborted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from baton.client import ServerError
+from baton.frontend.errors import from_server_error
+from baton.frontend.generation import IndexedDelta, UsageTotals, unless_disconnected
+from baton.frontend.params import ChoiceRequest
+from baton.messages import GenerateDelta
+
+SSE_DONE = b"data: [DONE]\n\n"
+_encode = msgspec.json.Encoder().encode
+
+
+def sse_event(payload: object) -> bytes:
+    """One SSE data event."""
+    return b"data: " + _encode(payload) + b"\n\n"
+
+
+class ChunkWriter(Protocol):
+    """Turns one endpoint's deltas into its chunk objects."""
+
+    def chunks(self, index: int, delta: GenerateDelta) -> list[dict]:
+        """The chunks for one delta of choice `index` (possibly none)."""
+        ...
+
+    def final_chunks(self) -> list[dict]:
+        """Chunks after the last delta (the usage chunk, when asked for)."""
+        ...
+
+
+class ChunkWriterBase:
+    """What both endpoints' writers share: the chunk envelope and usage accounting."""
+
+    def __init__(
+        self,
+        envelope: dict[str, object],
+        choices: list[ChoiceRequest],
+        include_usage: bool,
+    ) -> None:
+        self._envelope = envelope  # id, object, created, model
+        self._groups = {choice.index: choice.group for choice in choices}
+        self._include_usage = include_usage
+        self._usage = UsageTotals()
+
+    def _chunk(self, choice: dict[str, object], delta: GenerateDelta | None = None) -> dict:
+        """A chunk carrying one choice; the usage of a final `delta` is accounted."""
+        if delta is not None and delta.finished:
+            self._usage.add(self._groups[choice["index"]], delta.usage)  # type: ignore[index]
+        chunk = {**self._envelope, "choices": [choice]}
+        if self._include_usage:
+            chunk["usage"] = None  # as OpenAI: every chunk but the last has a null usage
+        return chunk
+
+    def final_chunks(self) -> list[dict]:
+        """The usage chunk (no choices) when `stream_options.include_usage` is set."""
+        if not self._include_usage:
+            return []
+        return [{**self._envelope, "choices": [], "usage": self._usage.body()}]
+
+
+class SSEResponse(StreamingResponse):
+    """A streaming response that always closes its body iterator, even when the client left
+    while a chunk was being sent (so the pipeline requests are aborted at once, not at GC)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[bytes]) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache"})
+        self._events = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._events.aclose()  # type: ignore[attr-defined]
+
+
+async def stream_response(
+    request: Request, deltas: AsyncIterator[IndexedDelta], writer: ChunkWriter
+) -> SSEResponse:
+    """Wait for the first delta (errors raise here, before any byte is sent), then stream."""
+    try:
+        first = await unless_disconnected(request, anext(deltas))
+    except BaseException:
+        await deltas.aclose()  # type: ignore[attr-defined]
+        raise
+    return SSEResponse(_events(first, deltas, writer))
+
+
+async def _events(
+    first: IndexedDelta, deltas: AsyncIterator[IndexedDelta], writer: ChunkWriter
+) -> AsyncIterator[bytes]:
+    try:
+        yield _joined(writer.chunks(*first))
+        async for index, delta in deltas:
+            events = _joined(writer.chunks(index, delta))
+            if events:  # nothing to tell: a held-back token without logprobs
+                yield events
+        yield _joined(writer.final_chunks()) + SSE_DONE
+    except ServerError as error:  # headers are sent: the error goes in the stream, as vLLM does
+        yield sse_event(from_server_error(error).payload()) + SSE_DONE
+    finally:
+        await deltas.aclose()  # type: ignore[attr-defined]
+
+
+def _joined(chunks: list[dict]) -> bytes:
+    return b"".join(sse_event(chunk) for chunk in chunks)

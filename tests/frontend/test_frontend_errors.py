@@ -1,0 +1,173 @@
+"""Every error class over raw HTTP: OpenAI's error JSON with the right status, never a 500."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from baton.config import BatonConfig
+
+VALID = {"prompt": "Once upon a time", "max_tokens": 4}
+CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+
+def base_url(config: BatonConfig) -> str:
+    return f"http://{config.host}:{config.port}"
+
+
+@pytest.fixture(scope="module")
+def http(frontend: BatonConfig) -> httpx.Client:
+    with httpx.Client(base_url=base_url(frontend), timeout=30) as client:
+        yield client
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict:
+    """The body is OpenAI's error shape with `code`; returns the error object."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == code and error["message"]
+    return error
+
+
+def test_malformed_json_is_400(http: httpx.Client) -> None:
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        response = http.post(
+            path, content=b'{"prompt": "hi",', headers={"content-type": "application/json"}
+        )
+        assert "JSON" in assert_error(response, 400, "invalid_request")["message"]
+    assert_error(http.post("/v1/completions", content=b"[1, 2]"), 400, "invalid_request")
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"max_tokens": 4}, "prompt"),
+        ("/v1/chat/completions", {"max_tokens": 4}, "messages"),
+        ("/v1/chat/completions", {"messages": [{"content": "Hi"}]}, "messages.0.role"),
+        ("/v1/completions", {**VALID, "max_tokens": "four"}, "max_tokens"),
+        ("/v1/completions", {**VALID, "temperature": "hot"}, "temperature"),
+        ("/v1/completions", {**VALID, "prompt": 5}, "prompt"),
+        ("/v1/completions", {**VALID, "prompt": [1, "a"]}, "prompt"),
+        ("/v1/completions", {**VALID, "stream": "yes"}, "stream"),
+        ("/v1/completions", {**VALID, "stop": 3}, "stop"),
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]}, None),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            None,
+        ),
+        ("/v1/completions", {**VALID, "temperature": -1}, "temperature"),
+        ("/v1/completions", {**VALID, "top_p": 0}, "top_p"),
+        ("/v1/completions", {**VALID, "top_p": 1.5}, "top_p"),
+        ("/v1/completions", {**VALID, "top_k": -2}, "top_k"),
+        ("/v1/completions", {**VALID, "min_p": 2}, "min_p"),
+        ("/v1/completions", {**VALID, "n": 0}, "n"),
+        ("/v1/completions", {**VALID, "max_tokens": 0}, "max_tokens"),
+        ("/v1/completions", {**VALID, "logprobs": 21}, "logprobs"),
+        ("/v1/completions", {**VALID, "seed": -1}, "seed"),
+        ("/v1/completions", {**VALID, "prompt": []}, "prompt"),
+        ("/v1/completions", {**VALID, "stop": [""]}, "stop"),
+        ("/v1/completions", {**VALID, "echo": True}, "echo"),
+        ("/v1/completions", {**VALID, "presence_penalty": 0.5}, "presence_penalty"),
+        ("/v1/completions", {**VALID, "stream_options": {"include_usage": True}}, None),
+        ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, None),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -3}, "max_completion_tokens"),
+    ],
+)
+def test_invalid_fields_are_400(
+    http: httpx.Client, path: str, body: dict, param: str | None
+) -> None:
+    error = assert_error(http.post(path, json=body), 400, "invalid_request")
+    if param is not None:
+        assert error["param"] == param
+        assert param.split(".")[0] in error["message"]
+
+
+def test_pipeline_rejections_are_400(http: httpx.Client) -> None:
+    out_of_vocabulary = http.post("/v1/completions", json={**VALID, "prompt": [1, 10**6]})
+    assert "vocabulary" in assert_error(out_of_vocabulary, 400, "invalid_request")["message"]
+    bad_role = {"messages": [{"role": "wizard", "content": "Hi"}]}
+    assert_error(http.post("/v1/chat/completions", json=bad_role), 400, "invalid_request")
+    too_long = {"prompt": [1] * 600, "max_tokens": 4}
+    assert_error(http.post("/v1/completions", json=too_long), 400, "prompt_too_long")
+    # A stream fails before it starts: a proper status, not a 200 with an error inside.
+    streamed = http.post("/v1/completions", json={**too_long, "stream": True})
+    assert_error(streamed, 400, "prompt_too_long")
+    too_much_output = {"prompt": "Hi", "max_tokens": 600}
+    assert_error(http.post("/v1/completions", json=too_much_output), 400, "prompt_too_long")
+
+
+def test_unknown_model_and_route_are_404(http: httpx.Client) -> None:
+    error = assert_error(
+        http.post("/v1/completions", json={**VALID, "model": "gpt-17"}), 404, "model_not_found"
+    )
+    assert "gpt-17" in error["message"] and error["param"] == "model"
+    chat = {**CHAT, "model": "gpt-17"}
+    assert_error(http.post("/v1/chat/completions", json=chat), 404, "model_not_found")
+    assert_error(http.post("/v1/nothing", json=VALID), 404, "not_found")
+    assert_error(http.get("/v1/completions"), 405, "method_not_allowed")
+
+
+def test_oversized_body_is_413(http: httpx.Client, frontend: BatonConfig) -> None:
+    limit = frontend.max_request_body_bytes
+    big = {**VALID, "prompt": "a" * (limit + 10)}
+    assert_error(http.post("/v1/completions", json=big), 413, "request_too_large")
+
+    def chunked():  # no Content-Length: the limit must hold on the streamed body too
+        for _ in range(4):
+            yield b" " * (limit // 2)
+        yield b'{"prompt": "hi"}'
+
+    assert_error(http.post("/v1/completions", content=chunked()), 413, "request_too_large")
+    just_under = {**VALID, "user": "u" * (limit - 200)}
+    assert http.post("/v1/completions", json=just_under).status_code == 200
+
+
+def test_server_keeps_serving_after_errors(http: httpx.Client) -> None:
+    response = http.post("/v1/completions", json=VALID)
+    assert response.status_code == 200
+    assert response.json()["usage"]["completion_tokens"] >= 1
+    assert http.get("/health").status_code == 200
+
+
+def test_api_key_is_required_on_v1_only(restricted_frontend: BatonConfig) -> None:
+    url = base_url(restricted_frontend)
+    key = restricted_frontend.api_key
+    with httpx.Client(base_url=url, timeout=30) as client:
+        assert_error(client.post("/v1/completions", json=VALID), 401, "invalid_api_key")
+        wrong = {"Authorization": "Bearer nope"}
+        assert_error(client.get("/v1/models", headers=wrong), 401, "invalid_api_key")
+        # Refused before the body is read: malformed JSON without a key is still a 401.
+        assert_error(client.post("/v1/completions", content=b"{"), 401, "invalid_api_key")
+        good = {"Authorization": f"Bearer {key}"}
+        assert client.post("/v1/completions", json=VALID, headers=good).status_code == 200
+        assert client.get("/health").status_code == 200
+        assert client.get("/metrics").status_code == 200
+
+
+def test_overloaded_is_429(restricted_frontend: BatonConfig) -> None:
+    """One running and one waiting request at most: while a long request runs, a flood of
+    others gets 429 (all but the one that fits in the waiting queue)."""
+    headers = {"Authorization": f"Bearer {restricted_frontend.api_key}"}
+    long = {"prompt": "Once", "max_tokens": 400, "ignore_eos": True, "stream": True}
+
+    async def flood() -> list[httpx.Response]:
+        async with httpx.AsyncClient(
+            base_url=base_url(restricted_frontend), headers=headers, timeout=60
+        ) as client:
+            async with client.stream("POST", "/v1/completions", json=long) as running:
+                assert running.status_code == 200
+                await anext(running.aiter_lines())  # it runs: the only running slot is taken
+                return await asyncio.gather(
+                    *(client.post("/v1/completions", json=VALID) for _ in range(6))
+                )
+
+    responses = asyncio.run(flood())
+    statuses = sorted(response.status_code for response in responses)
+    assert statuses.count(429) >= 4 and set(statuses) <= {200, 429}, statuses
+    for response in responses:
+        if response.status_code == 429:
+            assert_error(response, 429, "overloaded")
