@@ -7,6 +7,8 @@ import dataclasses
 import logging
 import sys
 
+from baton.bench.serving import add_serving_args
+from baton.bench.serving import run_from_args as run_serving_benchmark
 from baton.config import add_config_args, config_from_args
 
 
@@ -56,6 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     launch = commands.add_parser("launch", help="start the server (all processes) and supervise it")
     add_config_args(launch)
     launch.set_defaults(handler=_launch)
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
+        dest="bench", required=True
+    )
+    serving = bench.add_parser(
+        "serving", help="online serving benchmark of an OpenAI-compatible server"
+    )
+    add_serving_args(serving)
+    serving.set_defaults(handler=run_serving_benchmark)
     return parser
 
 

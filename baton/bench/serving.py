@@ -29,7 +29,6 @@ import aiohttp
 from tqdm import tqdm
 
 from baton.bench.metrics import RequestRecord, compute_metrics, format_report
-from baton.bench.plots import plot_concurrency_sweep, plot_latency_cdfs
 from baton.bench.workloads import (
     CHAT_ENDPOINT,
     DATASET_NAMES,
@@ -267,6 +266,9 @@ def run_from_args(args: argparse.Namespace) -> int:
         args.output_json.parent.mkdir(parents=True, exist_ok=True)
         args.output_json.write_text(json.dumps(output, indent=2))
     if args.plot:
+        # matplotlib is imported only when plotting: it costs half a second.
+        from baton.bench.plots import plot_concurrency_sweep, plot_latency_cdfs
+
         plot_latency_cdfs(runs, labels, args.plot)
         if args.concurrency_sweep:
             plot_concurrency_sweep(output, args.plot)
