@@ -21,6 +21,22 @@ CONTEXT_TOKENS = 4
 # JSON has no -inf; vLLM reports impossible tokens with this floor too.
 MIN_LOGPROB = -9999.0
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+REPLACEMENT_CHARACTER = "\ufffd"
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the printable character standing for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars = {byte: chr(byte) for byte in printable}
+    extra = 0
+    for byte in range(256):
+        if byte not in chars:
+            chars[byte] = chr(256 + extra)
+            extra += 1
+    return {char: byte for byte, char in chars.items()}
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +76,20 @@ class TokenTextDecoder:
         return self._decode([token_id])
 
     def token_bytes(self, token_id: int, text: str) -> list[int]:
-        """The token's bytes: a byte-fallback token ("<0xE2>") is its one byte, not U+FFFD."""
+        """The token's bytes. A token holding part of a character decodes to U+FFFD; its bytes
+        then come from its vocabulary entry: a SentencePiece byte-fallback token ("<0xE2>") or
+        a byte-level BPE token (GPT-2's alphabet, one character per byte)."""
+        if REPLACEMENT_CHARACTER not in text:
+            return list(text.encode("utf-8"))
         piece = self._tokenizer.convert_ids_to_tokens(token_id)
-        match = _BYTE_FALLBACK.fullmatch(piece) if isinstance(piece, str) else None
-        return [int(match.group(1), 16)] if match else list(text.encode("utf-8"))
+        if not isinstance(piece, str):
+            return list(text.encode("utf-8"))
+        match = _BYTE_FALLBACK.fullmatch(piece)
+        if match:
+            return [int(match.group(1), 16)]
+        if piece and all(char in _BYTE_LEVEL for char in piece):
+            return [_BYTE_LEVEL[char] for char in piece]
+        return list(text.encode("utf-8"))
 
     def entries(
         self, context: list[int], token_ids: list[int], logprobs: list[TokenLogprob]

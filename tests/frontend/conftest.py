@@ -1,4 +1,7 @@
-"""Fixtures: a pipeline (baton.launch.Server) plus the frontend process, serving stories260K.
+"""Fixtures: a pipeline (baton.launch.Server) plus the frontend process.
+
+`frontend` serves stories260K (real text: compared with the offline LLM); `restricted_frontend`
+serves the built-in default model, so the error tests run even where stories260K is absent.
 
 Servers are session-scoped: starting one costs ~15 s on two cores, so the frontend test modules
 share them. The frontend is started by hand (the launcher does not start it yet) and is ready
@@ -23,7 +26,6 @@ from baton.config import BatonConfig
 from baton.launch import Server
 
 STARTUP_TIMEOUT_S = 180.0
-MODEL_NAME = "stories-test"
 API_KEY = "test-secret-key"
 # Small, so the 413 tests need only small bodies.
 BODY_LIMIT = 64 * 1024
@@ -49,18 +51,16 @@ def wait_healthy(url: str, process: subprocess.Popen) -> None:
     raise RuntimeError(f"the frontend was not healthy after {STARTUP_TIMEOUT_S:.0f}s")
 
 
-def run_frontend(model_dir: Path, **overrides: object) -> Iterator[BatonConfig]:
+def run_frontend(**settings: object) -> Iterator[BatonConfig]:
     """Start the pipeline and the frontend; on exit, SIGTERM must end the frontend with 0."""
     config = BatonConfig(
-        model=str(model_dir),
         dtype="float32",
         page_size=4,
         num_pages=400,
         port=free_port(),
-        served_model_name=MODEL_NAME,
         max_request_body_bytes=BODY_LIMIT,
         log_level="warning",
-        **overrides,
+        **settings,
     )
     with Server(config) as pipeline:
         process = subprocess.Popen(child_command("baton.frontend", config, pipeline.addresses))
@@ -80,15 +80,16 @@ def run_frontend(model_dir: Path, **overrides: object) -> Iterator[BatonConfig]:
 
 @pytest.fixture(scope="session")
 def frontend(stories260k_dir: Path) -> Iterator[BatonConfig]:
-    """The shared server: no API key, default limits but a small body limit."""
-    yield from run_frontend(stories260k_dir)
+    """stories260K under the name "stories-test", no API key."""
+    yield from run_frontend(model=str(stories260k_dir), served_model_name="stories-test")
 
 
 @pytest.fixture(scope="session")
-def restricted_frontend(stories260k_dir: Path) -> Iterator[BatonConfig]:
-    """A server with an API key, one running and one waiting request at most."""
+def restricted_frontend() -> Iterator[BatonConfig]:
+    """The built-in model (512-token context) with an API key, one running and one waiting
+    request at most."""
     yield from run_frontend(
-        stories260k_dir, api_key=API_KEY, max_running_requests=1, max_waiting_requests=1
+        max_model_len=512, api_key=API_KEY, max_running_requests=1, max_waiting_requests=1
     )
 
 

@@ -1,8 +1,13 @@
-"""Every error class over raw HTTP: OpenAI's error JSON with the right status, never a 500."""
+"""Every error class over raw HTTP: OpenAI's error JSON with the right status, never a 500.
+
+The server (built-in model, 512-token context) requires an API key and admits one running and
+one waiting request; the `http` client sends the key.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -17,9 +22,15 @@ def base_url(config: BatonConfig) -> str:
     return f"http://{config.host}:{config.port}"
 
 
+def auth(config: BatonConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {config.api_key}"}
+
+
 @pytest.fixture(scope="module")
-def http(frontend: BatonConfig) -> httpx.Client:
-    with httpx.Client(base_url=base_url(frontend), timeout=30) as client:
+def http(restricted_frontend: BatonConfig) -> Iterator[httpx.Client]:
+    with httpx.Client(
+        base_url=base_url(restricted_frontend), headers=auth(restricted_frontend), timeout=30
+    ) as client:
         yield client
 
 
@@ -111,8 +122,8 @@ def test_unknown_model_and_route_are_404(http: httpx.Client) -> None:
     assert_error(http.get("/v1/completions"), 405, "method_not_allowed")
 
 
-def test_oversized_body_is_413(http: httpx.Client, frontend: BatonConfig) -> None:
-    limit = frontend.max_request_body_bytes
+def test_oversized_body_is_413(http: httpx.Client, restricted_frontend: BatonConfig) -> None:
+    limit = restricted_frontend.max_request_body_bytes
     big = {**VALID, "prompt": "a" * (limit + 10)}
     assert_error(http.post("/v1/completions", json=big), 413, "request_too_large")
 
@@ -131,19 +142,22 @@ def test_server_keeps_serving_after_errors(http: httpx.Client) -> None:
     assert response.status_code == 200
     assert response.json()["usage"]["completion_tokens"] >= 1
     assert http.get("/health").status_code == 200
+    # Without --served-model-name the API uses the --model given, or the built-in's name.
+    assert [model["id"] for model in http.get("/v1/models").json()["data"]] == ["baton-default"]
+    named = http.post("/v1/completions", json={**VALID, "model": "baton-default"})
+    assert named.status_code == 200
 
 
 def test_api_key_is_required_on_v1_only(restricted_frontend: BatonConfig) -> None:
     url = base_url(restricted_frontend)
-    key = restricted_frontend.api_key
     with httpx.Client(base_url=url, timeout=30) as client:
         assert_error(client.post("/v1/completions", json=VALID), 401, "invalid_api_key")
         wrong = {"Authorization": "Bearer nope"}
         assert_error(client.get("/v1/models", headers=wrong), 401, "invalid_api_key")
         # Refused before the body is read: malformed JSON without a key is still a 401.
         assert_error(client.post("/v1/completions", content=b"{"), 401, "invalid_api_key")
-        good = {"Authorization": f"Bearer {key}"}
-        assert client.post("/v1/completions", json=VALID, headers=good).status_code == 200
+        response = client.post("/v1/completions", json=VALID, headers=auth(restricted_frontend))
+        assert response.status_code == 200
         assert client.get("/health").status_code == 200
         assert client.get("/metrics").status_code == 200
 
@@ -151,7 +165,7 @@ def test_api_key_is_required_on_v1_only(restricted_frontend: BatonConfig) -> Non
 def test_overloaded_is_429(restricted_frontend: BatonConfig) -> None:
     """One running and one waiting request at most: while a long request runs, a flood of
     others gets 429 (all but the one that fits in the waiting queue)."""
-    headers = {"Authorization": f"Bearer {restricted_frontend.api_key}"}
+    headers = auth(restricted_frontend)
     long = {"prompt": "Once", "max_tokens": 400, "ignore_eos": True, "stream": True}
 
     async def flood() -> list[httpx.Response]:

@@ -16,7 +16,7 @@ PROMPT = "Once upon a time"
 PROMPTS = ["The little dog", "Lily and Tom went to the park"]
 
 
-MODEL_NAME = "stories-test"
+MODEL_NAME = "stories-test"  # the `frontend` fixture's served_model_name
 
 
 @pytest.fixture(scope="module")

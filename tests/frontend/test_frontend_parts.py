@@ -1,0 +1,198 @@
+"""The frontend's parts without a pipeline: request mapping, errors, logprob text, metrics, and
+the app in-process (no lifespan, so no pipeline client)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
+
+from baton.client import BatonClient, ServerError
+from baton.config import BatonConfig
+from baton.engine.checkpoint import load_checkpoint
+from baton.frontend.app import create_app, served_model_name
+from baton.frontend.errors import from_server_error, from_validation_error
+from baton.frontend.logprobs import ChoiceLogprobs, TokenTextDecoder
+from baton.frontend.metrics import FrontendMetrics
+from baton.frontend.params import chat_choices, completion_choices
+from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from baton.messages import ChatMessage, GenerateDelta
+from baton.scheduler_proc.outputs import AggregateStats, TokenLogprob
+from baton.tokenizer_proc.tokenizer import build_byte_tokenizer
+
+
+def test_completion_choices_index_and_seed_per_choice() -> None:
+    request = CompletionRequest(prompt=["a", "b"], n=2, seed=2**63 - 1, temperature=0.5)
+    choices = completion_choices(request)
+    assert [(c.index, c.group, c.prompt) for c in choices] == [
+        (0, 0, "a"),
+        (1, 0, "a"),
+        (2, 1, "b"),
+        (3, 1, "b"),
+    ]
+    # Choice i samples with seed + i, wrapped into SamplingParams' range.
+    assert [c.params.seed for c in choices] == [2**63 - 1, 0, 2**63 - 1, 0]
+    assert all(c.params.temperature == 0.5 and c.params.max_tokens == 16 for c in choices)
+    (single,) = completion_choices(CompletionRequest(prompt=[5, 6, 7], stop="x", top_k=3))
+    assert single.prompt == [5, 6, 7] and single.params.stop == ["x"]
+    assert single.params.top_k == 3 and single.params.top_p == 1.0
+
+
+def test_chat_choices_messages_and_limits() -> None:
+    request = ChatCompletionRequest.model_validate(
+        {
+            "messages": [
+                {"role": "system", "content": None},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            ],
+            "max_tokens": 9,
+            "max_completion_tokens": 5,
+            "logprobs": True,
+        }
+    )  # fmt: skip
+    (choice,) = chat_choices(request)
+    assert choice.prompt == [ChatMessage("system", ""), ChatMessage("user", "a\nb")]
+    assert choice.params.max_tokens == 5  # max_completion_tokens wins
+    assert choice.params.logprobs == 0  # logprobs without top_logprobs: the chosen token only
+
+
+def test_validation_errors_name_the_field() -> None:
+    with pytest.raises(ValidationError) as raised:
+        CompletionRequest.model_validate_json(b'{"prompt": 5}')
+    error = from_validation_error(raised.value)
+    assert error.status == 400 and error.param == "prompt"
+    assert error.message.startswith("prompt: Input should be")
+    assert "[" not in error.message  # union branches ("list[int]") are not shown
+    with pytest.raises(ValidationError) as raised:
+        ChatCompletionRequest.model_validate_json(b'{"messages": [{"role": "user"}], "n": 0}')
+    assert from_validation_error(raised.value).param == "n"
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [("invalid_request", 400), ("prompt_too_long", 400), ("overloaded", 429), ("internal", 500)],
+)
+def test_server_error_statuses(code: str, status: int) -> None:
+    error = from_server_error(ServerError(code, "why"))
+    assert (error.status, error.code) == (status, code)
+    assert error.payload()["error"]["message"] == "why"
+
+
+def test_logprob_tokens_line_up_with_the_text() -> None:
+    tokenizer = build_byte_tokenizer()
+    decoder = TokenTextDecoder(tokenizer)
+
+    def logprobs_of(ids: list[int]) -> list[TokenLogprob]:
+        return [TokenLogprob(-0.5, [(token, -0.5), (65, -1.0)]) for token in ids]
+
+    text = "hello world"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    state = ChoiceLogprobs(decoder)
+    first = state.completion(ids[:3], logprobs_of(ids[:3]))  # streamed in two parts
+    rest = state.completion(ids[3:], logprobs_of(ids[3:]))
+    tokens = first["tokens"] + rest["tokens"]
+    assert "".join(tokens) == text
+    offsets = first["text_offset"] + rest["text_offset"]
+    assert offsets == [len("".join(tokens[:i])) for i in range(len(tokens))]
+    assert first["top_logprobs"][0] == {"h": -0.5, "A": -1.0}
+    accented = "héllo wörld"
+    ids = tokenizer.encode(accented, add_special_tokens=False)
+    chat = ChoiceLogprobs(decoder).chat(ids, logprobs_of(ids))["content"]
+    # Each byte of "é" is its own token, shown as U+FFFD, but its `bytes` are exact.
+    assert b"".join(bytes(entry["bytes"]) for entry in chat) == accented.encode()
+    assert [alt["token"] for alt in chat[0]["top_logprobs"]] == ["h", "A"]
+
+
+def test_logprob_tokens_keep_sentencepiece_spaces(stories260k_dir: Path) -> None:
+    tokenizer = load_checkpoint(str(stories260k_dir)).tokenizer
+    ids = tokenizer.encode("Once upon a time", add_special_tokens=False)
+    logprobs = [TokenLogprob(float("-inf"), []) for _ in ids]
+    body = ChoiceLogprobs(TokenTextDecoder(tokenizer)).completion(ids, logprobs)
+    assert body["tokens"] == [" Once", " upon", " a", " time"]
+    assert body["token_logprobs"] == [-9999.0] * 4  # JSON has no -inf
+    (byte_id,) = tokenizer.convert_tokens_to_ids(["<0xE2>"])
+    assert TokenTextDecoder(tokenizer).token_bytes(byte_id, "\ufffd") == [0xE2]
+
+
+def test_metrics_observe_requests_and_stats() -> None:
+    metrics = FrontendMetrics("m")
+    tracker = metrics.track()
+    tracker.observe(GenerateDelta(request_id="r", token_ids=[1, 2], text="ab"))
+    tracker.observe(GenerateDelta(request_id="r", token_ids=[3], text="c"))
+    tracker.observe(
+        GenerateDelta(
+            request_id="r", token_ids=[4], text="d", finished=True, finish_reason="length"
+        )
+    )
+    stats = AggregateStats(
+        running_requests=2, waiting_requests=1, total_pages=10, free_pages=5, cached_pages=1,
+        used_pages=4, finished_requests=3, prompt_tokens=30, cached_prompt_tokens=8,
+        generated_tokens=40, preemptions=1, uptime=1.0, generation_throughput=40.0,
+    )  # fmt: skip
+    samples = {
+        (sample.name, sample.labels.get("finished_reason")): sample.value
+        for family in text_string_to_metric_families(metrics.render(stats).decode())
+        for sample in family.samples
+    }
+    assert samples[("baton:time_to_first_token_seconds_count", None)] == 1
+    assert samples[("baton:inter_token_latency_seconds_count", None)] == 3
+    assert samples[("baton:e2e_request_latency_seconds_count", None)] == 1
+    assert samples[("baton:request_success_total", "length")] == 1
+    assert samples[("baton:kv_cache_usage_perc", None)] == pytest.approx(0.4)
+    assert samples[("baton:num_requests_waiting", None)] == 1
+    assert samples[("baton:prefix_cache_hits_total", None)] == 8
+    without_stats = metrics.render(None).decode()
+    assert "baton:num_requests_running" not in without_stats
+
+
+def app_client(**settings: object) -> httpx.AsyncClient:
+    """The app in-process: its lifespan does not run, so it has no pipeline client."""
+
+    async def never_connects() -> BatonClient:
+        raise AssertionError("the lifespan does not run in-process")
+
+    config = BatonConfig(**settings)
+    app = create_app(config, never_connects, build_byte_tokenizer(), max_model_len=64)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app")
+
+
+def test_app_in_process_errors() -> None:
+    async def main() -> dict[str, int]:
+        statuses = {}
+        async with app_client(api_key="k", max_request_body_bytes=100) as client:
+            key = {"Authorization": "Bearer k"}
+            valid = {"prompt": "hi"}
+            statuses["no_key"] = (await client.post("/v1/completions", json=valid)).status_code
+            big = {"prompt": "x" * 200}
+            response = await client.post("/v1/completions", json=big, headers=key)
+            statuses["too_big"] = response.status_code
+            response = await client.post("/v1/completions", json={"prompt": 1}, headers=key)
+            statuses["invalid"] = response.status_code
+            statuses["pipeline_down"] = (
+                await client.post("/v1/completions", json=valid, headers=key)
+            ).status_code
+            statuses["health"] = (await client.get("/health")).status_code
+            statuses["metrics"] = (await client.get("/metrics")).status_code
+            models = (await client.get("/v1/models", headers=key)).json()
+            statuses["models"] = models["data"][0]["max_model_len"]
+        return statuses
+
+    assert asyncio.run(main()) == {
+        "no_key": 401,
+        "too_big": 413,
+        "invalid": 400,
+        "pipeline_down": 503,
+        "health": 503,
+        "metrics": 200,
+        "models": 64,
+    }
+
+
+def test_served_model_name_fallbacks() -> None:
+    assert served_model_name(BatonConfig(model="org/model", served_model_name="x")) == "x"
+    assert served_model_name(BatonConfig(model="org/model")) == "org/model"
+    assert served_model_name(BatonConfig()) == "baton-default"
