@@ -88,5 +88,7 @@ def run_child(
         reporter.failed(traceback.format_exc(limit=5))
         raise
     finally:
+        # A second SIGTERM while tearing down must not raise SystemExit inside atexit callbacks.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         reporter.close()
         context.destroy(linger=0)

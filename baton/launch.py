@@ -30,6 +30,7 @@ PROCESS_MODULES = {
     "scheduler": "baton.scheduler_proc",
     "detokenizer": "baton.detokenizer_proc",
     "tokenizer": "baton.tokenizer_proc",
+    "frontend": "baton.frontend",
 }
 
 
@@ -136,6 +137,7 @@ def run(config: BatonConfig) -> int:
         return 1
     print(
         f"Baton ready: model {server.info.get('model', config.model or 'built-in default')}\n"
+        f"  HTTP (OpenAI-compatible): {server.info.get('http')}\n"
         f"  ZMQ requests: {server.addresses.requests}\n"
         f"  ZMQ replies:  {server.addresses.replies}",
         flush=True,

@@ -4,28 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-
-
-def free_port_pair() -> int:
-    """A port P such that P and P+1 were free a moment ago."""
-    for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            with socket.socket() as second:
-                try:
-                    second.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-                return port
-    raise RuntimeError("no free port pair")
+from helpers import free_port_pair
 
 
 def children_of(pid: int) -> dict[int, str]:
@@ -64,7 +49,7 @@ def start_launcher(model_dir: Path) -> tuple[subprocess.Popen, dict[int, str]]:
             break
         assert time.monotonic() < deadline, "launcher never became ready"
     children = children_of(launcher.pid)
-    assert len(children) == 3
+    assert len(children) == 4  # scheduler, detokenizer, tokenizer, frontend
     return launcher, children
 
 

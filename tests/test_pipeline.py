@@ -12,6 +12,7 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
+from helpers import free_port
 
 from baton import LLM, SamplingParams
 from baton.client import BatonClient, ServerError
@@ -30,6 +31,7 @@ def server(request: pytest.FixtureRequest, stories260k_dir: Path) -> Iterator[Se
         page_size=4,
         num_pages=400,
         disable_overlap=request.param,
+        port=free_port(),
         log_level="warning",
     )
     with Server(config) as running:
@@ -136,7 +138,12 @@ def test_hundred_concurrent_requests_under_kv_pressure(stories260k_dir: Path, of
     expected = [o.token_ids for o in offline.generate(prompts, params)]
     # 60 pages of 4 tokens: a few requests at a time; the rest wait or get preempted.
     config = BatonConfig(
-        model=str(stories260k_dir), dtype="float32", page_size=4, num_pages=60, log_level="warning"
+        model=str(stories260k_dir),
+        dtype="float32",
+        page_size=4,
+        num_pages=60,
+        port=free_port(),
+        log_level="warning",
     )
 
     async def main(server: Server):

@@ -26,13 +26,11 @@ import torch
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
 from baton.config import BatonConfig, add_config_args, config_from_args
 from baton.engine.checkpoint import load_checkpoint
+from baton.engine.engine import default_num_threads
 from baton.llm import LLM
 from baton.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-# Untimed warm-up: enough to touch every code path (prefill, decode, sampling) once.
-WARMUP_PROMPTS, WARMUP_INPUT_LEN, WARMUP_OUTPUT_LEN = 2, 16, 4
 
 
 @dataclass(frozen=True)
@@ -109,8 +107,7 @@ def run_baton(config: BatonConfig, workload: Workload) -> EngineResult:
     """Time `LLM.generate` over the whole workload; the engine is shut down before returning."""
     llm = LLM(**asdict(config))
     try:
-        vocab = llm.engine.vocab_size
-        warmup = make_workload(WARMUP_PROMPTS, WARMUP_INPUT_LEN, WARMUP_OUTPUT_LEN, 0, vocab, -1)
+        warmup = _warmup_workload(llm.engine.vocab_size)
         llm.generate(warmup.prompts, _greedy_params(warmup.output_lens))
         params = _greedy_params(workload.output_lens)
         start = time.perf_counter()
@@ -122,18 +119,29 @@ def run_baton(config: BatonConfig, workload: Workload) -> EngineResult:
     generated = [len(output.token_ids) for output in outputs]
     if generated != workload.output_lens:
         logger.warning("Baton generated lengths differ from the requested ones")
-    details = {"dtype": dtype, "disable_overlap": config.disable_overlap}
+    details = {
+        "dtype": dtype,
+        "disable_overlap": config.disable_overlap,
+        "num_threads": config.num_threads or default_num_threads(),
+    }
     return EngineResult(
         "baton", elapsed, len(outputs), workload.input_tokens, sum(generated), details
     )
+
+
+def _warmup_workload(vocab_size: int) -> Workload:
+    """Untimed: enough to run prefill, decode and sampling once (seeded apart from the run)."""
+    return make_workload(2, 16, 4, 0, vocab_size, seed=-1)
 
 
 def _greedy_params(output_lens: list[int]) -> list[SamplingParams]:
     return [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in output_lens]
 
 
-def run_transformers(model: str, dtype: str, workload: Workload, batch_size: int) -> EngineResult:
-    """Time transformers' greedy `generate` in static, left-padded batches.
+def run_transformers(
+    model: str, dtype: str, workload: Workload, batch_size: int, num_threads: int
+) -> EngineResult:
+    """Time transformers' greedy `generate` in static, left-padded batches on `num_threads`.
 
     Requests are sorted by output length (longest first) before batching, so each batch's rows
     need nearly the same number of steps: static batching's best case. A batch generates its
@@ -142,13 +150,13 @@ def run_transformers(model: str, dtype: str, workload: Workload, batch_size: int
     """
     from transformers import AutoModelForCausalLM
 
+    torch.set_num_threads(num_threads)
     hf_model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
     pad_id = hf_model.generation_config.pad_token_id or 0
     order = sorted(range(len(workload.prompts)), key=lambda i: -workload.output_lens[i])
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    vocab = hf_model.config.vocab_size
-    warmup = make_workload(WARMUP_PROMPTS, WARMUP_INPUT_LEN, WARMUP_OUTPUT_LEN, 0, vocab, -1)
-    _hf_generate(hf_model, warmup.prompts, WARMUP_OUTPUT_LEN, pad_id)
+    warmup = _warmup_workload(hf_model.config.vocab_size)
+    _hf_generate(hf_model, warmup.prompts, warmup.output_lens[0], pad_id)
     computed = 0
     start = time.perf_counter()
     for batch in batches:
@@ -159,16 +167,11 @@ def run_transformers(model: str, dtype: str, workload: Workload, batch_size: int
     details = {
         "dtype": dtype,
         "batch_size": batch_size,
+        "num_threads": torch.get_num_threads(),
         "wasted_tokens": computed - workload.output_tokens,
     }
-    return EngineResult(
-        "transformers",
-        elapsed,
-        len(workload.prompts),
-        workload.input_tokens,
-        workload.output_tokens,
-        details,
-    )
+    counts = (len(order), workload.input_tokens, workload.output_tokens)
+    return EngineResult("transformers", elapsed, *counts, details)
 
 
 @torch.inference_mode()
@@ -201,10 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--num-prompts", type=int, default=None, help="default: from the shape")
     group.add_argument("--random-input-len", type=int, default=None, help="default: from shape")
     group.add_argument("--random-output-len", type=int, default=None, help="default: from shape")
-    group.add_argument("--random-range-ratio", type=float, default=0.5)
+    group.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.5,
+        help="lengths uniform in len*(1-r)..len*(1+r) (vLLM defaults to 0: fixed lengths)",
+    )
     group.add_argument("--output-json", type=Path, default=None)
     group.add_argument("--compare-hf", action="store_true", help="also run transformers")
-    group.add_argument("--hf-batch-size", type=int, default=16)
+    group.add_argument("--hf-batch-size", type=int, default=16, help="transformers' static batch")
     return parser
 
 
@@ -232,7 +240,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gc.collect()  # free Baton's weights and KV pool before transformers loads its copy
     hf = None
     if args.compare_hf:
-        hf = run_transformers(model, baton.details["dtype"], workload, args.hf_batch_size)
+        # Same dtype and as many math threads as Baton's engine: only the engines differ.
+        details = baton.details
+        hf = run_transformers(
+            model, details["dtype"], workload, args.hf_batch_size, details["num_threads"]
+        )
     report = _report(args, model, workload, baton, hf)
     if args.output_json is not None:
         args.output_json.write_text(json.dumps(report, indent=2))
@@ -253,7 +265,6 @@ def _report(
         "num_prompts": len(workload.prompts),
         "random_range_ratio": args.random_range_ratio,
         "seed": args.seed,
-        "torch_threads": torch.get_num_threads(),
         "input_lens": [len(prompt) for prompt in workload.prompts],
         "output_lens": workload.output_lens,
         "total_input_tokens": workload.input_tokens,

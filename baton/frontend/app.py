@@ -24,6 +24,7 @@ from baton.frontend.state import FrontendState
 logger = logging.getLogger(__name__)
 
 ClientFactory = Callable[[], Awaitable[BatonClient]]
+SHUTDOWN_DRAIN_S = 1.0
 
 
 def served_model_name(config: BatonConfig) -> str:
@@ -58,6 +59,10 @@ def create_app(
         try:
             yield
         finally:
+            # uvicorn has cancelled the requests still open; let them send their aborts before
+            # the sockets close.
+            if not await state.in_flight.drained(SHUTDOWN_DRAIN_S):
+                logger.warning("%d requests still open at shutdown", state.in_flight.count)
             client, state.client = state.client, None
             await client.close()
 

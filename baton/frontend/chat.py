@@ -37,14 +37,11 @@ async def create_chat_completion(request: Request) -> Response:
     state = frontend_state(request)
     body = ChatCompletionRequest.model_validate_json(await request.body())
     state.check_model(body.model)
-    client = state.require_client()
+    state.require_client()  # 503 before any work if the pipeline is not connected
     choices = chat_choices(body)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    streams = {
-        choice.index: choice_stream(client, state.metrics, response_id, choice)
-        for choice in choices
-    }
+    streams = {choice.index: choice_stream(state, response_id, choice) for choice in choices}
     decoder = state.decoder if body.logprobs else None
     if body.stream:
         envelope = _envelope(response_id, "chat.completion.chunk", created, state.model_name)

@@ -34,7 +34,7 @@ async def create_completion(request: Request) -> Response:
     state = frontend_state(request)
     body = CompletionRequest.model_validate_json(await request.body())
     state.check_model(body.model)
-    client = state.require_client()
+    state.require_client()  # 503 before any work if the pipeline is not connected
     choices = completion_choices(body)
     response_id = f"cmpl-{uuid.uuid4().hex}"
     envelope = {
@@ -43,10 +43,7 @@ async def create_completion(request: Request) -> Response:
         "created": int(time.time()),
         "model": state.model_name,
     }
-    streams = {
-        choice.index: choice_stream(client, state.metrics, response_id, choice)
-        for choice in choices
-    }
+    streams = {choice.index: choice_stream(state, response_id, choice) for choice in choices}
     with_logprobs = body.logprobs is not None
     if body.stream:
         writer = CompletionChunkWriter(

@@ -14,10 +14,9 @@ from typing import TypeVar
 
 from starlette.requests import Request
 
-from baton.client import BatonClient
 from baton.frontend.errors import ClientGone
-from baton.frontend.metrics import FrontendMetrics
 from baton.frontend.params import ChoiceRequest
+from baton.frontend.state import FrontendState
 from baton.messages import GenerateDelta, Usage
 from baton.scheduler_proc.outputs import TokenLogprob
 
@@ -26,17 +25,20 @@ IndexedDelta = tuple[int, GenerateDelta]
 
 
 async def choice_stream(
-    client: BatonClient, metrics: FrontendMetrics, request_id: str, choice: ChoiceRequest
+    state: FrontendState, request_id: str, choice: ChoiceRequest
 ) -> AsyncIterator[GenerateDelta]:
     """The choice's deltas, observed by the metrics; closing it aborts the request."""
-    tracker = metrics.track()
+    client = state.require_client()
+    tracker = state.metrics.track()
     stream = client.stream(choice.prompt, choice.params, f"{request_id}-{choice.index}")
+    state.in_flight.enter()
     try:
         async for delta in stream:
             tracker.observe(delta)
             yield delta
     finally:
         await stream.aclose()
+        state.in_flight.leave()
 
 
 async def merged_streams(

@@ -79,7 +79,7 @@ async def _serve_until_stopped(server: uvicorn.Server, on_started: Callable[[str
 async def _serve(server: uvicorn.Server) -> None:
     try:
         await server.serve()
-    except SystemExit as exit:
+    except SystemExit as stopped:
         if not server.started:  # uvicorn exits on a startup failure; make it an error
-            raise FrontendStartError(f"uvicorn failed to start (exit code {exit.code})") from exit
+            raise FrontendStartError(f"uvicorn failed to start (exit {stopped.code})") from stopped
         raise

@@ -18,16 +18,19 @@ from baton.sampling_params import MAX_LOGPROBS
 # Each choice is a separate request in the pipeline; a cap keeps one HTTP call from flooding it.
 MAX_CHOICES = 128
 
-TokenId = Annotated[int, Field(ge=0)]
+# Integers travel as msgpack, which has no integers wider than 64 bits; no sane value is this big.
+MAX_INT = 2**31 - 1
+TokenId = Annotated[int, Field(ge=0, le=MAX_INT)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
-PositiveInt = Annotated[int, Field(ge=1)]
+PositiveInt = Annotated[int, Field(ge=1, le=MAX_INT)]
 LogprobCount = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 
 
 class StrictModel(BaseModel):
-    """Strict types, unknown fields ignored."""
+    """Strict types, finite numbers (an infinite temperature would poison the sampler), unknown
+    fields ignored."""
 
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(StrictModel):
@@ -51,13 +54,13 @@ class SamplingRequest(StrictModel):
     stream_options: StreamOptions | None = None
     temperature: Annotated[float, Field(ge=0)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=MAX_INT)] | None = None
     min_p: Annotated[float, Field(ge=0, le=1)] | None = None
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
-    # BatonClient always sends the pipeline's defaults for these two.
+    # Only the default: BatonClient cannot pass it on (nor completions' add_special_tokens).
     skip_special_tokens: bool = True
     user: str | None = None
     presence_penalty: float | None = None

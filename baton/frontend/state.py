@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
@@ -10,6 +11,34 @@ from baton.client import BatonClient
 from baton.frontend.errors import OpenAIError
 from baton.frontend.logprobs import TokenTextDecoder
 from baton.frontend.metrics import FrontendMetrics
+
+
+class InFlight:
+    """Counts the pipeline requests being streamed, so shutdown can wait for their aborts."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        """One more request in flight."""
+        self.count += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        """A request finished or was aborted."""
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def drained(self, timeout: float) -> bool:
+        """Wait until none is in flight (False if `timeout` passed first)."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
 
 
 @dataclass
@@ -23,6 +52,7 @@ class FrontendState:
     decoder: TokenTextDecoder
     metrics: FrontendMetrics
     client: BatonClient | None = None
+    in_flight: InFlight = field(default_factory=InFlight)
 
     def require_client(self) -> BatonClient:
         """The connected client (503 while the server is still starting)."""

@@ -105,10 +105,12 @@ async def _events(
     first: IndexedDelta, deltas: AsyncIterator[IndexedDelta], writer: ChunkWriter
 ) -> AsyncIterator[bytes]:
     try:
-        yield _joined(writer.chunks(*first))
+        events = _joined(writer.chunks(*first))
+        if events:  # empty when a token's text is held back and no logprobs are wanted
+            yield events
         async for index, delta in deltas:
             events = _joined(writer.chunks(index, delta))
-            if events:  # nothing to tell: a held-back token without logprobs
+            if events:
                 yield events
         yield _joined(writer.final_chunks()) + SSE_DONE
     except ServerError as error:  # headers are sent: the error goes in the stream, as vLLM does

@@ -19,15 +19,18 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
 
 
 def base_url(config: BatonConfig) -> str:
+    """The server's HTTP root."""
     return f"http://{config.host}:{config.port}"
 
 
 def auth(config: BatonConfig) -> dict[str, str]:
+    """The Authorization header with the server's API key."""
     return {"Authorization": f"Bearer {config.api_key}"}
 
 
 @pytest.fixture(scope="module")
 def http(restricted_frontend: BatonConfig) -> Iterator[httpx.Client]:
+    """A client of the restricted server that sends the API key."""
     with httpx.Client(
         base_url=base_url(restricted_frontend), headers=auth(restricted_frontend), timeout=30
     ) as client:
@@ -71,6 +74,10 @@ def test_malformed_json_is_400(http: httpx.Client) -> None:
             None,
         ),
         ("/v1/completions", {**VALID, "temperature": -1}, "temperature"),
+        ("/v1/completions", {**VALID, "prompt": [1, 2**70]}, "prompt"),
+        ("/v1/completions", {**VALID, "top_k": 2**70}, "top_k"),
+        ("/v1/completions", {**VALID, "max_tokens": 2**70}, "max_tokens"),
+        ("/v1/completions", {**VALID, "stop_token_ids": [2**70]}, "stop_token_ids.0"),
         ("/v1/completions", {**VALID, "top_p": 0}, "top_p"),
         ("/v1/completions", {**VALID, "top_p": 1.5}, "top_p"),
         ("/v1/completions", {**VALID, "top_k": -2}, "top_k"),
@@ -95,6 +102,13 @@ def test_invalid_fields_are_400(
     if param is not None:
         assert error["param"] == param
         assert param.split(".")[0] in error["message"]
+
+
+def test_non_finite_numbers_are_400(http: httpx.Client) -> None:
+    for value in (b"Infinity", b"NaN", b"1e999"):
+        body = b'{"prompt": "hi", "temperature": ' + value + b"}"
+        error = assert_error(http.post("/v1/completions", content=body), 400, "invalid_request")
+        assert error["param"] == "temperature"
 
 
 def test_pipeline_rejections_are_400(http: httpx.Client) -> None:
@@ -169,15 +183,17 @@ def test_overloaded_is_429(restricted_frontend: BatonConfig) -> None:
     long = {"prompt": "Once", "max_tokens": 400, "ignore_eos": True, "stream": True}
 
     async def flood() -> list[httpx.Response]:
-        async with httpx.AsyncClient(
-            base_url=base_url(restricted_frontend), headers=headers, timeout=60
-        ) as client:
-            async with client.stream("POST", "/v1/completions", json=long) as running:
-                assert running.status_code == 200
-                await anext(running.aiter_lines())  # it runs: the only running slot is taken
-                return await asyncio.gather(
-                    *(client.post("/v1/completions", json=VALID) for _ in range(6))
-                )
+        async with (
+            httpx.AsyncClient(
+                base_url=base_url(restricted_frontend), headers=headers, timeout=60
+            ) as client,
+            client.stream("POST", "/v1/completions", json=long) as running,
+        ):
+            assert running.status_code == 200
+            await anext(running.aiter_lines())  # it runs: the only running slot is taken
+            return await asyncio.gather(
+                *(client.post("/v1/completions", json=VALID) for _ in range(6))
+            )
 
     responses = asyncio.run(flood())
     statuses = sorted(response.status_code for response in responses)

@@ -7,26 +7,26 @@ import math
 import openai
 import pytest
 
-from baton import LLM, SamplingParams
+from baton import LLM, RequestOutput, SamplingParams
 from baton.config import BatonConfig
 from baton.messages import ChatMessage
 from baton.tokenizer_proc.chat import render_chat
 
 PROMPT = "Once upon a time"
 PROMPTS = ["The little dog", "Lily and Tom went to the park"]
-
-
 MODEL_NAME = "stories-test"  # the `frontend` fixture's served_model_name
 
 
 @pytest.fixture(scope="module")
 def client(frontend: BatonConfig) -> openai.OpenAI:
+    """An OpenAI client of the stories260K server."""
     assert frontend.served_model_name == MODEL_NAME
     base_url = f"http://{frontend.host}:{frontend.port}/v1"
     return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
 
 
-def greedy(offline: LLM, prompt: str | list[int], **params: object) -> object:
+def greedy(offline: LLM, prompt: str | list[int], **params: object) -> RequestOutput:
+    """The offline engine's greedy output: the reference."""
     return offline.generate(prompt, SamplingParams(temperature=0, **params))[0]
 
 

@@ -43,17 +43,15 @@ def test_completion_choices_index_and_seed_per_choice() -> None:
 
 
 def test_chat_choices_messages_and_limits() -> None:
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
     request = ChatCompletionRequest.model_validate(
         {
-            "messages": [
-                {"role": "system", "content": None},
-                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-            ],
+            "messages": [{"role": "system", "content": None}, {"role": "user", "content": parts}],
             "max_tokens": 9,
             "max_completion_tokens": 5,
             "logprobs": True,
         }
-    )  # fmt: skip
+    )
     (choice,) = chat_choices(request)
     assert choice.prompt == [ChatMessage("system", ""), ChatMessage("user", "a\nb")]
     assert choice.params.max_tokens == 5  # max_completion_tokens wins

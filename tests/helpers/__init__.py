@@ -6,6 +6,7 @@ from helpers.hf_reference import (
     hf_logits,
     load_hf_model,
 )
+from helpers.ports import free_port, free_port_pair
 from helpers.tiny_models import (
     BOS_ID,
     EOS_ID,
@@ -25,6 +26,8 @@ __all__ = [
     "TINY_VARIANTS",
     "VOCAB_SIZE",
     "assert_greedy_matches_hf",
+    "free_port",
+    "free_port_pair",
     "hf_greedy_generate",
     "hf_logits",
     "load_hf_model",
