@@ -110,7 +110,7 @@ class ChatChunkWriter(ChunkWriterBase):
         logprobs = None
         if self._logprobs is not None:
             logprobs = self._logprobs[index].chat(delta.token_ids, delta.logprobs)
-        elif not (delta.text or delta.finished):
+        elif not (delta.token_ids or delta.finished):
             return chunks
         choice = {
             "index": index,

@@ -94,11 +94,12 @@ class CompletionChunkWriter(ChunkWriterBase):
         )
 
     def chunks(self, index: int, delta: GenerateDelta) -> list[dict]:
-        """The chunk for one delta; none for a delta with nothing to show."""
+        """The chunk for one delta (as vLLM: one per delta with new tokens, even if its text is
+        held back); none for a delta without tokens."""
         logprobs = None
         if self._logprobs is not None:
             logprobs = self._logprobs[index].completion(delta.token_ids, delta.logprobs)
-        elif not (delta.text or delta.finished):
+        elif not (delta.token_ids or delta.finished):
             return []
         choice = {
             "index": index,
