@@ -85,11 +85,16 @@ def add_serving_args(parser: argparse.ArgumentParser) -> None:
     report.add_argument("--plot", type=Path, default=None, help="folder for PNG plots")
 
 
-def _chunk_text(chunk: dict[str, Any]) -> str:
-    choice = (chunk.get("choices") or [{}])[0]
-    delta = choice.get("delta") or {}
-    # Reasoning models stream their thinking as `reasoning_content`: tokens all the same.
-    return choice.get("text") or delta.get("content") or delta.get("reasoning_content") or ""
+def _is_token_chunk(chunk: dict[str, Any]) -> bool:
+    """Whether a chunk carries generated tokens: as vLLM's bench, any chunk with a choice counts
+    (its text may be empty, e.g. held back or a special token), except chat's opening role-only
+    chunk and the final usage-only chunk (no choices)."""
+    choices = chunk.get("choices")
+    if not choices:
+        return False
+    delta = choices[0].get("delta")
+    opening = delta is not None and "role" in delta and not delta.get("content")
+    return not opening
 
 
 async def send_request(
@@ -117,7 +122,7 @@ async def send_request(
                 if "error" in chunk:
                     record.error = f"server error: {chunk['error']}"
                     return record
-                if _chunk_text(chunk):
+                if _is_token_chunk(chunk):
                     record.chunk_times_s.append(arrival)
                 usage = chunk.get("usage") or usage
     # Any failure (HTTP, transport, malformed stream) must count against this request only.

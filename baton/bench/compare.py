@@ -1,0 +1,279 @@
+"""Baton against its peers on one machine, model and workload, in one run.
+
+Each server engine (Baton, then vLLM and llama.cpp where given) is started on a free port, probed
+until healthy, sent the same serving workload as `baton.bench.serving` sends (ignore_eos, fixed
+seed), then stopped with its whole process group. transformers has no server: it runs the same
+requests offline in static batches last, so it reports output tok/s only. The table gives each
+engine's output tok/s, mean TTFT and mean TPOT, and Baton's figure divided by each peer's.
+
+    python -m baton.bench.compare --shape tiny --num-prompts 64 --max-concurrency 16 \
+        --random-input-len 128 --random-output-len 128 --output-json compare.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import functools
+import gc
+import json
+import logging
+import math
+import shlex
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from baton.bench.offline import Workload, run_transformers
+from baton.bench.peers import (
+    ServerCommand,
+    ServerProcess,
+    ServerStartError,
+    baton_command,
+    free_port,
+    gguf_for_llama,
+    llama_server_command,
+    vllm_command,
+)
+from baton.bench.serving import add_serving_args, run_benchmark
+from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
+from baton.bench.workloads import CHAT_ENDPOINT, build_workload
+from baton.engine.engine import default_num_threads
+
+logger = logging.getLogger(__name__)
+
+ENGINES = ("baton", "vllm", "llama.cpp", "transformers")
+# The flags that define the workload, repeated in the JSON report.
+WORKLOAD_KEYS = ("dataset_name", "num_prompts", "random_input_len", "random_output_len",
+                 "random_range_ratio", "max_concurrency", "seed", "num_warmups")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EngineSummary:
+    """One engine's headline figures; latencies are None where the engine has none (offline)."""
+
+    engine: str
+    output_throughput: float
+    mean_ttft_ms: float | None
+    mean_tpot_ms: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return asdict(self)
+
+
+METRICS = ("output_throughput", "mean_ttft_ms", "mean_tpot_ms")
+
+
+def engine_summary(engine: str, result: dict[str, Any]) -> EngineSummary:
+    """The summary of a serving result, or of an offline one (which has no TTFT or TPOT)."""
+    return EngineSummary(
+        engine, result["output_throughput"], result.get("mean_ttft_ms"), result.get("mean_tpot_ms")
+    )
+
+
+def ratios_to_reference(
+    summaries: list[EngineSummary], reference: str
+) -> dict[str, dict[str, float | None]]:
+    """{peer: {metric: reference's value / peer's}}: None where either side lacks the metric
+    (or it is zero). Empty without the reference engine."""
+    by_engine = {summary.engine: summary for summary in summaries}
+    if reference not in by_engine:
+        return {}
+    ours = by_engine[reference]
+    ratios = {}
+    for peer in summaries:
+        if peer.engine == reference:
+            continue
+        ratios[peer.engine] = {}
+        for metric in METRICS:
+            mine, theirs = getattr(ours, metric), getattr(peer, metric)
+            usable = mine is not None and theirs  # None or 0 gives no ratio
+            ratios[peer.engine][metric] = mine / theirs if usable else None
+    return ratios
+
+
+def format_table(summaries: list[EngineSummary], ratios: dict[str, dict[str, float | None]]) -> str:
+    """One row per engine: its figures, then Baton's divided by them (tok/s: higher is better for
+    Baton; TTFT and TPOT: lower is better)."""
+    header = ("engine", "out tok/s", "TTFT ms", "TPOT ms", "B/x tok/s", "B/x TTFT", "B/x TPOT")
+    lines = ["  ".join(f"{cell:>12}" for cell in header)]
+    for summary in summaries:
+        row = [summary.engine, *(_cell(getattr(summary, metric), "") for metric in METRICS)]
+        engine_ratios = ratios.get(summary.engine, {})
+        row += [_cell(engine_ratios.get(metric), "x") for metric in METRICS]
+        if summary.mean_ttft_ms is None:
+            row.append("offline static batches: no TTFT/TPOT")
+        lines.append("  ".join(f"{cell:>12}" for cell in row))
+    lines.append("B/x = Baton's figure / this engine's (tok/s: >1 Baton faster; TTFT, TPOT: <1)")
+    return "\n".join(lines)
+
+
+def _cell(value: float | None, suffix: str) -> str:
+    return "-" if value is None else f"{value:.2f}{suffix}"
+
+
+class EngineSkipped(Exception):
+    """An engine that cannot run here (its flag is absent); the reason is the message."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The serving benchmark's workload flags plus the engines' (`--model` is the checkpoint)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m baton.bench.compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        conflict_handler="resolve",  # --model below replaces the serving client's model name
+    )
+    add_serving_args(parser)
+    parser.set_defaults(
+        num_prompts=64, random_input_len=128, random_output_len=128, max_concurrency=16
+    )
+    parser.set_defaults(num_warmups=2)
+    group = parser.add_argument_group("compare")
+    group.add_argument("--model", default=None, help="HF checkpoint folder (else --shape)")
+    group.add_argument("--shape", choices=sorted(SHAPES), help="random weights of a named shape")
+    group.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
+    group.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    group.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, in order")
+    group.add_argument("--baton-args", default="", help='extra flags, e.g. "--disable-overlap"')
+    group.add_argument("--vllm-python", default=None, help="a Python with vllm installed")
+    group.add_argument("--llama-server", type=Path, default=None, help="llama.cpp's server")
+    group.add_argument("--gguf", type=Path, default=None, help="the model as GGUF, for llama.cpp")
+    group.add_argument("--hf-batch-size", type=int, default=None, help="default: concurrency")
+    group.add_argument("--server-timeout", type=float, default=600.0, help="seconds to healthy")
+    return parser
+
+
+def resolve_model(args: argparse.Namespace) -> str:
+    """The checkpoint folder: `--model`, or `--shape` (default tiny) materialized once."""
+    if args.model and args.shape:
+        raise SystemExit("give --model or --shape, not both")
+    if args.model:
+        return str(Path(args.model).resolve())
+    return str(materialize_shape(args.shape or "tiny", args.cache_dir, args.dtype))
+
+
+def _server_command(
+    engine: str, args: argparse.Namespace, model: str, port: int, work_dir: Path
+) -> ServerCommand:
+    """The command of server engine `engine`, or EngineSkipped when its flag is absent."""
+    if engine == "baton":
+        return baton_command(model, port, args.dtype, shlex.split(args.baton_args))
+    if engine == "vllm":
+        if not args.vllm_python:
+            raise EngineSkipped("no --vllm-python")
+        return vllm_command(args.vllm_python, model, port, args.dtype)
+    if not args.llama_server:
+        raise EngineSkipped("no --llama-server")
+    gguf = args.gguf or gguf_for_llama(args.llama_server, Path(model), args.dtype, work_dir)
+    if gguf is None:
+        raise EngineSkipped("no --gguf, and no convert_hf_to_gguf.py + gguf package to make one")
+    parallel = args.max_concurrency or args.num_prompts
+    threads = default_num_threads()
+    return llama_server_command(str(args.llama_server), str(gguf), port, parallel, threads)
+
+
+def run_server_engine(
+    engine: str, args: argparse.Namespace, model: str, work_dir: Path
+) -> dict[str, Any]:
+    """Start `engine`'s server, run the serving workload on it, stop it: its record."""
+    port = free_port()
+    command = _server_command(engine, args, model, port, work_dir)
+    logger.info("starting %s: %s", engine, shlex.join(command.argv))
+    record: dict[str, Any] = {"command": command.argv, "env": command.env}
+    with ServerProcess(command, port, work_dir / f"{engine}.log") as server:
+        server.start(args.server_timeout)
+        record["server_pid"] = server.pid
+        bench_args = copy.copy(args)
+        bench_args.base_url, bench_args.model = server.base_url, None
+        record["result"] = asyncio.run(run_benchmark(bench_args))
+    return record
+
+
+def run_transformers_engine(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """The same requests through transformers offline, static batches of the concurrency."""
+    requests = build_workload(
+        args.dataset_name,
+        args.num_prompts,
+        args.seed,
+        input_len=args.random_input_len,
+        output_len=args.random_output_len,
+        range_ratio=args.random_range_ratio,
+        vocab_size=args.random_vocab_size,
+        as_text=args.random_prompt_text or args.endpoint == CHAT_ENDPOINT,
+        dataset_path=args.dataset_path,
+    )
+    prompts = [request.prompt for request in requests]
+    if any(isinstance(prompt, str) for prompt in prompts):
+        from transformers import AutoTokenizer
+
+        encode = AutoTokenizer.from_pretrained(model).encode
+        prompts = [encode(prompt) if isinstance(prompt, str) else prompt for prompt in prompts]
+    workload = Workload(prompts, [request.output_len for request in requests])
+    batch_size = args.hf_batch_size or args.max_concurrency or 16
+    # As many math threads as Baton's engine uses by default: only the engines differ.
+    result = run_transformers(model, args.dtype, workload, batch_size, default_num_threads())
+    gc.collect()
+    return {"result": result.to_dict()}
+
+
+def run_engine(
+    engine: str, runner: Callable[[], dict[str, Any]]
+) -> tuple[dict[str, Any], EngineSummary | None]:
+    """Run one engine: its JSON record and, if it ran, its summary row."""
+    try:
+        record = {"status": "ok", **runner()}
+    except EngineSkipped as reason:
+        logger.info("skipping %s: %s", engine, reason)
+        return {"status": "skipped", "reason": str(reason)}, None
+    except (ServerStartError, OSError, RuntimeError) as error:
+        logger.error("%s failed: %s", engine, error)
+        return {"status": "failed", "reason": str(error)}, None
+    return record, engine_summary(engine, record["result"])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Entry point: run every engine in turn, print the table, return (and save) the report."""
+    args = build_parser().parse_args(argv)
+    if args.concurrency_sweep or args.base_url:
+        raise SystemExit("compare starts its own servers: no --base-url or --concurrency-sweep")
+    engines = [name.strip() for name in args.engines.split(",") if name.strip()]
+    if unknown := set(engines) - set(ENGINES):
+        raise SystemExit(f"unknown engines {sorted(unknown)}; known: {', '.join(ENGINES)}")
+    model = resolve_model(args)
+    records: dict[str, Any] = {}
+    summaries = []
+    with tempfile.TemporaryDirectory(prefix="baton-compare-") as work:
+        for engine in engines:
+            if engine == "transformers":
+                runner = functools.partial(run_transformers_engine, args, model)
+            else:
+                runner = functools.partial(run_server_engine, engine, args, model, Path(work))
+            records[engine], summary = run_engine(engine, runner)
+            if summary is not None:
+                summaries.append(summary)
+    ratios = ratios_to_reference(summaries, "baton")
+    print(format_table(summaries, ratios))
+    report = {
+        "model": model,
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "workload": {key: getattr(args, key) for key in WORKLOAD_KEYS},
+        "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
+        "engines": records,
+        "summary": {summary.engine: summary.to_dict() for summary in summaries},
+        "ratios": ratios,
+    }
+    if args.output_json:
+        args.output_json.parent.mkdir(parents=True, exist_ok=True)
+        args.output_json.write_text(json.dumps(report, indent=2, default=str))
+    return report
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    main()
