@@ -31,7 +31,6 @@ from baton.bench.offline import Workload, run_transformers
 from baton.bench.peers import (
     ServerCommand,
     ServerProcess,
-    ServerStartError,
     baton_command,
     free_port,
     gguf_for_llama,
@@ -230,7 +229,9 @@ def run_engine(
     except EngineSkipped as reason:
         logger.info("skipping %s: %s", engine, reason)
         return {"status": "skipped", "reason": str(reason)}, None
-    except (ServerStartError, OSError, RuntimeError) as error:
+    # Whatever breaks one engine (a server that never starts, a crashed benchmark, a failed GGUF
+    # conversion) is recorded, and the other engines still run.
+    except Exception as error:
         logger.error("%s failed: %s", engine, error)
         return {"status": "failed", "reason": str(error)}, None
     return record, engine_summary(engine, record["result"])

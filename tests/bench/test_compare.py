@@ -1,0 +1,196 @@
+"""Baton vs peers: engine command lines, the ratio table, server process groups, one real run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from baton.bench import compare
+from baton.bench.compare import EngineSummary, engine_summary, format_table, ratios_to_reference
+from baton.bench.peers import (
+    ServerCommand,
+    ServerProcess,
+    ServerStartError,
+    baton_command,
+    find_hf_to_gguf_converter,
+    free_port,
+    llama_server_command,
+    vllm_command,
+)
+from baton.config import add_config_args, config_from_args
+
+# Keep the test engine's KV pool small: the default budget would zero-fill gigabytes.
+SMALL_POOL = "--num-gpu-blocks-override 64"
+
+
+def live_group_members(group: int) -> list[int]:
+    """Non-zombie processes whose process group is `group` (Linux /proc), written here apart
+    from the code under test."""
+    members = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == group:
+            members.append(int(stat_file.parent.name))
+    return members
+
+
+# --- command lines: pure functions ---------------------------------------------------------
+
+
+def test_baton_command_is_understood_by_batons_own_parser() -> None:
+    command = baton_command("/models/m", 8123, "float32", ["--disable-overlap"])
+    assert command.argv[:3] == [sys.executable, "-m", "baton.launch"]
+    parser = argparse.ArgumentParser()
+    add_config_args(parser)
+    config = config_from_args(parser.parse_args(command.argv[3:]))
+    assert (config.model, config.port, config.host) == ("/models/m", 8123, "127.0.0.1")
+    assert (config.dtype, config.disable_overlap) == ("float32", True)
+    assert command.env == {}
+
+
+def test_vllm_command() -> None:
+    command = vllm_command("/venv/bin/python", "/models/m", 9001)
+    assert command.argv == [
+        "/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/m",
+        "--host", "127.0.0.1", "--port", "9001", "--dtype", "bfloat16", "--max-model-len", "4096",
+    ]  # fmt: skip
+    # The KV space is set; the OpenMP binding is left to vLLM's default.
+    assert command.env == {"VLLM_CPU_KVCACHE_SPACE": "4"}
+
+
+def test_llama_server_command_gives_each_slot_the_full_context() -> None:
+    command = llama_server_command("/bin/llama-server", "/m.gguf", 9002, parallel=8, threads=3)
+    argv = command.argv
+    assert argv[0] == "/bin/llama-server"
+    flags = dict(zip(argv[1::2], argv[2::2]))
+    assert flags == {
+        "--model": "/m.gguf", "--host": "127.0.0.1", "--port": "9002",
+        "--ctx-size": str(4096 * 8), "--parallel": "8", "--threads": "3",
+    }  # fmt: skip
+
+
+def test_converter_found_in_the_llama_cpp_checkout(tmp_path: Path) -> None:
+    server = tmp_path / "llama.cpp" / "build" / "bin" / "llama-server"
+    server.parent.mkdir(parents=True)
+    server.touch()
+    assert find_hf_to_gguf_converter(server) is None
+    script = tmp_path / "llama.cpp" / "convert_hf_to_gguf.py"
+    script.touch()
+    assert find_hf_to_gguf_converter(server) == script
+
+
+# --- summaries, ratios and the table --------------------------------------------------------
+
+
+def test_ratios_divide_batons_figures_by_each_peers() -> None:
+    summaries = [
+        EngineSummary("baton", 200.0, 50.0, 10.0),
+        EngineSummary("vllm", 100.0, 25.0, 20.0),
+        EngineSummary("transformers", 400.0, None, None),
+        EngineSummary("llama.cpp", 0.0, 30.0, 0.0),  # every request failed
+    ]
+    ratios = ratios_to_reference(summaries, "baton")
+    assert ratios == {
+        "vllm": {"output_throughput": 2.0, "mean_ttft_ms": 2.0, "mean_tpot_ms": 0.5},
+        "transformers": {"output_throughput": 0.5, "mean_ttft_ms": None, "mean_tpot_ms": None},
+        "llama.cpp": {"output_throughput": None, "mean_ttft_ms": 50 / 30, "mean_tpot_ms": None},
+    }
+    assert ratios_to_reference(summaries[1:], "baton") == {}
+    lines = format_table(summaries, ratios).splitlines()
+    assert len(lines) == 1 + len(summaries) + 1  # header, engines, legend
+    vllm_row = lines[2].split()
+    assert vllm_row == ["vllm", "100.00", "25.00", "20.00", "2.00x", "2.00x", "0.50x"]
+    assert lines[3].split()[:7] == ["transformers", "400.00", "-", "-", "0.50x", "-", "-"]
+    assert "no TTFT/TPOT" in lines[3]
+
+
+def test_engine_summary_of_serving_and_offline_results() -> None:
+    serving = {"output_throughput": 12.5, "mean_ttft_ms": 3.0, "mean_tpot_ms": 4.0, "ttfts": []}
+    assert engine_summary("vllm", serving) == EngineSummary("vllm", 12.5, 3.0, 4.0)
+    offline = {"output_throughput": 7.0, "elapsed_s": 1.0}
+    assert engine_summary("transformers", offline) == EngineSummary("transformers", 7.0, None, None)
+
+
+# --- server processes ----------------------------------------------------------------------
+
+# A healthy server whose grandchild ignores SIGTERM: stopping must still leave nothing behind.
+STUBBORN_SERVER = """
+import http.server, subprocess, sys
+subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_stop_kills_the_whole_process_group(tmp_path: Path) -> None:
+    port = free_port()
+    command = ServerCommand("stub", [sys.executable, "-c", STUBBORN_SERVER, str(port)])
+    server = ServerProcess(command, port, tmp_path / "stub.log")
+    try:
+        server.start(timeout_s=30)
+        group = server.pid
+        deadline = time.monotonic() + 10
+        while len(live_group_members(group)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(live_group_members(group)) == 2
+    finally:
+        server.stop(grace_s=1.0)
+    assert live_group_members(group) == []
+
+
+def test_a_server_that_exits_reports_its_output(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", "print('cannot load the model'); raise SystemExit(3)"]
+    server = ServerProcess(ServerCommand("broken", argv), free_port(), tmp_path / "broken.log")
+    with pytest.raises(ServerStartError, match="cannot load the model"), server:
+        server.start(timeout_s=30)
+
+
+# --- compare end to end ---------------------------------------------------------------------
+
+
+def test_absent_peers_are_skipped(tmp_path: Path, tiny_qwen2_dir: Path) -> None:
+    flags = ["--model", str(tiny_qwen2_dir), "--engines", "vllm,llama.cpp"]
+    report = compare.main([*flags, "--llama-server", str(tmp_path / "llama-server")])
+    assert {name: record["status"] for name, record in report["engines"].items()} == {
+        "vllm": "skipped",
+        "llama.cpp": "skipped",
+    }
+    assert report["summary"] == {} and report["ratios"] == {}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_compare_baton_and_transformers(tmp_path: Path, tiny_qwen2_dir: Path) -> None:
+    output = tmp_path / "compare.json"
+    workload = ["--num-prompts", "8", "--random-input-len", "16", "--random-output-len", "16"]
+    compare.main(
+        [
+            "--model", str(tiny_qwen2_dir), "--dtype", "float32",
+            "--engines", "baton,transformers", "--baton-args", SMALL_POOL,
+            *workload, "--max-concurrency", "4", "--disable-tqdm", "--output-json", str(output),
+        ]
+    )  # fmt: skip
+    report = json.loads(output.read_text())
+    baton, hf = report["engines"]["baton"], report["engines"]["transformers"]
+    assert (baton["status"], hf["status"]) == ("ok", "ok")
+    assert live_group_members(baton["server_pid"]) == []
+    assert (baton["result"]["completed"], baton["result"]["failed"]) == (8, 0)
+    assert baton["result"]["total_output_tokens"] == 8 * 16
+    assert hf["result"]["output_tokens"] == 8 * 16
+    assert report["summary"]["baton"]["mean_ttft_ms"] > 0
+    assert report["summary"]["transformers"]["mean_ttft_ms"] is None
+    expected = baton["result"]["output_throughput"] / hf["result"]["output_throughput"]
+    ratio = report["ratios"]["transformers"]["output_throughput"]
+    assert ratio == pytest.approx(expected)
