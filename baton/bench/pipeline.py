@@ -14,9 +14,9 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import socket
 import time
 
+from baton.bench.peers import free_port
 from baton.client import BatonClient
 from baton.config import BatonConfig, add_config_args, config_from_args
 from baton.launch import Server
@@ -24,12 +24,6 @@ from baton.llm import LLM
 from baton.sampling_params import SamplingParams
 
 PROMPT = [1, 2, 3]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def time_in_process(config: BatonConfig, params: SamplingParams, repeats: int) -> float:
@@ -58,7 +52,7 @@ def time_through_server(config: BatonConfig, params: SamplingParams, repeats: in
                 best = min(best, time.perf_counter() - start)
             return best
 
-    with Server(config.replace(port=_free_port())) as server:
+    with Server(config.replace(port=free_port())) as server:
         return asyncio.run(measure(server))
 
 

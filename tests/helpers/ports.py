@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import socket
 
+from baton.bench.peers import free_port
 
-def free_port() -> int:
-    """A TCP port free right now on localhost."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+__all__ = ["free_port", "free_port_pair"]
 
 
 def free_port_pair() -> int:
