@@ -23,7 +23,8 @@ class BatonConfig:
     device: str = "cpu"
     attention_backend: Literal["auto", "torch", "flashinfer"] = "auto"
     # CPU threads of the engine's torch ops; None leaves one core to the tokenizer, detokenizer,
-    # frontend and clients: OpenMP teams stall badly when a team thread is descheduled.
+    # frontend and clients: OpenMP teams stall badly when a team thread is descheduled. The
+    # offline LLM, alone on the machine, defaults to every core.
     num_threads: int | None = None
     seed: int = 0
     # Paged KV cache: `num_pages=None` sizes the pool from `kv_cache_memory_bytes`, capped at what

@@ -26,7 +26,6 @@ import torch
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
 from baton.config import BatonConfig, add_config_args, config_from_args
 from baton.engine.checkpoint import load_checkpoint
-from baton.engine.engine import default_num_threads
 from baton.llm import LLM
 from baton.sampling_params import SamplingParams
 
@@ -114,6 +113,7 @@ def run_baton(config: BatonConfig, workload: Workload) -> EngineResult:
         outputs = llm.generate(workload.prompts, params)
         elapsed = time.perf_counter() - start
         dtype = str(llm.engine.dtype).removeprefix("torch.")
+        num_threads = llm.config.num_threads
     finally:
         llm.scheduler.shutdown()
     generated = [len(output.token_ids) for output in outputs]
@@ -122,7 +122,7 @@ def run_baton(config: BatonConfig, workload: Workload) -> EngineResult:
     details = {
         "dtype": dtype,
         "disable_overlap": config.disable_overlap,
-        "num_threads": config.num_threads or default_num_threads(),
+        "num_threads": num_threads,
     }
     return EngineResult(
         "baton", elapsed, len(outputs), workload.input_tokens, sum(generated), details
