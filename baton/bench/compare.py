@@ -37,9 +37,8 @@ from baton.bench.peers import (
     llama_server_command,
     vllm_command,
 )
-from baton.bench.serving import add_serving_args, run_benchmark
+from baton.bench.serving import add_serving_args, run_benchmark, workload_from_args
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
-from baton.bench.workloads import CHAT_ENDPOINT, build_workload
 from baton.engine.engine import default_num_threads
 
 logger = logging.getLogger(__name__)
@@ -195,17 +194,7 @@ def run_server_engine(
 
 def run_transformers_engine(args: argparse.Namespace, model: str) -> dict[str, Any]:
     """The same requests through transformers offline, static batches of the concurrency."""
-    requests = build_workload(
-        args.dataset_name,
-        args.num_prompts,
-        args.seed,
-        input_len=args.random_input_len,
-        output_len=args.random_output_len,
-        range_ratio=args.random_range_ratio,
-        vocab_size=args.random_vocab_size,
-        as_text=args.random_prompt_text or args.endpoint == CHAT_ENDPOINT,
-        dataset_path=args.dataset_path,
-    )
+    requests = workload_from_args(args)
     prompts = [request.prompt for request in requests]
     if any(isinstance(prompt, str) for prompt in prompts):
         from transformers import AutoTokenizer

@@ -32,6 +32,7 @@ from baton.bench.metrics import RequestRecord, compute_metrics, format_report
 from baton.bench.workloads import (
     CHAT_ENDPOINT,
     DATASET_NAMES,
+    BenchRequest,
     RequestOptions,
     arrival_offsets,
     build_payload,
@@ -163,10 +164,9 @@ async def fetch_model(session: aiohttp.ClientSession, base_url: str) -> str:
         return (await response.json())["data"][0]["id"]
 
 
-async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
-    """One benchmark run at `args.max_concurrency`: the metrics and the run's settings."""
-    base_url = _base_url(args)
-    requests = build_workload(
+def workload_from_args(args: argparse.Namespace) -> list[BenchRequest]:
+    """The requests the parsed serving flags describe (seeded: the same for every engine)."""
+    return build_workload(
         args.dataset_name,
         args.num_prompts,
         args.seed,
@@ -177,6 +177,12 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         as_text=args.random_prompt_text or args.endpoint == CHAT_ENDPOINT,
         dataset_path=args.dataset_path,
     )
+
+
+async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """One benchmark run at `args.max_concurrency`: the metrics and the run's settings."""
+    base_url = _base_url(args)
+    requests = workload_from_args(args)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
     connector = aiohttp.TCPConnector(limit=0)  # the semaphore, not the pool, caps concurrency
