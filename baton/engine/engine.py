@@ -40,8 +40,8 @@ def resolve_dtype(
 
 
 def default_num_threads() -> int:
-    """All usable cores but one (at least one)."""
-    return max(1, len(os.sched_getaffinity(0)) - 1)
+    """Every core this process may run on."""
+    return len(os.sched_getaffinity(0))
 
 
 class Engine:
