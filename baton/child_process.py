@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import ctypes
 import logging
+import os
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 
@@ -58,7 +60,8 @@ class ReadyReporter:
 def run_child(
     name: str, serve: Callable[[BatonConfig, ServerAddresses, zmq.Context, ReadyReporter], None]
 ) -> None:
-    """Parse the launcher's arguments and run `serve` until it returns or the process is stopped.
+    """Parse the launcher's arguments and run `serve` until it returns or the process is stopped,
+    then exit the process (status 1 if `serve` raised).
 
     The process dies with its parent (PR_SET_PDEATHSIG), so a killed launcher leaves no orphans;
     SIGTERM and SIGINT end it quietly. A failure to start is reported to the launcher.
@@ -79,6 +82,7 @@ def run_child(
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
     context = zmq.Context()
     reporter = ReadyReporter(context, name, addresses.launcher)
+    exit_code = 0
     try:
         serve(config, addresses, context, reporter)
     except SystemExit:
@@ -86,9 +90,22 @@ def run_child(
     except Exception:
         logger.exception("%s failed", name)
         reporter.failed(traceback.format_exc(limit=5))
-        raise
-    finally:
-        # A second SIGTERM while tearing down must not raise SystemExit inside atexit callbacks.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        reporter.close()
-        context.destroy(linger=0)
+        exit_code = 1
+    # A second SIGTERM while tearing down must not interrupt it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _teardown(context)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Leave without the interpreter's own teardown: everything of value is done, and a thread
+    # or a zmq context left blocked by the signal must not keep the process alive.
+    os._exit(exit_code)
+
+
+def _teardown(context: zmq.Context) -> None:
+    """Close every socket, letting queued messages (a failure report) go out for up to a
+    second; zmq's term can block forever after a signal interrupted a socket call, so it runs
+    on a daemon thread that is waited for a bounded time."""
+    closer = threading.Thread(target=context.destroy, kwargs={"linger": 1000}, daemon=True)
+    closer.start()
+    closer.join(timeout=2.0)

@@ -174,6 +174,9 @@ class ServerProcess:
                 time.sleep(0.1)
             _signal_group(group, signal.SIGKILL)
             self._process.wait()
+            deadline = time.monotonic() + grace_s
+            while group_members(group) and time.monotonic() < deadline:
+                time.sleep(0.05)  # SIGKILLed members other than the leader take a moment to die
             self._process = None
         if self._log is not None:
             self._log.close()
