@@ -15,7 +15,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How to sample one request. A msgspec Struct so it travels over ZMQ as it is.
 
     `top_k` <= 0 and `top_p` == 1 disable those filters; `temperature` 0 is greedy; `stop` may be
-    given as one string; `logprobs=n` returns the chosen token's log-probability and the top-n.
+    given as one string; `logprobs=n` returns the chosen token's log-probability and the top-n;
+    `min_tokens` keeps EOS and `stop_token_ids` from being sampled before that many outputs.
     """
 
     temperature: float = 1.0
@@ -24,6 +25,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     min_p: float = 0.0
     seed: int | None = None
     max_tokens: int | None = 16
+    min_tokens: int = 0
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
@@ -53,6 +55,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})"
+            )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.seed is not None and not 0 <= self.seed < 2**63:

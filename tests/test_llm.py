@@ -199,3 +199,38 @@ def test_stories260k_text_and_eos_match_transformers(stories260k_dir: Path) -> N
         prompt_text = tokenizer.decode(prompt_ids, skip_special_tokens=True)
         assert output.text == full_text[len(prompt_text) :]
     assert [o.finish_reason for o in outputs] == ["stop", "stop", "stop", "length"]
+
+
+def test_min_tokens_suppresses_eos_and_stop_ids(tiny_llama_dir: Path, llama_reference) -> None:
+    prompts, expected = llama_reference
+    llm = LLM(str(tiny_llama_dir), dtype="float32")
+    eos_ids = {EOS_ID, EXTRA_EOS_ID}
+    first_eos = {
+        i: next(k for k, t in enumerate(tokens) if t in eos_ids)
+        for i, tokens in enumerate(expected)
+        if eos_ids & set(tokens)
+    }
+    assert first_eos, "the reference must reach an EOS for this test to mean anything"
+    for index, position in first_eos.items():
+        minimum = min(position + 4, NEW_TOKENS)
+        params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=minimum)
+        output = llm.generate(prompts[index], params)[0]
+        # Identical up to the EOS, which is now replaced by the next-best token.
+        assert output.token_ids[:position] == expected[index][:position]
+        assert not eos_ids & set(output.token_ids[:minimum])
+        assert output.token_ids[position] != expected[index][position]
+        # The boundary: min_tokens = position + 1 still forbids EOS as output number position + 1.
+        exact = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=position + 1)
+        assert llm.generate(prompts[index], exact)[0].token_ids[position] not in eos_ids
+    stop_at = expected[4][5]
+    params = SamplingParams(
+        temperature=0,
+        max_tokens=NEW_TOKENS,
+        ignore_eos=True,
+        stop_token_ids=[stop_at],
+        min_tokens=12,
+    )
+    output = llm.generate(prompts[4], params)[0]
+    assert stop_at not in output.token_ids[:12] and len(output.token_ids) >= 12
+    with pytest.raises(ValueError, match="min_tokens"):
+        llm.generate("x", SamplingParams(max_tokens=2, min_tokens=3))

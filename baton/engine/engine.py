@@ -133,6 +133,7 @@ class Engine:
             meta,
             logits_indices.to(self.device),
         )
+        _suppress(logits, batch.suppressed_token_ids)
         sampling = SamplingBatch.from_params(batch.sampling_params, batch.generators, self.device)
         sampled = self.sampler.sample(logits, sampling)
         token_ids = sampled.token_ids.cpu()
@@ -141,6 +142,14 @@ class Engine:
         )
         self._last_sampled[sample_slots] = token_ids
         return ForwardOutput(token_ids.tolist(), *_logprob_lists(sampled, sampling.num_logprobs))
+
+
+def _suppress(logits: torch.Tensor, suppressed_token_ids: list[list[int]]) -> None:
+    """Make the listed tokens of each sampled row impossible to sample (min_tokens)."""
+    rows = [row for row, ids in enumerate(suppressed_token_ids) for _ in ids]
+    if rows:
+        columns = [token for ids in suppressed_token_ids for token in ids]
+        logits[rows, columns] = float("-inf")
 
 
 def _logprob_lists(sampled, num_logprobs) -> tuple[list | None, list | None]:

@@ -25,6 +25,8 @@ class ForwardBatch:
     sample_rows: list[int]  # rows whose last token's logits are sampled, ascending
     sampling_params: list[SamplingParams]  # per sampled row
     generators: list[torch.Generator | None]  # per sampled row
+    # Per sampled row: token ids it must not sample now (EOS and stop ids before min_tokens).
+    suppressed_token_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:

@@ -39,6 +39,7 @@ def sampling_params(
         stop=request.stop,
         stop_token_ids=request.stop_token_ids,
         ignore_eos=request.ignore_eos,
+        min_tokens=request.min_tokens,
         logprobs=logprobs,
     )
     if request.top_p is not None:

@@ -67,7 +67,7 @@ class SamplingRequest(StrictModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    min_tokens: int | None = None
+    min_tokens: int = Field(default=0, ge=0, le=MAX_INT)
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
@@ -85,11 +85,6 @@ class SamplingRequest(StrictModel):
         if value:
             raise ValueError("logit_bias is not supported")
         return value
-
-    @field_validator("min_tokens")
-    @classmethod
-    def _no_min_tokens(cls, value: int | None) -> int | None:
-        return _must_be(value, (0,), "min_tokens > 0")
 
     @field_validator("skip_special_tokens")
     @classmethod

@@ -11,7 +11,7 @@ from baton.scheduler_proc.outputs import TokenLogprob
 from baton.scheduler_proc.sequence import Sequence
 
 
-def build_forward_batch(rows: list[ScheduledRow]) -> ForwardBatch:
+def build_forward_batch(rows: list[ScheduledRow], eos_token_ids: Seq[int]) -> ForwardBatch:
     """Snapshot the rows into a ForwardBatch.
 
     Page tables are copied: the scheduler keeps mutating them (caching, reverting, growing) while
@@ -33,7 +33,17 @@ def build_forward_batch(rows: list[ScheduledRow]) -> ForwardBatch:
             batch.sample_rows.append(index)
             batch.sampling_params.append(seq.params)
             batch.generators.append(seq.generator)
+            batch.suppressed_token_ids.append(_suppressed(seq, eos_token_ids))
     return batch
+
+
+def _suppressed(seq: Sequence, eos_token_ids: Seq[int]) -> list[int]:
+    """Stop tokens the step's sampled token may not be: all of them while it is one of the first
+    `min_tokens` outputs (its index counts the in-flight placeholders, its own included)."""
+    params = seq.params
+    if seq.num_output_tokens + seq.num_placeholders - 1 >= params.min_tokens:
+        return []
+    return [*(params.stop_token_ids or ()), *(() if params.ignore_eos else eos_token_ids)]
 
 
 def finish_reason(seq: Sequence, token: int, eos_token_ids: Seq[int]) -> str | None:

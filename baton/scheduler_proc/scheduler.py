@@ -149,7 +149,7 @@ class Scheduler:
         return outputs
 
     def _launch(self, rows: list[ScheduledRow]) -> None:
-        batch = build_forward_batch(rows)
+        batch = build_forward_batch(rows, self.engine.checkpoint.eos_token_ids)
         for row in rows:
             row.seq.in_flight_batches += 1
         result = self._engine_thread.submit(self.engine.forward, batch)
