@@ -11,7 +11,6 @@ while the forward computes, so what is left of it per step is what the overlap f
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import random
 import time
@@ -70,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     results = {}
     for name, disable_overlap in (("plain", True), ("overlap", False)):
-        run_config = dataclasses.replace(config, disable_overlap=disable_overlap)
+        run_config = config.replace(disable_overlap=disable_overlap)
         results[name] = measure(run_config, prompts, params)
         figures = results[name]
         print(
