@@ -6,6 +6,10 @@ seed), then stopped with its whole process group. transformers has no server: it
 requests offline in static batches last, so it reports output tok/s only. The table gives each
 engine's output tok/s, mean TTFT and mean TPOT, and Baton's figure divided by each peer's.
 
+With `--concurrency-sweep 1,16,32` each server is started once and measured at every level in
+turn (transformers gets static batches of each level), a table per level; `--plot DIR` then
+draws each metric against concurrency, a line per engine.
+
     python -m baton.bench.compare --shape tiny --num-prompts 64 --max-concurrency 16 \
         --random-input-len 128 --random-output-len 128 --output-json compare.json
 """
@@ -27,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from baton.bench.gguf_export import cached_gguf
 from baton.bench.offline import Workload, run_transformers
 from baton.bench.peers import (
     ServerCommand,
@@ -44,9 +49,9 @@ from baton.engine.engine import default_num_threads
 logger = logging.getLogger(__name__)
 
 ENGINES = ("baton", "vllm", "llama.cpp", "transformers")
-# The flags that define the workload, repeated in the JSON report.
+# The flags that define the workload, repeated in the JSON report (concurrency is per run).
 WORKLOAD_KEYS = ("dataset_name", "num_prompts", "random_input_len", "random_output_len",
-                 "random_range_ratio", "max_concurrency", "seed", "num_warmups")  # fmt: skip
+                 "random_range_ratio", "seed", "num_warmups")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,12 @@ def _server_command(
         return vllm_command(args.vllm_python, model, port, args.dtype)
     if not args.llama_server:
         raise EngineSkipped("no --llama-server")
-    gguf = args.gguf or gguf_for_llama(args.llama_server, Path(model), args.dtype, work_dir)
+    if args.gguf:
+        gguf = args.gguf
+    elif args.model:
+        gguf = gguf_for_llama(args.llama_server, Path(model), args.dtype, work_dir)
+    else:  # a shape, whose byte tokenizer llama.cpp's converter does not know: Baton writes it
+        gguf = cached_gguf(Path(model), args.dtype, args.cache_dir / "gguf")
     if gguf is None:
         raise EngineSkipped("no --gguf, and no convert_hf_to_gguf.py + gguf package to make one")
     parallel = args.max_concurrency or args.num_prompts
@@ -175,25 +185,32 @@ def _server_command(
     return llama_server_command(str(args.llama_server), str(gguf), port, parallel, threads)
 
 
+def concurrency_levels(args: argparse.Namespace) -> list[int | None]:
+    """The max-concurrency levels to measure: the sweep's, else `--max-concurrency` alone."""
+    return list(args.concurrency_sweep or [args.max_concurrency])
+
+
 def run_server_engine(
     engine: str, args: argparse.Namespace, model: str, work_dir: Path
 ) -> dict[str, Any]:
-    """Start `engine`'s server, run the serving workload on it, stop it: its record."""
+    """Start `engine`'s server, run the workload at each level on it, stop it: its record."""
     port = free_port()
     command = _server_command(engine, args, model, port, work_dir)
     logger.info("starting %s: %s", engine, shlex.join(command.argv))
-    record: dict[str, Any] = {"command": command.argv, "env": command.env}
+    record: dict[str, Any] = {"command": command.argv, "env": command.env, "results": []}
     with ServerProcess(command, port, work_dir / f"{engine}.log") as server:
         server.start(args.server_timeout)
         record["server_pid"] = server.pid
-        bench_args = copy.copy(args)
-        bench_args.base_url, bench_args.model = server.base_url, None
-        record["result"] = asyncio.run(run_benchmark(bench_args))
+        for level in concurrency_levels(args):
+            bench_args = copy.copy(args)
+            bench_args.base_url, bench_args.model = server.base_url, None
+            bench_args.max_concurrency = level
+            record["results"].append(asyncio.run(run_benchmark(bench_args)))
     return record
 
 
 def run_transformers_engine(args: argparse.Namespace, model: str) -> dict[str, Any]:
-    """The same requests through transformers offline, static batches of the concurrency."""
+    """The same requests through transformers offline, static batches of each level."""
     requests = workload_from_args(args)
     prompts = [request.prompt for request in requests]
     if any(isinstance(prompt, str) for prompt in prompts):
@@ -202,52 +219,78 @@ def run_transformers_engine(args: argparse.Namespace, model: str) -> dict[str, A
         encode = AutoTokenizer.from_pretrained(model).encode
         prompts = [encode(prompt) if isinstance(prompt, str) else prompt for prompt in prompts]
     workload = Workload(prompts, [request.output_len for request in requests])
-    batch_size = args.hf_batch_size or args.max_concurrency or 16
-    # As many math threads as Baton's engine uses by default: only the engines differ.
-    result = run_transformers(model, args.dtype, workload, batch_size, default_num_threads())
-    gc.collect()
-    return {"result": result.to_dict()}
+    results = []
+    for level in concurrency_levels(args):
+        batch_size = args.hf_batch_size or level or 16
+        # As many math threads as Baton's engine uses by default: only the engines differ.
+        result = run_transformers(model, args.dtype, workload, batch_size, default_num_threads())
+        results.append(result.to_dict())
+        gc.collect()
+    return {"results": results}
 
 
-def run_engine(
-    engine: str, runner: Callable[[], dict[str, Any]]
-) -> tuple[dict[str, Any], EngineSummary | None]:
-    """Run one engine: its JSON record and, if it ran, its summary row."""
+def run_engine(engine: str, runner: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one engine: its JSON record, with `status` ok, skipped or failed."""
     try:
-        record = {"status": "ok", **runner()}
+        return {"status": "ok", **runner()}
     except EngineSkipped as reason:
         logger.info("skipping %s: %s", engine, reason)
-        return {"status": "skipped", "reason": str(reason)}, None
+        return {"status": "skipped", "reason": str(reason)}
     # Whatever breaks one engine (a server that never starts, a crashed benchmark, a failed GGUF
     # conversion) is recorded, and the other engines still run.
     except Exception as error:
         logger.error("%s failed: %s", engine, error)
-        return {"status": "failed", "reason": str(error)}, None
-    return record, engine_summary(engine, record["result"])
+        return {"status": "failed", "reason": str(error)}
+
+
+def level_runs(
+    levels: list[int | None], records: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per level: every engine that ran's summary, and Baton's ratios to each peer."""
+    runs = []
+    for index, level in enumerate(levels):
+        summaries = [
+            engine_summary(engine, record["results"][index])
+            for engine, record in records.items()
+            if record["status"] == "ok"
+        ]
+        runs.append(
+            {
+                "max_concurrency": level,
+                "summary": {summary.engine: summary.to_dict() for summary in summaries},
+                "ratios": ratios_to_reference(summaries, "baton"),
+            }
+        )
+    return runs
+
+
+def print_tables(runs: list[dict[str, Any]]) -> None:
+    """A table per level."""
+    for run in runs:
+        summaries = [EngineSummary(**summary) for summary in run["summary"].values()]
+        print(f"\nmax concurrency {run['max_concurrency'] or 'unlimited'}")
+        print(format_table(summaries, run["ratios"]))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Entry point: run every engine in turn, print the table, return (and save) the report."""
+    """Entry point: run every engine in turn, print the tables, return (and save) the report."""
     args = build_parser().parse_args(argv)
-    if args.concurrency_sweep or args.base_url:
-        raise SystemExit("compare starts its own servers: no --base-url or --concurrency-sweep")
+    if args.base_url:
+        raise SystemExit("compare starts its own servers: no --base-url")
     engines = [name.strip() for name in args.engines.split(",") if name.strip()]
     if unknown := set(engines) - set(ENGINES):
         raise SystemExit(f"unknown engines {sorted(unknown)}; known: {', '.join(ENGINES)}")
     model = resolve_model(args)
     records: dict[str, Any] = {}
-    summaries = []
     with tempfile.TemporaryDirectory(prefix="baton-compare-") as work:
         for engine in engines:
             if engine == "transformers":
                 runner = functools.partial(run_transformers_engine, args, model)
             else:
                 runner = functools.partial(run_server_engine, engine, args, model, Path(work))
-            records[engine], summary = run_engine(engine, runner)
-            if summary is not None:
-                summaries.append(summary)
-    ratios = ratios_to_reference(summaries, "baton")
-    print(format_table(summaries, ratios))
+            records[engine] = run_engine(engine, runner)
+    runs = level_runs(concurrency_levels(args), records)
+    print_tables(runs)
     report = {
         "model": model,
         "shape": args.shape,
@@ -255,12 +298,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "workload": {key: getattr(args, key) for key in WORKLOAD_KEYS},
         "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
         "engines": records,
-        "summary": {summary.engine: summary.to_dict() for summary in summaries},
-        "ratios": ratios,
+        "runs": runs,
     }
     if args.output_json:
         args.output_json.parent.mkdir(parents=True, exist_ok=True)
         args.output_json.write_text(json.dumps(report, indent=2, default=str))
+    if args.plot:
+        from baton.bench.plots import plot_engine_comparison
+
+        plot_engine_comparison(runs, args.plot)
     return report
 
 

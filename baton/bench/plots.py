@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 LATENCY_CDF_PNG = "latency_cdf.png"
 THROUGHPUT_PNG = "throughput_vs_concurrency.png"
 LATENCY_VS_CONCURRENCY_PNG = "latency_vs_concurrency.png"
+ENGINE_COMPARISON_PNG = "engines_vs_concurrency.png"
 
 # (title, result key holding per-request seconds, whether it is one list per request)
 _CDF_PANELS = (
@@ -87,3 +88,31 @@ def plot_concurrency_sweep(sweep: dict[str, Any], out_dir: Path) -> list[Path]:
     latency_path = out_dir / LATENCY_VS_CONCURRENCY_PNG
     figure.savefig(latency_path, dpi=100)
     return [throughput_path, latency_path]
+
+
+def plot_engine_comparison(runs: Sequence[dict[str, Any]], out_dir: Path) -> Path:
+    """`baton.bench.compare` runs: output tok/s, mean TTFT and mean TPOT against max concurrency,
+    a line per engine (offline engines appear in the throughput panel only); returns the PNG."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    levels = [run["max_concurrency"] for run in runs]
+    engines = list(dict.fromkeys(engine for run in runs for engine in run["summary"]))
+    figure = Figure(figsize=(15, 4), layout="constrained")
+    axes = figure.subplots(1, 3)
+    panels = (("output_throughput", "Output throughput", "tokens/s"),
+              ("mean_ttft_ms", "Mean TTFT", "ms"), ("mean_tpot_ms", "Mean TPOT", "ms"))  # fmt: skip
+    for axis, (metric, title, unit) in zip(axes, panels):
+        for engine in engines:
+            points = [
+                (level, run["summary"][engine][metric])
+                for level, run in zip(levels, runs)
+                if engine in run["summary"] and run["summary"][engine][metric] is not None
+            ]
+            if points:
+                axis.plot(*zip(*points), marker="o", label=engine)
+        axis.set(title=title, xlabel="max concurrency", ylabel=unit)
+        _concurrency_axis(axis, levels)
+        if axis.has_data():
+            axis.legend(fontsize="small")
+    path = out_dir / ENGINE_COMPARISON_PNG
+    figure.savefig(path, dpi=100)
+    return path

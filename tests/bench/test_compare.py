@@ -168,29 +168,36 @@ def test_absent_peers_are_skipped(tmp_path: Path, tiny_qwen2_dir: Path) -> None:
         "vllm": "skipped",
         "llama.cpp": "skipped",
     }
-    assert report["summary"] == {} and report["ratios"] == {}
+    assert report["runs"] == [{"max_concurrency": 16, "summary": {}, "ratios": {}}]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
-def test_compare_baton_and_transformers(tmp_path: Path, tiny_qwen2_dir: Path) -> None:
-    output = tmp_path / "compare.json"
+def test_compare_sweeps_baton_and_transformers(tmp_path: Path, tiny_qwen2_dir: Path) -> None:
+    output, plots = tmp_path / "compare.json", tmp_path / "plots"
     workload = ["--num-prompts", "8", "--random-input-len", "16", "--random-output-len", "16"]
     compare.main(
         [
             "--model", str(tiny_qwen2_dir), "--dtype", "float32",
             "--engines", "baton,transformers", "--baton-args", SMALL_POOL,
-            *workload, "--max-concurrency", "4", "--disable-tqdm", "--output-json", str(output),
+            *workload, "--concurrency-sweep", "2,4", "--disable-tqdm",
+            "--output-json", str(output), "--plot", str(plots),
         ]
     )  # fmt: skip
     report = json.loads(output.read_text())
     baton, hf = report["engines"]["baton"], report["engines"]["transformers"]
     assert (baton["status"], hf["status"]) == ("ok", "ok")
     assert live_group_members(baton["server_pid"]) == []
-    assert (baton["result"]["completed"], baton["result"]["failed"]) == (8, 0)
-    assert baton["result"]["total_output_tokens"] == 8 * 16
-    assert hf["result"]["output_tokens"] == 8 * 16
-    assert report["summary"]["baton"]["mean_ttft_ms"] > 0
-    assert report["summary"]["transformers"]["mean_ttft_ms"] is None
-    expected = baton["result"]["output_throughput"] / hf["result"]["output_throughput"]
-    ratio = report["ratios"]["transformers"]["output_throughput"]
-    assert ratio == pytest.approx(expected)
+    assert [result["max_concurrency"] for result in baton["results"]] == [2, 4]
+    assert [result["details"]["batch_size"] for result in hf["results"]] == [2, 4]
+    assert [run["max_concurrency"] for run in report["runs"]] == [2, 4]
+    for index, run in enumerate(report["runs"]):
+        ours, theirs = baton["results"][index], hf["results"][index]
+        assert (ours["completed"], ours["failed"]) == (8, 0)
+        assert ours["total_output_tokens"] == 8 * 16
+        assert theirs["output_tokens"] == 8 * 16
+        assert run["summary"]["baton"]["mean_ttft_ms"] > 0
+        assert run["summary"]["transformers"]["mean_ttft_ms"] is None
+        expected = ours["output_throughput"] / theirs["output_throughput"]
+        assert run["ratios"]["transformers"]["output_throughput"] == pytest.approx(expected)
+    png = (plots / "engines_vs_concurrency.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
