@@ -177,7 +177,7 @@ def _server_command(
     elif args.model:
         gguf = gguf_for_llama(args.llama_server, Path(model), args.dtype, work_dir)
     else:  # a shape, whose byte tokenizer llama.cpp's converter does not know: Baton writes it
-        gguf = cached_gguf(Path(model), args.dtype, args.cache_dir / "gguf")
+        gguf = cached_gguf(Path(model), args.dtype, args.cache_dir.expanduser() / "gguf")
     if gguf is None:
         raise EngineSkipped("no --gguf, and no convert_hf_to_gguf.py + gguf package to make one")
     parallel = args.max_concurrency or args.num_prompts

@@ -95,7 +95,10 @@ def export_gguf(model_dir: Path, dtype: str, target: Path) -> Path:
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges([])
+    # llama.cpp requires a merge list and GGUF forbids empty arrays: one merge of the last token
+    # with itself, which no text can form (merged symbols only come from merges), so
+    # tokenization stays merge-free.
+    writer.add_token_merges([f"{tokens[-1]} {tokens[-1]}"])
     if config.bos_token_id is not None:
         writer.add_bos_token_id(config.bos_token_id)
     if config.eos_token_ids:

@@ -48,6 +48,7 @@ def test_export_round_trips_weights_and_vocabulary(
     assert tokens[66] == "B" and types[66] == gguf.TokenType.NORMAL
     assert tokens[32] == "Ġ"
     assert tokens[257] == "<|eos|>" and types[257] == gguf.TokenType.CONTROL
+    assert _field_value(reader, "tokenizer.ggml.merges") == ["[PAD299] [PAD299]"]
     assert tokens[258:] == ["<|pad|>", *(f"[PAD{index}]" for index in range(259, 300))]
     assert set(types[259:]) == {gguf.TokenType.UNUSED}
 
