@@ -23,6 +23,7 @@ from baton.engine.layers import (
     RMSNorm,
     RotaryEmbedding,
     apply_rope,
+    can_pack_for_cpu,
     empty_parameter,
     rms_norm,
 )
@@ -140,11 +141,9 @@ class CausalLM(nn.Module):
             DecoderLayer(config, layer, dtype, device) for layer in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.lm_head = (
-            self.embed_tokens
-            if config.tie_word_embeddings
-            else empty_parameter(*embedding_shape, dtype=dtype, device=device)
-        )
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, device)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens
         self.rotary = RotaryEmbedding(
             config.head_dim,
             config.max_position_embeddings,
@@ -175,7 +174,17 @@ class CausalLM(nn.Module):
             hidden = layer(hidden, cos, sin, kv_pool, attn, meta)
         # Norm and LM head only where a token is sampled: the head is the largest matmul.
         hidden = self.norm(hidden[logits_indices])
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
+
+    def pack_linear_weights(self) -> None:
+        """Pack every linear layer's weight for oneDNN, where supported (see Linear.pack_for_cpu).
+
+        Call after `load_weights`. A tied LM head gets its own packed copy; the embedding keeps
+        the plain weight for its lookups.
+        """
+        for module in self.modules():
+            if isinstance(module, Linear) and can_pack_for_cpu(module.weight):
+                module.pack_for_cpu()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -218,7 +227,7 @@ class CausalLM(nn.Module):
         add("model.embed_tokens.weight", self.embed_tokens)
         add("model.norm.weight", self.norm.weight)
         if not config.tie_word_embeddings:
-            add("lm_head.weight", self.lm_head)
+            add("lm_head.weight", self.lm_head.weight)
         hidden, q_size, kv_size = config.hidden_size, config.q_size, config.kv_size
         qkv_rows = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}
         inter = config.intermediate_size

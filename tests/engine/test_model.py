@@ -14,6 +14,7 @@ from baton.engine.attention.torch_backend import TorchPagedAttention
 from baton.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from baton.engine.default_model import DEFAULT_HF_CONFIG
 from baton.engine.kv_pool import KVPool
+from baton.engine.layers import Linear
 from baton.engine.model import CausalLM
 
 PAGE_SIZE = 4
@@ -23,12 +24,19 @@ FLOAT32_ATOL = 1e-4
 
 
 class PagedRunner:
-    """Drives a CausalLM through a KV pool whose pages are handed out in scrambled order."""
+    """Drives a CausalLM through a KV pool whose pages are handed out in scrambled order.
 
-    def __init__(self, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32) -> None:
+    Linear weights are packed for oneDNN as the engine packs them, unless `pack` is False.
+    """
+
+    def __init__(
+        self, checkpoint: Checkpoint, dtype: torch.dtype = torch.float32, pack: bool = True
+    ) -> None:
         config = checkpoint.config
         self.model = CausalLM(config, dtype, "cpu")
         self.model.load_weights(checkpoint.iter_weights())
+        if pack:
+            self.model.pack_linear_weights()
         self.pool = KVPool(
             config.num_layers,
             NUM_PAGES,
@@ -157,6 +165,24 @@ def test_logits_only_for_requested_rows(tiny_qwen3_dir: Path) -> None:
     torch.testing.assert_close(
         logits, hf_logits(tiny_qwen3_dir, tokens)[indices], rtol=0, atol=FLOAT32_ATOL
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_weights_keep_the_logits(tiny_model_dir: Path, dtype: torch.dtype) -> None:
+    """bf16: bit for bit (oneDNN serves both paths); float32: F.linear takes a BLAS whose
+    summation order differs, so rounding-level differences only."""
+    checkpoint = load_checkpoint(str(tiny_model_dir))
+    packed, plain = PagedRunner(checkpoint, dtype), PagedRunner(checkpoint, dtype, pack=False)
+    linears = [module for module in packed.model.modules() if isinstance(module, Linear)]
+    assert linears and all(linear.packed for linear in linears)
+    assert not any(module.packed for module in plain.model.modules() if isinstance(module, Linear))
+    tokens = _tokens(20, seed=5)
+    for chunk in (tokens[:12], tokens[12:13], tokens[13:]):
+        [ours], [reference] = packed.step({0: chunk}), plain.step({0: chunk})
+        if dtype == torch.bfloat16:
+            assert torch.equal(ours, reference)
+        else:
+            torch.testing.assert_close(ours, reference, rtol=0, atol=1e-5)
 
 
 def test_bfloat16_is_close_to_transformers_bfloat16(tiny_model_dir: Path) -> None:

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 import torch
 
-from baton.engine.sampler import Sampler, SamplingBatch, make_generator
+from baton.engine.sampler import Sampler, SamplingBatch, greedy_argmax, make_generator
 from baton.sampling_params import SamplingParams
 
 # Distinct, shuffled logits so vocabulary order differs from probability order and no filter
@@ -123,6 +123,18 @@ def test_filtered_tokens_never_drawn_on_large_vocab() -> None:
         tokens = sampler.sample(logits, batch).token_ids
         for i in range(rows):
             assert allowed[i][tokens[i]], f"row {i} ({params[i]}) drew filtered token {tokens[i]}"
+
+
+@pytest.mark.parametrize("vocab", [32000, 151936, 64 * 7, 300, 1])
+def test_greedy_argmax_equals_torch_argmax_ties_included(vocab: int) -> None:
+    # Small integers make ties within and across blocks common; argmax takes the first maximum.
+    logits = torch.randint(-3, 4, (24, vocab)).float()
+    logits[0] = 0.0  # every token ties
+    logits[1, :-1] = -1.0  # the maximum in the very last block
+    logits[2] = float("-inf")
+    logits[2, vocab // 2] = 0.5
+    logits[3] = torch.randn(vocab)
+    assert torch.equal(greedy_argmax(logits), logits.argmax(dim=-1))
 
 
 def test_greedy_variants_equal_argmax() -> None:
