@@ -185,7 +185,9 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     requests = workload_from_args(args)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
-    connector = aiohttp.TCPConnector(limit=0)  # the semaphore, not the pool, caps concurrency
+    # The semaphore, not the pool, caps concurrency. A connection per request: servers that close
+    # kept-alive connections after a few requests (llama.cpp's httplib) race a reusing client.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(
         headers=headers, timeout=timeout, connector=connector, read_bufsize=2**20
     ) as session:
