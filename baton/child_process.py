@@ -17,6 +17,7 @@ import zmq
 
 from baton.addresses import ServerAddresses
 from baton.config import BatonConfig
+from baton.cpu_binding import bind_service_process
 from baton.messages import Codec, LauncherMessage, ProcessReady
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ def run_child(
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+    # Before any thread starts (ZMQ's I/O threads included), so every thread inherits the mask.
+    bind_service_process(config.omp_threads_bind)
     context = zmq.Context()
     reporter = ReadyReporter(context, name, addresses.launcher)
     exit_code = 0

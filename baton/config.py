@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from baton.cpu_binding import AUTO, validate_setting
+
 SchedulePolicy = Literal["prefill-first", "decode-first"]
 
 
@@ -22,9 +24,12 @@ class BatonConfig:
     dtype: str = "auto"
     device: str = "cpu"
     attention_backend: Literal["auto", "torch", "flashinfer"] = "auto"
-    # CPU threads of the engine's torch ops; None = every usable core (measured on 2 cores: the
-    # server with cores - 1 was 1.5x slower on a 0.5B model and no faster on a tiny one).
+    # CPU threads of the engine's torch ops; None = one per core it is bound to (every usable
+    # core when unbound).
     num_threads: int | None = None
+    # auto | nobind | a CPU list ("1-3"): the engine's cores, the rest for the other server
+    # threads; vLLM's VLLM_CPU_OMP_THREADS_BIND. See baton/cpu_binding.py.
+    omp_threads_bind: str = AUTO
     seed: int = 0
     # Paged KV cache: `num_pages=None` sizes the pool from `kv_cache_memory_bytes`, capped at what
     # `max_running_requests` sequences of `max_model_len` tokens could ever use.
@@ -63,6 +68,7 @@ class BatonConfig:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
         if self.schedule_policy not in ("prefill-first", "decode-first"):
             raise ValueError(f"unknown schedule_policy {self.schedule_policy!r}")
+        validate_setting(self.omp_threads_bind)
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +89,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--seed", type=int, default=defaults.seed)
     group.add_argument(
-        "--num-threads", type=int, default=None, help="engine CPU threads (default: all cores)"
+        "--num-threads", type=int, default=None, help="engine CPU threads (default: its cores)"
+    )
+    group.add_argument(
+        "--omp-threads-bind",
+        default=defaults.omp_threads_bind,
+        help="auto | nobind | CPU list like 1-3: the engine's cores; the rest for the server",
     )
     group.add_argument(
         "--block-size",

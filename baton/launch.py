@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import signal
 import subprocess
@@ -20,6 +21,8 @@ import zmq
 from baton.addresses import ServerAddresses
 from baton.child_process import child_command
 from baton.config import BatonConfig, add_config_args, config_from_args
+from baton.cpu_binding import AUTO, NOBIND, resolve_binding
+from baton.engine.checkpoint import CheckpointError, load_model_config
 from baton.messages import Codec, LauncherMessage, Shutdown
 
 logger = logging.getLogger(__name__)
@@ -36,6 +39,19 @@ PROCESS_MODULES = {
 
 class ServerStartError(RuntimeError):
     """A child process failed to start or did not report ready in time."""
+
+
+def resolve_cpu_binding(config: BatonConfig) -> BatonConfig:
+    """`config` with `omp_threads_bind=auto` made concrete for this machine and model, once for
+    every child (each binds itself from it); CheckpointError for a model that cannot be read."""
+    if config.omp_threads_bind != AUTO:
+        return config
+    if config.device.partition(":")[0] != "cpu":
+        return config.replace(omp_threads_bind=NOBIND)  # the engine's threads do no math
+    num_parameters = load_model_config(config.model).num_parameters
+    setting = resolve_binding(AUTO, num_parameters, os.sched_getaffinity(0))
+    logger.info("engine CPU binding: %s (%.0fM parameters)", setting, num_parameters / 1e6)
+    return config.replace(omp_threads_bind=setting)
 
 
 class Server:
@@ -128,6 +144,11 @@ def run(config: BatonConfig) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    try:
+        config = resolve_cpu_binding(config)
+    except CheckpointError as error:
+        logger.error("%s", error)
+        return 1
     server = Server(config)
     try:
         server.start()

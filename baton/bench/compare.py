@@ -44,7 +44,7 @@ from baton.bench.peers import (
 )
 from baton.bench.serving import add_serving_args, run_benchmark, workload_from_args
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
-from baton.engine.engine import default_num_threads
+from baton.cpu_binding import default_num_threads
 
 logger = logging.getLogger(__name__)
 

@@ -88,6 +88,16 @@ def load_checkpoint(model: str | None) -> Checkpoint:
     return _load_folder(_download(model), name=model)
 
 
+def load_model_config(model: str | None) -> ModelConfig:
+    """Just the architecture of `model` (resolved as `load_checkpoint` does), no tokenizer."""
+    if model is None:
+        return default_model_config()
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        return load_checkpoint(model).config
+    return ModelConfig.from_hf(_read_json(path / "config.json", required=True))
+
+
 def _download(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
 from baton.config import BatonConfig
+from baton.cpu_binding import bind_engine_thread
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.select import make_attention_backend
 from baton.engine.checkpoint import Checkpoint, load_checkpoint
@@ -39,11 +39,6 @@ def resolve_dtype(
     return _DTYPES[name]
 
 
-def default_num_threads() -> int:
-    """Every core this process may run on."""
-    return len(os.sched_getaffinity(0))
-
-
 class Engine:
     """Runs `ForwardBatch`es: writes their K/V into the pool, samples their next tokens.
 
@@ -55,7 +50,8 @@ class Engine:
     def __init__(self, config: BatonConfig, checkpoint: Checkpoint | None = None) -> None:
         if torch.device(config.device).type == "cpu":
             # Called on the thread that will run every forward (see Scheduler).
-            torch.set_num_threads(config.num_threads or default_num_threads())
+            bound_threads = bind_engine_thread(config.omp_threads_bind)
+            torch.set_num_threads(config.num_threads or bound_threads)
         self.checkpoint = checkpoint or load_checkpoint(config.model)
         model_config = self.checkpoint.config
         self.model_config = model_config
@@ -66,6 +62,7 @@ class Engine:
         self.num_pages = config.num_pages or self._pages_from_budget(config)
         self.model = CausalLM(model_config, self.dtype, self.device)
         self.model.load_weights(self.checkpoint.iter_weights())
+        self.model.pack_linear_weights()
         self.kv_pool = KVPool(
             model_config.num_layers,
             self.num_pages,

@@ -1,0 +1,113 @@
+"""CPU binding: the setting's grammar, auto's resolution, and the cores a launched server uses."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from helpers import free_port
+
+from baton.config import BatonConfig
+from baton.cpu_binding import (
+    NOBIND,
+    SMALL_MODEL_PARAMETERS,
+    bind_engine_thread,
+    parse_cpu_list,
+    resolve_binding,
+)
+from baton.engine.checkpoint import load_checkpoint
+from baton.launch import Server, resolve_cpu_binding
+
+linux_with_two_cores = pytest.mark.skipif(
+    sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux thread affinity and two usable cores",
+)
+
+
+def test_cpu_lists_parse_like_taskset() -> None:
+    assert parse_cpu_list("1,3-5") == (1, 3, 4, 5)
+    assert parse_cpu_list(" 2 , 0 ") == (0, 2)
+    for bad in ("", "a", "1-", "-2", "1,,2", "3-1x"):
+        with pytest.raises(ValueError):
+            parse_cpu_list(bad)
+
+
+def test_the_config_rejects_a_bad_setting() -> None:
+    assert BatonConfig(omp_threads_bind="0-1").omp_threads_bind == "0-1"
+    with pytest.raises(ValueError, match="CPU list"):
+        BatonConfig(omp_threads_bind="everything")
+
+
+def test_auto_reserves_a_core_for_small_models_or_many_cores() -> None:
+    small, large = SMALL_MODEL_PARAMETERS - 1, SMALL_MODEL_PARAMETERS
+    assert resolve_binding("auto", small, {0, 1}) == "1"
+    assert resolve_binding("auto", large, {0, 1}) == NOBIND
+    assert resolve_binding("auto", large, {4, 5, 6, 7}) == "5,6,7"
+    assert resolve_binding("auto", small, {3}) == NOBIND
+    assert resolve_binding("0-2", small, {0, 1}) == "0-2"  # explicit settings are kept
+    assert resolve_binding(NOBIND, small, {0, 1}) == NOBIND
+
+
+def test_the_launcher_resolves_auto_from_the_model(tiny_qwen2_dir: Path) -> None:
+    parameters = load_checkpoint(str(tiny_qwen2_dir)).config.num_parameters
+    assert parameters < SMALL_MODEL_PARAMETERS
+    config = BatonConfig(model=str(tiny_qwen2_dir))
+    expected = resolve_binding("auto", parameters, os.sched_getaffinity(0))
+    assert resolve_cpu_binding(config).omp_threads_bind == expected
+    assert resolve_cpu_binding(config.replace(device="cuda")).omp_threads_bind == NOBIND
+    assert resolve_cpu_binding(config.replace(omp_threads_bind="0")).omp_threads_bind == "0"
+
+
+def test_num_parameters_counts_the_linear_and_embedding_weights(tiny_qwen2_dir: Path) -> None:
+    checkpoint = load_checkpoint(str(tiny_qwen2_dir))
+    matrices = sum(w.numel() for _, w in checkpoint.iter_weights() if w.dim() == 2)
+    assert checkpoint.config.num_parameters == matrices
+
+
+@linux_with_two_cores
+def test_the_engine_thread_binds_itself_alone() -> None:
+    before = os.sched_getaffinity(0)
+    seen: dict[str, object] = {}
+
+    def engine_thread() -> None:
+        seen["threads"] = bind_engine_thread("1")
+        seen["cores"] = os.sched_getaffinity(0)
+        seen["unbound"] = bind_engine_thread(NOBIND)
+
+    thread = threading.Thread(target=engine_thread)
+    thread.start()
+    thread.join()
+    assert seen == {"threads": 1, "cores": {1}, "unbound": 1}  # nobind leaves the mask as is
+    assert os.sched_getaffinity(0) == before  # only the calling thread moved
+
+
+def thread_affinities(pid: int) -> list[set[int]]:
+    """The CPU affinity of every thread of process `pid`."""
+    return [os.sched_getaffinity(int(task.name)) for task in Path(f"/proc/{pid}/task").iterdir()]
+
+
+@linux_with_two_cores
+def test_a_bound_server_keeps_every_other_thread_off_the_engines_core(
+    tiny_qwen2_dir: Path,
+) -> None:
+    config = BatonConfig(
+        model=str(tiny_qwen2_dir),
+        dtype="float32",
+        num_pages=64,
+        omp_threads_bind="1",
+        port=free_port(),
+        log_level="warning",
+    )
+    others = os.sched_getaffinity(0) - {1}
+    with Server(config) as server:
+        for name, process in server.processes.items():
+            affinities = thread_affinities(process.pid)
+            if name == "scheduler":
+                # The engine thread (and any OpenMP worker it started) on core 1, the rest off it.
+                assert {1} in affinities
+                assert all(cores in ({1}, others) for cores in affinities), affinities
+            else:
+                assert all(cores == others for cores in affinities), (name, affinities)
