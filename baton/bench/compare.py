@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
 import functools
 import gc
 import json
@@ -42,7 +41,12 @@ from baton.bench.peers import (
     llama_server_command,
     vllm_command,
 )
-from baton.bench.serving import add_serving_args, run_benchmark, workload_from_args
+from baton.bench.serving import (
+    add_serving_args,
+    run_benchmark,
+    sweep_level_args,
+    workload_from_args,
+)
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
 from baton.cpu_binding import default_num_threads
 
@@ -160,7 +164,7 @@ def resolve_model(args: argparse.Namespace) -> str:
     return str(materialize_shape(args.shape or "tiny", args.cache_dir, args.dtype))
 
 
-def _server_command(
+def server_command(
     engine: str, args: argparse.Namespace, model: str, port: int, work_dir: Path
 ) -> ServerCommand:
     """The command of server engine `engine`, or EngineSkipped when its flag is absent."""
@@ -180,7 +184,8 @@ def _server_command(
         gguf = cached_gguf(Path(model), args.dtype, args.cache_dir.expanduser() / "gguf")
     if gguf is None:
         raise EngineSkipped("no --gguf, and no convert_hf_to_gguf.py + gguf package to make one")
-    parallel = args.max_concurrency or args.num_prompts
+    # A slot per request in flight at the sweep's highest level.
+    parallel = max(level or args.num_prompts for level in concurrency_levels(args))
     threads = default_num_threads()
     return llama_server_command(str(args.llama_server), str(gguf), port, parallel, threads)
 
@@ -195,22 +200,21 @@ def run_server_engine(
 ) -> dict[str, Any]:
     """Start `engine`'s server, run the workload at each level on it, stop it: its record."""
     port = free_port()
-    command = _server_command(engine, args, model, port, work_dir)
+    command = server_command(engine, args, model, port, work_dir)
     logger.info("starting %s: %s", engine, shlex.join(command.argv))
     record: dict[str, Any] = {"command": command.argv, "env": command.env, "results": []}
     with ServerProcess(command, port, work_dir / f"{engine}.log") as server:
         server.start(args.server_timeout)
         record["server_pid"] = server.pid
-        for level in concurrency_levels(args):
-            bench_args = copy.copy(args)
+        for index, level in enumerate(concurrency_levels(args)):
+            bench_args = sweep_level_args(args, index, level)
             bench_args.base_url, bench_args.model = server.base_url, None
-            bench_args.max_concurrency = level
             record["results"].append(asyncio.run(run_benchmark(bench_args)))
     return record
 
 
-def run_transformers_engine(args: argparse.Namespace, model: str) -> dict[str, Any]:
-    """The same requests through transformers offline, static batches of each level."""
+def transformers_workload(args: argparse.Namespace, model: str) -> Workload:
+    """The serving flags' requests as token ids and output lengths."""
     requests = workload_from_args(args)
     prompts = [request.prompt for request in requests]
     if any(isinstance(prompt, str) for prompt in prompts):
@@ -218,11 +222,16 @@ def run_transformers_engine(args: argparse.Namespace, model: str) -> dict[str, A
 
         encode = AutoTokenizer.from_pretrained(model).encode
         prompts = [encode(prompt) if isinstance(prompt, str) else prompt for prompt in prompts]
-    workload = Workload(prompts, [request.output_len for request in requests])
+    return Workload(prompts, [request.output_len for request in requests])
+
+
+def run_transformers_engine(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """Each level's requests through transformers offline, in static batches of the level."""
     results = []
-    for level in concurrency_levels(args):
+    for index, level in enumerate(concurrency_levels(args)):
+        workload = transformers_workload(sweep_level_args(args, index, level), model)
         batch_size = args.hf_batch_size or level or 16
-        # As many math threads as Baton's engine uses by default: only the engines differ.
+        # Every core: offline, nothing else needs one.
         result = run_transformers(model, args.dtype, workload, batch_size, default_num_threads())
         results.append(result.to_dict())
         gc.collect()

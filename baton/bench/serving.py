@@ -254,13 +254,20 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def sweep_level_args(args: argparse.Namespace, index: int, level: int | None) -> argparse.Namespace:
+    """The flags of a sweep's `index`-th level: its concurrency, and seed + index, so each level
+    draws its own prompts and none is served from the prefix cache an earlier level filled."""
+    level_args = copy.copy(args)
+    level_args.max_concurrency = level
+    level_args.seed = args.seed + index
+    return level_args
+
+
 async def run_concurrency_sweep(args: argparse.Namespace) -> dict[str, Any]:
     """One run per `args.concurrency_sweep` level, in turn: {"concurrency_levels", "results"}."""
     results = []
-    for level in args.concurrency_sweep:
-        level_args = copy.copy(args)
-        level_args.max_concurrency = level
-        result = await run_benchmark(level_args)
+    for index, level in enumerate(args.concurrency_sweep):
+        result = await run_benchmark(sweep_level_args(args, index, level))
         print(format_report(result))
         results.append(result)
     return {"concurrency_levels": list(args.concurrency_sweep), "results": results}

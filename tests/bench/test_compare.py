@@ -77,6 +77,18 @@ def test_llama_server_command_gives_each_slot_the_full_context() -> None:
     }  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("levels", "slots"), [([], "16"), (["--concurrency-sweep", "1,32,4"], "32")]
+)
+def test_llama_cpp_gets_a_slot_per_request_of_the_highest_level(
+    tmp_path: Path, levels: list[str], slots: str
+) -> None:
+    flags = ["--llama-server", "/bin/llama-server", "--gguf", "/m.gguf", *levels]
+    args = compare.build_parser().parse_args(flags)
+    command = compare.server_command("llama.cpp", args, "/models/m", 9003, tmp_path)
+    assert dict(zip(command.argv[1::2], command.argv[2::2]))["--parallel"] == slots
+
+
 def test_converter_found_in_the_llama_cpp_checkout(tmp_path: Path) -> None:
     server = tmp_path / "llama.cpp" / "build" / "bin" / "llama-server"
     server.parent.mkdir(parents=True)
@@ -188,6 +200,7 @@ def test_compare_sweeps_baton_and_transformers(tmp_path: Path, tiny_qwen2_dir: P
     assert (baton["status"], hf["status"]) == ("ok", "ok")
     assert live_group_members(baton["server_pid"]) == []
     assert [result["max_concurrency"] for result in baton["results"]] == [2, 4]
+    assert [result["seed"] for result in baton["results"]] == [0, 1]
     assert [result["details"]["batch_size"] for result in hf["results"]] == [2, 4]
     assert [run["max_concurrency"] for run in report["runs"]] == [2, 4]
     for index, run in enumerate(report["runs"]):

@@ -290,6 +290,8 @@ def test_concurrency_sweep_writes_plots_and_one_result_per_level(tmp_path: Path)
     sweep = json.loads(out.read_text())
     assert sweep["concurrency_levels"] == [1, 2]
     assert [result["max_concurrency"] for result in sweep["results"]] == [1, 2]
+    # Each level its own prompts: none is served from a cache the level before filled.
+    assert [result["seed"] for result in sweep["results"]] == [0, 1]
     assert all(set(result) == RESULT_KEYS for result in sweep["results"])
     names = ["latency_cdf.png", "latency_vs_concurrency.png", "throughput_vs_concurrency.png"]
     assert sorted(path.name for path in plots.iterdir()) == names
