@@ -107,9 +107,14 @@ SHAPES: dict[str, ModelShape] = {
 }
 
 
+# Bumped whenever what a shape folder holds changes, so older cached folders are not reused.
+# 2: the tokenizer spells every id of the model's vocabulary (filler words above the bytes).
+SHAPE_FORMAT = 2
+
+
 def shape_dir(name: str, cache_dir: Path, dtype: str) -> Path:
     """Where `materialize_shape` keeps shape `name` in `dtype`."""
-    return cache_dir.expanduser() / f"{name}-{dtype}"
+    return cache_dir.expanduser() / f"{name}-{dtype}-v{SHAPE_FORMAT}"
 
 
 def materialize_shape(name: str, cache_dir: Path, dtype: str) -> Path:
@@ -140,7 +145,7 @@ def materialize_shape(name: str, cache_dir: Path, dtype: str) -> Path:
 def _write_checkpoint(shape: ModelShape, directory: Path, dtype: torch.dtype) -> None:
     model = random_model(shape, dtype)
     model.save_pretrained(directory)
-    build_byte_tokenizer().save_pretrained(directory)
+    build_byte_tokenizer(shape.config_kwargs["vocab_size"]).save_pretrained(directory)
     GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID).save_pretrained(
         directory
     )

@@ -29,15 +29,22 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def build_byte_tokenizer() -> PreTrainedTokenizerFast:
+def build_byte_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
     """A byte-level tokenizer: byte b is token b; BOS, EOS and PAD follow at 256, 257, 258.
 
     Encoding prepends BOS; decoding with `skip_special_tokens=True` returns the original text.
+    With `vocab_size`, ids from 259 up to it become filler words (id 300 decodes to " w300").
+    Encoding never produces them (there are no merges), but a model whose vocabulary is larger
+    than the byte alphabet (the benchmark shapes) then decodes every id it samples to text, so
+    servers that stream only non-empty text deltas still stream a chunk per token.
     """
     byte_to_char = _byte_to_unicode()
     vocab = {byte_to_char[byte]: byte for byte in range(BYTE_VOCAB_SIZE)}
     for offset, token in enumerate(BYTE_SPECIAL_TOKENS):
         vocab[token] = BYTE_VOCAB_SIZE + offset
+    space = byte_to_char[ord(" ")]
+    for token_id in range(len(vocab), vocab_size or 0):
+        vocab[f"{space}w{token_id}"] = token_id
     # No merges: BPE over the GPT-2 byte alphabet is then exactly one token per byte.
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

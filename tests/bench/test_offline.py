@@ -12,6 +12,7 @@ from transformers import Qwen2ForCausalLM
 
 from baton.bench.offline import main
 from baton.bench.shapes import SHAPES, materialize_shape
+from baton.engine.checkpoint import load_checkpoint
 
 # Qwen2.5-0.5B's published parameter count (tied embeddings counted once).
 QWEN25_05B_PARAMETERS = 494_032_768
@@ -54,8 +55,7 @@ def test_fixed_lengths_generate_exactly_what_was_asked(
 
 
 def test_random_lengths_and_transformers_comparison(tmp_path: Path) -> None:
-    # The tiny shape's vocabulary (32000) far exceeds its byte tokenizer's (259): prompts and
-    # outputs hold ids the tokenizer does not know, which must not break detokenization.
+    # Prompts and outputs hold ids far above the bytes: the shape's tokenizer spells each one.
     result = run_bench(
         tmp_path,
         *("--shape", "tiny", "--cache-dir", str(tmp_path / "shapes")),
@@ -110,6 +110,9 @@ def test_shape_is_written_once_with_seeded_weights(tmp_path: Path) -> None:
     assert embedding.dtype == torch.bfloat16
     assert embedding.float().std().item() == pytest.approx(0.02, rel=0.05)
     assert {"tokenizer.json", "generation_config.json"} <= {p.name for p in first.iterdir()}
+    # Every id the model can sample decodes to text (what streaming servers need to stream it).
+    tokenizer = load_checkpoint(str(first)).tokenizer
+    assert tokenizer.decode([259, 31999]) == " w259 w31999"
 
 
 def test_unknown_shape_or_dtype_is_rejected(tmp_path: Path) -> None:
