@@ -113,7 +113,7 @@ def run_baton(config: BatonConfig, workload: Workload) -> EngineResult:
         outputs = llm.generate(workload.prompts, params)
         elapsed = time.perf_counter() - start
         dtype = str(llm.engine.dtype).removeprefix("torch.")
-        num_threads = llm.config.num_threads
+        num_threads = llm.engine.num_threads
     finally:
         llm.scheduler.shutdown()
     generated = [len(output.token_ids) for output in outputs]

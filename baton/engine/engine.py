@@ -52,6 +52,7 @@ class Engine:
             # Called on the thread that will run every forward (see Scheduler).
             bound_threads = bind_engine_thread(config.omp_threads_bind)
             torch.set_num_threads(config.num_threads or bound_threads)
+        self.num_threads = torch.get_num_threads()  # of the math library, on this thread
         self.checkpoint = checkpoint or load_checkpoint(config.model)
         model_config = self.checkpoint.config
         self.model_config = model_config

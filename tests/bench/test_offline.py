@@ -12,6 +12,7 @@ from transformers import Qwen2ForCausalLM
 
 from baton.bench.offline import main
 from baton.bench.shapes import SHAPES, materialize_shape
+from baton.cpu_binding import default_num_threads
 from baton.engine.checkpoint import load_checkpoint
 
 # Qwen2.5-0.5B's published parameter count (tied embeddings counted once).
@@ -52,6 +53,18 @@ def test_fixed_lengths_generate_exactly_what_was_asked(
     assert baton["output_throughput"] == pytest.approx(480 / baton["elapsed_s"])
     assert baton["total_throughput"] == pytest.approx(672 / baton["elapsed_s"])
     assert "transformers" not in result
+
+
+def test_transformers_gets_as_many_threads_as_batons_default_engine(
+    tiny_qwen2_dir: Path, tmp_path: Path
+) -> None:
+    result = run_bench(
+        tmp_path,
+        *("--model", str(tiny_qwen2_dir), "--dtype", "float32", "--compare-hf"),
+        *("--num-prompts", "2", "--random-input-len", "4", "--random-output-len", "3"),
+    )
+    threads = result["baton"]["details"]["num_threads"]
+    assert threads == result["transformers"]["details"]["num_threads"] == default_num_threads()
 
 
 def test_random_lengths_and_transformers_comparison(tmp_path: Path) -> None:
