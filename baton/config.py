@@ -159,6 +159,10 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> BatonConfig:
-    """Build the config from parsed flags (unknown attributes are ignored)."""
+    """Build the config from parsed flags (unknown attributes are ignored); an invalid
+    combination exits with its message, like a flag argparse rejects."""
     names = {field.name for field in dataclasses.fields(BatonConfig)}
-    return BatonConfig(**{name: value for name, value in vars(args).items() if name in names})
+    try:
+        return BatonConfig(**{name: value for name, value in vars(args).items() if name in names})
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None

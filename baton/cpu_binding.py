@@ -54,12 +54,19 @@ def validate_setting(setting: str) -> None:
 
 
 def resolve_binding(setting: str, num_parameters: int, available: set[int]) -> str:
-    """`setting` made concrete for a server on the `available` cores: NOBIND or a CPU list.
+    """`setting` made concrete for a server on the `available` cores: NOBIND or a CPU list
+    (ValueError for a list naming a core outside `available`).
 
     auto reserves the lowest core for the serving processes when there are at least MANY_CORES
     cores, or at least two and a small model; otherwise nothing is bound.
     """
     if setting != AUTO:
+        unavailable = set(engine_cores(setting) or ()) - available
+        if unavailable:
+            raise ValueError(
+                f"--omp-threads-bind {setting}: CPUs {sorted(unavailable)} are not available "
+                f"(this process may use {sorted(available)})"
+            )
         return setting
     cores = sorted(available)
     small = num_parameters < SMALL_MODEL_PARAMETERS
@@ -79,7 +86,10 @@ def bind_engine_thread(setting: str) -> int:
     cores = engine_cores(setting)
     if cores is None:
         return default_num_threads()
-    os.sched_setaffinity(0, cores)  # pid 0: this thread only
+    try:
+        os.sched_setaffinity(0, cores)  # pid 0: this thread only
+    except OSError as error:
+        raise ValueError(f"cannot bind the engine to CPUs {list(cores)}: {error}") from error
     return len(cores)
 
 

@@ -43,13 +43,17 @@ class ServerStartError(RuntimeError):
 
 def resolve_cpu_binding(config: BatonConfig) -> BatonConfig:
     """`config` with `omp_threads_bind=auto` made concrete for this machine and model, once for
-    every child (each binds itself from it); CheckpointError for a model that cannot be read."""
+    every child (each binds itself from it); CheckpointError for a model that cannot be read,
+    ValueError for a CPU list naming cores this process may not use."""
+    available = os.sched_getaffinity(0)
     if config.omp_threads_bind != AUTO:
-        return config
+        return config.replace(
+            omp_threads_bind=resolve_binding(config.omp_threads_bind, 0, available)
+        )
     if config.device.partition(":")[0] != "cpu":
         return config.replace(omp_threads_bind=NOBIND)  # the engine's threads do no math
     num_parameters = load_model_config(config.model).num_parameters
-    setting = resolve_binding(AUTO, num_parameters, os.sched_getaffinity(0))
+    setting = resolve_binding(AUTO, num_parameters, available)
     logger.info("engine CPU binding: %s (%.0fM parameters)", setting, num_parameters / 1e6)
     return config.replace(omp_threads_bind=setting)
 
@@ -136,6 +140,11 @@ class Server:
 
 def run(config: BatonConfig) -> int:
     """Serve until a signal (exit 0) or a child's death (exit 1)."""
+    try:
+        config = resolve_cpu_binding(config)
+    except (CheckpointError, ValueError) as error:
+        logger.error("%s", error)
+        return 1
     stopping = False
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -144,11 +153,6 @@ def run(config: BatonConfig) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    try:
-        config = resolve_cpu_binding(config)
-    except CheckpointError as error:
-        logger.error("%s", error)
-        return 1
     server = Server(config)
     try:
         server.start()

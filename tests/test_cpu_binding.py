@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port
 
+from baton import launch
 from baton.config import BatonConfig
 from baton.cpu_binding import (
     NOBIND,
@@ -47,8 +48,20 @@ def test_auto_reserves_a_core_for_small_models_or_many_cores() -> None:
     assert resolve_binding("auto", large, {0, 1}) == NOBIND
     assert resolve_binding("auto", large, {4, 5, 6, 7}) == "5,6,7"
     assert resolve_binding("auto", small, {3}) == NOBIND
-    assert resolve_binding("0-2", small, {0, 1}) == "0-2"  # explicit settings are kept
+    assert resolve_binding("0-1", small, {0, 1}) == "0-1"  # explicit settings are kept
     assert resolve_binding(NOBIND, small, {0, 1}) == NOBIND
+
+
+def test_a_cpu_list_naming_unavailable_cores_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"CPUs \[5, 6\] are not available"):
+        resolve_binding("1,5-6", SMALL_MODEL_PARAMETERS, {0, 1, 2})
+
+
+def test_bad_settings_stop_the_launcher_with_a_message(tmp_path: Path) -> None:
+    unavailable = max(os.sched_getaffinity(0)) + 1
+    with pytest.raises(SystemExit, match="not a CPU list"):
+        launch.main(["--omp-threads-bind", "all"])
+    assert launch.main(["--omp-threads-bind", str(unavailable), "--port", str(free_port())]) == 1
 
 
 def test_the_launcher_resolves_auto_from_the_model(tiny_qwen2_dir: Path) -> None:
