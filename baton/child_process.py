@@ -81,7 +81,7 @@ def run_child(
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
-    # Before any thread starts (ZMQ's I/O threads included), so every thread inherits the mask.
+    # Before ZMQ's I/O threads start, so they inherit the mask (threads imports started move).
     bind_service_process(config.omp_threads_bind)
     context = zmq.Context()
     reporter = ReadyReporter(context, name, addresses.launcher)

@@ -11,9 +11,10 @@ vLLM's CPU backend binds its OpenMP threads and keeps a core for everything else
 
 Why bind: an OpenMP team stalls whenever one of its threads is descheduled, so the serving work
 (about 0.2 ms of CPU per streamed token, client included) interrupts every step it shares a core
-with. Measured on 2 cores (docs/benchmarks.md): the tiny shape serves 1850 tok/s with the engine
-bound to one core against 1380 unbound on two; the 0.5B shape 94 against 126, since its decode
-step is long next to the serving work and needs both cores.
+with. Measured on 2 cores (docs/benchmarks.md), tiny shape: 1850 tok/s bound to one core against
+about 1400 unbound on two when the load generator stays off the engine's core (as a remote client
+does), level when a local client floats over both; the 0.5B shape 94 bound against 126 unbound,
+since its decode step is long next to the serving work and needs both cores.
 """
 
 from __future__ import annotations

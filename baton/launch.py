@@ -47,9 +47,8 @@ def resolve_cpu_binding(config: BatonConfig) -> BatonConfig:
     ValueError for a CPU list naming cores this process may not use."""
     available = os.sched_getaffinity(0)
     if config.omp_threads_bind != AUTO:
-        return config.replace(
-            omp_threads_bind=resolve_binding(config.omp_threads_bind, 0, available)
-        )
+        resolve_binding(config.omp_threads_bind, 0, available)  # checks a CPU list's cores
+        return config
     if config.device.partition(":")[0] != "cpu":
         return config.replace(omp_threads_bind=NOBIND)  # the engine's threads do no math
     num_parameters = load_model_config(config.model).num_parameters

@@ -1,11 +1,12 @@
 """Write a benchmark shape's Qwen2 checkpoint as GGUF, so llama.cpp serves the very same weights.
 
 llama.cpp's own `convert_hf_to_gguf.py` refuses tokenizers whose pre-tokenizer it does not know,
-and the shapes carry Baton's byte-level BPE tokenizer (256 byte tokens, no merges, three special
-tokens). That tokenizer is exactly GPT-2's byte-level scheme without merges, so it is written as
-a `gpt2` vocabulary; ids above it, up to the model's vocabulary size, become unused `[PADn]`
-tokens, as the converter does for padded vocabularies. The benchmark sends prompts as token ids,
-so tokenization never decides what is computed. Uses the `gguf` package (llama.cpp's own).
+and the shapes carry Baton's byte-level BPE tokenizer (256 byte tokens, three special tokens,
+filler words up to the model's vocabulary, no merges). That is GPT-2's byte-level scheme without
+merges, so it is written as a `gpt2` vocabulary; ids a smaller tokenizer leaves unspelled become
+unused `[PADn]` tokens, as the converter does for padded vocabularies. The benchmark sends
+prompts as token ids, so tokenization never decides what is computed. Uses the `gguf` package
+(llama.cpp's own).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pathlib import Path
 import torch
 
 from baton.engine.checkpoint import load_checkpoint
-from baton.engine.model_config import ModelConfig
 
 _FILE_TYPES = {"float32": "ALL_F32", "bfloat16": "MOSTLY_BF16", "float16": "MOSTLY_F16"}
 _TENSOR_TYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
@@ -75,7 +75,7 @@ def export_gguf(model_dir: Path, dtype: str, target: Path) -> Path:
     import gguf
 
     checkpoint = load_checkpoint(str(model_dir))
-    config: ModelConfig = checkpoint.config
+    config = checkpoint.config
     if config.architecture != "Qwen2ForCausalLM" or config.qk_norm:
         raise ValueError(f"GGUF export covers Qwen2 shapes, not {config.architecture}")
     writer = gguf.GGUFWriter(str(target), "qwen2")

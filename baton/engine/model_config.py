@@ -81,9 +81,8 @@ class ModelConfig:
     @property
     def num_parameters(self) -> int:
         """Weights in the linear layers and embeddings (norms and biases are negligible)."""
-        attention = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * (
-            self.hidden_size
-        )
+        qkv_and_output = self.q_size + 2 * self.kv_size + self.q_size
+        attention = self.hidden_size * qkv_and_output
         mlp = 3 * self.hidden_size * self.intermediate_size
         embeddings = self.vocab_size * self.hidden_size
         heads = embeddings if self.tie_word_embeddings else 2 * embeddings
