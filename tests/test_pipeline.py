@@ -188,6 +188,27 @@ def test_stop_string_across_tokens_never_leaks(server: Server, offline: LLM) -> 
         assert full.startswith(emitted)  # nothing emitted is ever taken back
 
 
+def test_a_stop_string_finish_reports_the_prefix_cache_hit(server: Server, offline: LLM) -> None:
+    prompt = "Once upon a time, there was a little girl named Lily. She liked to play outside."
+    full = offline.generate(prompt, SamplingParams(temperature=0, max_tokens=60))[0].text
+    stopped = SamplingParams(temperature=0, max_tokens=60, stop=[full[10:20]])
+
+    async def main():
+        client = await connected(server)
+        try:
+            await client.generate(prompt, SamplingParams(temperature=0, max_tokens=1))  # cache it
+            return await client.generate(prompt, stopped)
+        finally:
+            await client.close()
+
+    result = run(main())
+    assert result.finish_reason == "stop" and result.text == full[:10]
+    # The stop string ends the request before the scheduler's final stats: the hit count comes
+    # with the first tokens instead (whole 4-token pages of the prompt).
+    assert result.usage is not None
+    assert result.usage.cached_tokens > 0 and result.usage.cached_tokens % 4 == 0
+
+
 def test_bad_input_gets_typed_errors_and_server_keeps_serving(server: Server) -> None:
     async def main():
         client = await connected(server)

@@ -56,6 +56,7 @@ class _RequestState:
     detokenizer: IncrementalDetokenizer
     prompt_tokens: int
     completion_tokens: int = 0
+    cached_tokens: int = 0  # from the scheduler's first output of the request
     # A stop string matched: the client has its final delta; only the scheduler's own final
     # output (which deletes this state) is still to come.
     stopped: bool = False
@@ -158,6 +159,8 @@ class DetokenizerService:
         """The client's delta for one step (None if there is nothing to tell)."""
         pushed = state.detokenizer.push(step.new_token_ids)
         state.completion_tokens += len(step.new_token_ids)
+        if step.cached_tokens is not None:
+            state.cached_tokens = step.cached_tokens
         text = pushed.text
         stopped_by_string = pushed.stop_string is not None
         if step.finished and not stopped_by_string:
@@ -174,8 +177,8 @@ class DetokenizerService:
         )
         if finished:
             delta.finish_reason = "stop" if stopped_by_string else step.finish_reason
-            # Before the scheduler's final output the cache hit count is unknown (stats is None).
-            cached = step.stats.cached_tokens if step.stats is not None else 0
+            # A stop string can finish the request before the scheduler's final output (stats).
+            cached = step.stats.cached_tokens if step.stats is not None else state.cached_tokens
             delta.usage = Usage(
                 prompt_tokens=state.prompt_tokens,
                 completion_tokens=state.completion_tokens,

@@ -38,6 +38,9 @@ class StepOutput(msgspec.Struct, kw_only=True):
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stats: RequestStats | None = None
+    # Prompt tokens served by the prefix cache, sent with the request's first tokens: a stop
+    # string can end the request downstream before the final output (and its stats) exists.
+    cached_tokens: int | None = None
 
 
 class AggregateStats(msgspec.Struct, kw_only=True):

@@ -174,9 +174,13 @@ class Scheduler:
             if finish_reason is not None:
                 outputs.append(self._finish(seq, finish_reason, new_tokens, logprobs))
             elif new_tokens:
+                first_tokens = seq.num_output_tokens == len(new_tokens)
                 outputs.append(
                     StepOutput(
-                        request_id=seq.request_id, new_token_ids=new_tokens, logprobs=logprobs
+                        request_id=seq.request_id,
+                        new_token_ids=new_tokens,
+                        logprobs=logprobs,
+                        cached_tokens=seq.num_cached_tokens if first_tokens else None,
                     )
                 )
         return outputs

@@ -165,7 +165,9 @@ def test_stop_string_across_steps_ends_the_request_and_aborts_it(
     service.handle_message(SchedulerOutputs(started=[started]))
     first, second = _encode(tokenizer, "abc ST"), _encode(tokenizer, "OP xyz")
 
-    handled = service.handle_message(SchedulerOutputs(steps=[_step(CLIENT_A, "r1", first)]))
+    # The first output carries the prefix-cache hit count, as the scheduler sends it.
+    opening = StepOutput(request_id=started.rid, new_token_ids=first, cached_tokens=3)
+    handled = service.handle_message(SchedulerOutputs(steps=[opening]))
     [partial] = _deltas(handled, CLIENT_A)
     assert (partial.text, partial.finished) == ("abc ", False)  # "ST" may start the stop string
     assert handled.to_scheduler == []
@@ -175,6 +177,7 @@ def test_stop_string_across_steps_ends_the_request_and_aborts_it(
     assert (final.text, final.finished, final.finish_reason) == ("", True, "stop")
     assert final.usage is not None
     assert final.usage.completion_tokens == len(first) + len(second)
+    assert final.usage.cached_tokens == 3  # known before the scheduler's final output
     assert handled.to_scheduler == [AbortRid(rid=started.rid, reason="stop")]
 
     # What the scheduler produced before it saw the abort, and its final notice, reach no one.
