@@ -10,21 +10,13 @@ import uuid
 
 from fastapi import APIRouter, Request, Response
 
-from baton.frontend.errors import json_response
-from baton.frontend.generation import (
-    ChoiceOutput,
-    UsageTotals,
-    choice_stream,
-    collect,
-    gather_or_cancel,
-    merged_streams,
-    unless_disconnected,
-)
+from baton.frontend.choices_response import respond_with_choices, response_body
+from baton.frontend.generation import ChoiceOutput
 from baton.frontend.logprobs import ChoiceLogprobs, TokenTextDecoder
 from baton.frontend.params import ChoiceRequest, chat_choices
 from baton.frontend.protocol import ChatCompletionRequest
 from baton.frontend.state import frontend_state
-from baton.frontend.streaming import ChunkWriterBase, stream_response
+from baton.frontend.streaming import ChunkWriterBase
 from baton.messages import GenerateDelta
 
 router = APIRouter()
@@ -41,42 +33,41 @@ async def create_chat_completion(request: Request) -> Response:
     choices = chat_choices(body)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    streams = {choice.index: choice_stream(state, response_id, choice) for choice in choices}
     decoder = state.decoder if body.logprobs else None
-    if body.stream:
-        envelope = _envelope(response_id, "chat.completion.chunk", created, state.model_name)
-        writer = ChatChunkWriter(envelope, choices, body.include_usage, decoder)
-        return await stream_response(request, merged_streams(streams), writer)
-    runs = [collect(choice, streams[choice.index]) for choice in choices]
-    outputs = await unless_disconnected(request, gather_or_cancel(runs))
-    envelope = _envelope(response_id, "chat.completion", created, state.model_name)
-    return json_response(chat_body(envelope, outputs, decoder))
 
+    def envelope(kind: str) -> dict[str, object]:
+        return {"id": response_id, "object": kind, "created": created, "model": state.model_name}
 
-def _envelope(response_id: str, kind: str, created: int, model: str) -> dict[str, object]:
-    return {"id": response_id, "object": kind, "created": created, "model": model}
+    return await respond_with_choices(
+        request,
+        state,
+        response_id,
+        choices,
+        body.stream,
+        lambda: ChatChunkWriter(
+            envelope("chat.completion.chunk"), choices, body.include_usage, decoder
+        ),
+        lambda outputs: chat_body(envelope("chat.completion"), outputs, decoder),
+    )
 
 
 def chat_body(
     envelope: dict[str, object], outputs: list[ChoiceOutput], decoder: TokenTextDecoder | None
 ) -> dict[str, object]:
     """A non-streamed response; `decoder` is given when logprobs were asked for."""
-    usage = UsageTotals()
-    choices = []
-    for output in sorted(outputs, key=lambda output: output.index):
-        usage.add(output.group, output.usage)
+
+    def choice_body(output: ChoiceOutput) -> dict[str, object]:
         logprobs = None
         if decoder is not None:
             logprobs = ChoiceLogprobs(decoder).chat(output.token_ids, output.logprobs)
-        choices.append(
-            {
-                "index": output.index,
-                "message": {"role": ROLE, "content": output.text},
-                "logprobs": logprobs,
-                "finish_reason": output.finish_reason,
-            }
-        )
-    return {**envelope, "choices": choices, "usage": usage.body()}
+        return {
+            "index": output.index,
+            "message": {"role": ROLE, "content": output.text},
+            "logprobs": logprobs,
+            "finish_reason": output.finish_reason,
+        }
+
+    return response_body(envelope, outputs, choice_body)
 
 
 class ChatChunkWriter(ChunkWriterBase):
@@ -89,10 +80,7 @@ class ChatChunkWriter(ChunkWriterBase):
         include_usage: bool,
         decoder: TokenTextDecoder | None,
     ) -> None:
-        super().__init__(envelope, choices, include_usage)
-        self._logprobs = (
-            {choice.index: ChoiceLogprobs(decoder) for choice in choices} if decoder else None
-        )
+        super().__init__(envelope, choices, include_usage, decoder)
         self._opened: set[int] = set()
 
     def chunks(self, index: int, delta: GenerateDelta) -> list[dict]:

@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from baton.client import ServerError
 from baton.frontend.errors import from_server_error
 from baton.frontend.generation import IndexedDelta, UsageTotals, unless_disconnected
+from baton.frontend.logprobs import ChoiceLogprobs, TokenTextDecoder
 from baton.frontend.params import ChoiceRequest
 from baton.messages import GenerateDelta
 
@@ -50,11 +51,16 @@ class ChunkWriterBase:
         envelope: dict[str, object],
         choices: list[ChoiceRequest],
         include_usage: bool,
+        decoder: TokenTextDecoder | None,
     ) -> None:
         self._envelope = envelope  # id, object, created, model
         self._groups = {choice.index: choice.group for choice in choices}
         self._include_usage = include_usage
         self._usage = UsageTotals()
+        # Per choice, when logprobs were asked for (each keeps its running text offset).
+        self._logprobs = (
+            {choice.index: ChoiceLogprobs(decoder) for choice in choices} if decoder else None
+        )
 
     def _chunk(self, choice: dict[str, object], delta: GenerateDelta | None = None) -> dict:
         """A chunk carrying one choice; the usage of a final `delta` is accounted."""
