@@ -80,22 +80,27 @@ def load_checkpoint(model: str | None) -> Checkpoint:
         config = default_model_config()
         tokenizer = default_tokenizer()
         return Checkpoint(DEFAULT_MODEL_NAME, config, tokenizer, config.eos_token_ids, None)
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return _load_folder(path, name=path.resolve().name)
-    if path.exists() or model.startswith(("/", ".", "~")):
-        raise CheckpointError(f"{model}: not a checkpoint folder")
-    return _load_folder(_download(model), name=model)
+    path, name = _checkpoint_folder(model)
+    return _load_folder(path, name)
 
 
 def load_model_config(model: str | None) -> ModelConfig:
-    """Just the architecture of `model` (resolved as `load_checkpoint` does), no tokenizer."""
+    """Just the architecture of `model`, resolved as `load_checkpoint` resolves it (a hub id is
+    downloaded), without loading its tokenizer."""
     if model is None:
         return default_model_config()
-    path = Path(model).expanduser()
-    if not path.is_dir():
-        return load_checkpoint(model).config
+    path, _ = _checkpoint_folder(model)
     return ModelConfig.from_hf(_read_json(path / "config.json", required=True))
+
+
+def _checkpoint_folder(model: str) -> tuple[Path, str]:
+    """The folder `model` names (a hub id is downloaded) and the name it is served under."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path, path.resolve().name
+    if path.exists() or model.startswith(("/", ".", "~")):
+        raise CheckpointError(f"{model}: not a checkpoint folder")
+    return _download(model), model
 
 
 def _download(repo_id: str) -> Path:

@@ -10,10 +10,10 @@ import uuid
 
 from fastapi import APIRouter, Request, Response
 
-from baton.frontend.choices_response import respond_with_choices, response_body
+from baton.frontend.choices_response import respond_with_choices, response_body, response_envelope
 from baton.frontend.generation import ChoiceOutput
 from baton.frontend.logprobs import ChoiceLogprobs, TokenTextDecoder
-from baton.frontend.params import ChoiceRequest, chat_choices
+from baton.frontend.params import chat_choices
 from baton.frontend.protocol import ChatCompletionRequest
 from baton.frontend.state import frontend_state
 from baton.frontend.streaming import ChunkWriterBase
@@ -34,20 +34,18 @@ async def create_chat_completion(request: Request) -> Response:
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     decoder = state.decoder if body.logprobs else None
-
-    def envelope(kind: str) -> dict[str, object]:
-        return {"id": response_id, "object": kind, "created": created, "model": state.model_name}
-
+    chunk_envelope = response_envelope(
+        response_id, "chat.completion.chunk", created, state.model_name
+    )
+    body_envelope = response_envelope(response_id, "chat.completion", created, state.model_name)
     return await respond_with_choices(
         request,
         state,
         response_id,
         choices,
         body.stream,
-        lambda: ChatChunkWriter(
-            envelope("chat.completion.chunk"), choices, body.include_usage, decoder
-        ),
-        lambda outputs: chat_body(envelope("chat.completion"), outputs, decoder),
+        lambda: ChatChunkWriter(chunk_envelope, choices, body.include_usage, decoder),
+        lambda outputs: chat_body(body_envelope, outputs, decoder),
     )
 
 
@@ -72,16 +70,6 @@ def chat_body(
 
 class ChatChunkWriter(ChunkWriterBase):
     """Streamed chat chunks: a role chunk opens each choice, then one chunk per delta."""
-
-    def __init__(
-        self,
-        envelope: dict[str, object],
-        choices: list[ChoiceRequest],
-        include_usage: bool,
-        decoder: TokenTextDecoder | None,
-    ) -> None:
-        super().__init__(envelope, choices, include_usage, decoder)
-        self._opened: set[int] = set()
 
     def chunks(self, index: int, delta: GenerateDelta) -> list[dict]:
         """The chunks for one delta (the role chunk first, for a choice's first delta)."""

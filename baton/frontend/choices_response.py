@@ -21,6 +21,11 @@ from baton.frontend.state import FrontendState
 from baton.frontend.streaming import ChunkWriterBase, stream_response
 
 
+def response_envelope(response_id: str, kind: str, created: int, model: str) -> dict[str, object]:
+    """The fields every response body and chunk opens with (`kind` is OpenAI's `object`)."""
+    return {"id": response_id, "object": kind, "created": created, "model": model}
+
+
 async def respond_with_choices(
     request: Request,
     state: FrontendState,

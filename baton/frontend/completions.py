@@ -7,7 +7,7 @@ import uuid
 
 from fastapi import APIRouter, Request, Response
 
-from baton.frontend.choices_response import respond_with_choices, response_body
+from baton.frontend.choices_response import respond_with_choices, response_body, response_envelope
 from baton.frontend.generation import ChoiceOutput
 from baton.frontend.logprobs import ChoiceLogprobs, TokenTextDecoder
 from baton.frontend.params import completion_choices
@@ -29,12 +29,7 @@ async def create_completion(request: Request) -> Response:
     state.require_client()  # 503 before any work if the pipeline is not connected
     choices = completion_choices(body)
     response_id = f"cmpl-{uuid.uuid4().hex}"
-    envelope = {
-        "id": response_id,
-        "object": OBJECT,
-        "created": int(time.time()),
-        "model": state.model_name,
-    }
+    opening = response_envelope(response_id, OBJECT, int(time.time()), state.model_name)
     decoder = state.decoder if body.logprobs is not None else None
     return await respond_with_choices(
         request,
@@ -42,8 +37,8 @@ async def create_completion(request: Request) -> Response:
         response_id,
         choices,
         body.stream,
-        lambda: CompletionChunkWriter(envelope, choices, body.include_usage, decoder),
-        lambda outputs: completion_body(envelope, outputs, decoder),
+        lambda: CompletionChunkWriter(opening, choices, body.include_usage, decoder),
+        lambda outputs: completion_body(opening, outputs, decoder),
     )
 
 

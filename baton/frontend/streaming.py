@@ -61,6 +61,7 @@ class ChunkWriterBase:
         self._logprobs = (
             {choice.index: ChoiceLogprobs(decoder) for choice in choices} if decoder else None
         )
+        self._opened: set[int] = set()  # choices that have had a chunk (chat opens each one)
 
     def _chunk(self, choice: dict[str, object], delta: GenerateDelta | None = None) -> dict:
         """A chunk carrying one choice; the usage of a final `delta` is accounted."""

@@ -12,7 +12,7 @@ from helpers import EOS_ID, EXTRA_EOS_ID, VOCAB_SIZE, tiny_hf_model
 from safetensors.torch import save_file
 from transformers import AutoConfig
 
-from baton.engine.checkpoint import CheckpointError, load_checkpoint
+from baton.engine.checkpoint import CheckpointError, load_checkpoint, load_model_config
 from baton.engine.model import CausalLM
 from baton.engine.model_config import ModelConfig
 
@@ -292,3 +292,10 @@ def test_default_weights_are_deterministic(default_checkpoint) -> None:
         assert torch.equal(a, b), name
     # Distinct tensors, not one repeated draw.
     assert not torch.equal(first[1][1], first[-1][1])
+
+
+def test_model_config_alone_matches_the_checkpoints(tiny_qwen2_dir: Path, tmp_path: Path) -> None:
+    assert load_model_config(str(tiny_qwen2_dir)) == load_checkpoint(str(tiny_qwen2_dir)).config
+    assert load_model_config(None) == load_checkpoint(None).config
+    with pytest.raises(CheckpointError, match="not a checkpoint folder"):
+        load_model_config(str(tmp_path / "missing"))
