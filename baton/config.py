@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from baton.cpu_binding import AUTO, validate_setting
+from baton.engine.compute_plan import DTYPES, ISA_LEVELS, isa_rank
 
 SchedulePolicy = Literal["prefill-first", "decode-first"]
 
@@ -30,6 +31,9 @@ class BatonConfig:
     # auto | nobind | a CPU list ("1-3"): the engine's cores, the rest for the other server
     # threads; vLLM's VLLM_CPU_OMP_THREADS_BIND. See baton/cpu_binding.py.
     omp_threads_bind: str = AUTO
+    # Plan the computation for at most this ISA (see baton/engine/compute_plan.py); None = what
+    # the CPU has. It can only lower the detected level: a CPU never gains instructions.
+    max_cpu_isa: str | None = None
     seed: int = 0
     # Paged KV cache: `num_pages=None` sizes the pool from `kv_cache_memory_bytes`, capped at what
     # `max_running_requests` sequences of `max_model_len` tokens could ever use.
@@ -69,6 +73,8 @@ class BatonConfig:
         if self.schedule_policy not in ("prefill-first", "decode-first"):
             raise ValueError(f"unknown schedule_policy {self.schedule_policy!r}")
         validate_setting(self.omp_threads_bind)
+        if self.max_cpu_isa is not None:
+            isa_rank(self.max_cpu_isa)
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +85,10 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         "--model", default=None, help="HF checkpoint folder or hub id (default: built-in)"
     )
     group.add_argument(
-        "--dtype", default=defaults.dtype, help="auto | float32 | bfloat16 | float16"
+        "--dtype",
+        default=defaults.dtype,
+        choices=["auto", *DTYPES],
+        help="auto: the checkpoint's dtype where this CPU computes it natively, else float32",
     )
     group.add_argument("--device", default=defaults.device, help="cpu or cuda")
     group.add_argument(
@@ -95,6 +104,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         "--omp-threads-bind",
         default=defaults.omp_threads_bind,
         help="auto | nobind | CPU list like 1-3: the engine's cores; the rest for the server",
+    )
+    group.add_argument(
+        "--max-cpu-isa",
+        default=None,
+        choices=ISA_LEVELS,
+        help="plan the CPU computation for at most this ISA (default: what the CPU has)",
     )
     group.add_argument(
         "--block-size",

@@ -7,9 +7,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import EOS_ID, EXTRA_EOS_ID, hf_greedy_generate, load_hf_model
+from helpers import (
+    EOS_ID,
+    EXTRA_EOS_ID,
+    TINY_VARIANTS,
+    assert_greedy_matches_hf,
+    hf_greedy_generate,
+    load_hf_model,
+)
 
 from baton import LLM, SamplingParams
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.scheduler_proc.errors import PromptTooLongError, RequestError
 
 PROMPT_LENGTHS = (1, 5, 17, 40, 64, 100, 200, 300)
@@ -36,6 +44,49 @@ def test_greedy_matches_transformers(tiny_model_dir: Path) -> None:
     for prompt, output in zip(prompts, outputs):
         assert output.token_ids == hf_greedy_generate(tiny_model_dir, prompt, NEW_TOKENS)
         assert output.finish_reason == "length"
+
+
+# bf16 rounding moves these models' logits by up to ~0.2 (see test_model's bf16 test): a bf16
+# engine's greedy token may differ from float32 transformers' only where their top two are closer.
+BF16_TIE_TOLERANCE = 0.25
+
+
+@pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
+def test_a_bf16_checkpoint_serves_with_default_flags(tiny_model_factory, variant: str) -> None:
+    """`--dtype auto` on a bf16 checkpoint: bf16 where this CPU has native bf16, else float32
+    (whose greedy tokens are transformers' float32 ones, token for token)."""
+    model_dir = tiny_model_factory(variant, weights_dtype=torch.bfloat16)
+    llm = LLM(str(model_dir))
+    native = detect_cpu_capabilities().native_bf16
+    assert llm.engine.plan.dtype == ("bfloat16" if native else "float32")
+    prompts = random_prompts((5, 40, 100), seed=3)
+    for prompt, output in zip(prompts, llm.generate(prompts, GREEDY)):
+        if native:
+            assert_greedy_matches_hf(model_dir, prompt, output.token_ids, BF16_TIE_TOLERANCE)
+        else:
+            assert output.token_ids == hf_greedy_generate(model_dir, prompt, NEW_TOKENS)
+
+
+def test_max_cpu_isa_avx2_plans_an_avx2_machine_on_any_machine(tiny_model_factory) -> None:
+    """The plan an AVX2-only CPU gets, wherever the test runs: float32, token for token."""
+    model_dir = tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)
+    llm = LLM(str(model_dir), max_cpu_isa="avx2")
+    assert llm.engine.plan.dtype == "float32" and llm.engine.cpu.isa in ("default", "avx2")
+    prompts = random_prompts((7, 64), seed=4)
+    for prompt, output in zip(prompts, llm.generate(prompts, GREEDY)):
+        assert output.token_ids == hf_greedy_generate(model_dir, prompt, NEW_TOKENS)
+
+
+def test_explicit_bfloat16_runs_on_every_cpu(tiny_model_factory) -> None:
+    """`--dtype bfloat16` is honoured without native bf16 too (unpacked, by conversion)."""
+    model_dir = tiny_model_factory("llama", weights_dtype=torch.bfloat16)
+    llm = LLM(str(model_dir), dtype="bfloat16")
+    caps = detect_cpu_capabilities()
+    assert llm.engine.plan.dtype == "bfloat16"
+    assert llm.engine.plan.pack_weights == caps.can_pack("bfloat16")
+    prompts = random_prompts((9, 50), seed=5)
+    for prompt, output in zip(prompts, llm.generate(prompts, GREEDY)):
+        assert_greedy_matches_hf(model_dir, prompt, output.token_ids, BF16_TIE_TOLERANCE)
 
 
 @pytest.mark.parametrize(

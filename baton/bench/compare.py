@@ -31,6 +31,7 @@ from typing import Any
 
 from baton.bench.compare_report import level_runs, print_tables
 from baton.bench.gguf_export import cached_gguf
+from baton.bench.machine import describe_machine, machine_line
 from baton.bench.offline import Workload, run_transformers
 from baton.bench.peers import (
     ServerCommand,
@@ -49,6 +50,9 @@ from baton.bench.serving import (
 )
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
 from baton.cpu_binding import default_num_threads
+from baton.engine.checkpoint import load_model_config
+from baton.engine.compute_plan import DTYPES, choose_compute_plan
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--model", default=None, help="HF checkpoint folder (else --shape)")
     group.add_argument("--shape", choices=sorted(SHAPES), help="random weights of a named shape")
     group.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
-    group.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    group.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", *DTYPES],
+        help="what every engine computes in; auto (default): each engine's own choice, on bf16 "
+        "weights for a shape (transformers: Baton's plan for this CPU)",
+    )
     group.add_argument("--engines", default=",".join(ENGINES), help="comma-separated, in order")
     group.add_argument("--baton-args", default="", help='extra flags, e.g. "--disable-overlap"')
     group.add_argument("--vllm-python", default=None, help="a Python with vllm installed")
@@ -96,7 +106,24 @@ def resolve_model(args: argparse.Namespace) -> str:
         raise SystemExit("give --model or --shape, not both")
     if args.model:
         return str(Path(args.model).resolve())
-    return str(materialize_shape(args.shape or "tiny", args.cache_dir, args.dtype))
+    # Shapes are stored in bf16 under `auto`, as real checkpoints are.
+    stored = "bfloat16" if args.dtype == "auto" else args.dtype
+    return str(materialize_shape(args.shape or "tiny", args.cache_dir, stored))
+
+
+def stored_dtype(args: argparse.Namespace, model: str) -> str:
+    """The dtype of the weights handed to llama.cpp: --dtype, or the checkpoint's own."""
+    if args.dtype != "auto":
+        return args.dtype
+    return load_model_config(model).torch_dtype or "float32"
+
+
+def transformers_dtype(args: argparse.Namespace, model: str) -> str:
+    """transformers computes what Baton computes here: --dtype, or Baton's plan for this CPU."""
+    if args.dtype != "auto":
+        return args.dtype
+    checkpoint_dtype = load_model_config(model).torch_dtype
+    return choose_compute_plan("auto", checkpoint_dtype, "cpu", detect_cpu_capabilities()).dtype
 
 
 def server_command(
@@ -114,9 +141,10 @@ def server_command(
     if args.gguf:
         gguf = args.gguf
     elif args.model:
-        gguf = gguf_for_llama(args.llama_server, Path(model), args.dtype, work_dir)
+        gguf = gguf_for_llama(args.llama_server, Path(model), stored_dtype(args, model), work_dir)
     else:  # a shape, whose byte tokenizer llama.cpp's converter does not know: Baton writes it
-        gguf = cached_gguf(Path(model), args.dtype, args.cache_dir.expanduser() / "gguf")
+        gguf_dir = args.cache_dir.expanduser() / "gguf"
+        gguf = cached_gguf(Path(model), stored_dtype(args, model), gguf_dir)
     if gguf is None:
         raise EngineSkipped("no --gguf, and no convert_hf_to_gguf.py + gguf package to make one")
     # A slot per request in flight at the sweep's highest level.
@@ -163,11 +191,12 @@ def transformers_workload(args: argparse.Namespace, model: str) -> Workload:
 def run_transformers_engine(args: argparse.Namespace, model: str) -> dict[str, Any]:
     """Each level's requests through transformers offline, in static batches of the level."""
     results = []
+    dtype = transformers_dtype(args, model)
     for index, level in enumerate(concurrency_levels(args)):
         workload = transformers_workload(sweep_level_args(args, index, level), model)
         batch_size = args.hf_batch_size or level or 16
         # Every core: offline, nothing else needs one.
-        result = run_transformers(model, args.dtype, workload, batch_size, default_num_threads())
+        result = run_transformers(model, dtype, workload, batch_size, default_num_threads())
         results.append(result.to_dict())
         gc.collect()
     return {"results": results}
@@ -196,6 +225,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if unknown := set(engines) - set(ENGINES):
         raise SystemExit(f"unknown engines {sorted(unknown)}; known: {', '.join(ENGINES)}")
     model = resolve_model(args)
+    machine = describe_machine()  # before any engine starts: the machine is quiet
+    print(machine_line(machine), flush=True)
     records: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="baton-compare-") as work:
         for engine in engines:
@@ -205,8 +236,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 runner = functools.partial(run_server_engine, engine, args, model, Path(work))
             records[engine] = run_engine(engine, runner)
     runs = level_runs(concurrency_levels(args), records)
+    print(machine_line(machine))
     print_tables(runs)
     report = {
+        "machine": machine,
         "model": model,
         "shape": args.shape,
         "dtype": args.dtype,

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import torch
 
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
@@ -112,7 +113,7 @@ def run_baton(config: BatonConfig, workload: Workload) -> EngineResult:
         start = time.perf_counter()
         outputs = llm.generate(workload.prompts, params)
         elapsed = time.perf_counter() - start
-        dtype = str(llm.engine.dtype).removeprefix("torch.")
+        plan, cpu = llm.engine.plan, llm.engine.cpu
         num_threads = llm.engine.num_threads
     finally:
         llm.scheduler.shutdown()
@@ -120,7 +121,9 @@ def run_baton(config: BatonConfig, workload: Workload) -> EngineResult:
     if generated != workload.output_lens:
         logger.warning("Baton generated lengths differ from the requested ones")
     details = {
-        "dtype": dtype,
+        "dtype": plan.dtype,
+        "compute_plan": msgspec.to_builtins(plan),
+        "cpu": msgspec.to_builtins(cpu),
         "disable_overlap": config.disable_overlap,
         "num_threads": num_threads,
     }
@@ -197,7 +200,6 @@ def build_parser() -> argparse.ArgumentParser:
     """The benchmark flags (vLLM's names) plus every engine flag of `baton.config`."""
     parser = argparse.ArgumentParser(prog="python -m baton.bench.offline", description=__doc__)
     add_config_args(parser)  # defines --model, --dtype and --seed too
-    parser.set_defaults(dtype="bfloat16")
     group = parser.add_argument_group("benchmark")
     group.add_argument("--shape", choices=sorted(SHAPES), help="random weights of a named shape")
     group.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
@@ -223,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("give --model or --shape, not both")
     shape = SHAPES[args.shape or "tiny"]
     if args.model is None:
+        # bf16 weights, as real checkpoints; `--dtype auto` computes them as this CPU's plan says.
         weights_dtype = "bfloat16" if args.dtype == "auto" else args.dtype
         model = str(materialize_shape(shape.name, args.cache_dir, weights_dtype))
     else:
@@ -240,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gc.collect()  # free Baton's weights and KV pool before transformers loads its copy
     hf = None
     if args.compare_hf:
-        # Same dtype and as many math threads as Baton's engine: only the engines differ.
+        # Same compute dtype and as many math threads as Baton's engine: only the engines differ.
         details = baton.details
         hf = run_transformers(
             model, details["dtype"], workload, args.hf_batch_size, details["num_threads"]

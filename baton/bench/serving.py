@@ -164,6 +164,18 @@ async def fetch_model(session: aiohttp.ClientSession, base_url: str) -> str:
         return (await response.json())["data"][0]["id"]
 
 
+async def fetch_server_info(session: aiohttp.ClientSession, base_url: str) -> dict | None:
+    """Baton's GET /server_info (the machine and the engine's compute plan); None from servers
+    without one."""
+    try:
+        async with session.get(f"{base_url}/server_info") as response:
+            if response.status == 200:
+                return await response.json()
+    except (aiohttp.ClientError, ValueError):
+        pass
+    return None
+
+
 def workload_from_args(args: argparse.Namespace) -> list[BenchRequest]:
     """The requests the parsed serving flags describe (seeded: the same for every engine)."""
     return build_workload(
@@ -235,6 +247,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         records = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
         progress.close()
+        server_info = await fetch_server_info(session, base_url)
     result = compute_metrics(records, duration)
     if errors := result["errors"]:
         distinct = list(dict.fromkeys(errors))
@@ -250,6 +263,7 @@ async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "burstiness": args.burstiness,
         "max_concurrency": args.max_concurrency,
         "seed": args.seed,
+        "server_info": server_info,
         **result,
     }
 

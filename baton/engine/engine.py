@@ -11,6 +11,8 @@ from baton.cpu_binding import bind_engine_thread
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.select import make_attention_backend
 from baton.engine.checkpoint import Checkpoint, load_checkpoint
+from baton.engine.compute_plan import choose_compute_plan
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
@@ -18,25 +20,7 @@ from baton.engine.sampler import Sampler, SamplingBatch
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(
-    requested: str, checkpoint_dtype: str | None, device: torch.device
-) -> torch.dtype:
-    """`auto` takes the checkpoint's dtype; float16 becomes bfloat16 on CPU (no fp16 kernels)."""
-    name = requested
-    if requested == "auto":
-        name = checkpoint_dtype if checkpoint_dtype in _DTYPES else "float32"
-        if name == "float16" and device.type == "cpu":
-            name = "bfloat16"
-    if name not in _DTYPES:
-        raise ValueError(
-            f"unsupported dtype {requested!r}; choose auto, float32, bfloat16, float16"
-        )
-    if name == "float16" and device.type == "cpu":
-        raise ValueError("float16 is supported on CUDA only; use bfloat16 or float32 on CPU")
-    return _DTYPES[name]
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class Engine:
@@ -57,13 +41,20 @@ class Engine:
         model_config = self.checkpoint.config
         self.model_config = model_config
         self.device = torch.device(config.device)
-        self.dtype = resolve_dtype(config.dtype, model_config.torch_dtype, self.device)
+        self.cpu = detect_cpu_capabilities(config.max_cpu_isa)
+        self.plan = choose_compute_plan(
+            config.dtype, model_config.torch_dtype, self.device.type, self.cpu
+        )
+        logger.info("CPU: %s", self.cpu.summary())
+        logger.info("compute plan: %s", self.plan.summary())
+        self.dtype = _TORCH_DTYPES[self.plan.dtype]
         self.max_model_len = model_config.served_context_length(config.max_model_len)
         self.page_size = config.page_size
         self.num_pages = config.num_pages or self._pages_from_budget(config)
         self.model = CausalLM(model_config, self.dtype, self.device)
         self.model.load_weights(self.checkpoint.iter_weights())
-        self.model.pack_linear_weights()
+        if self.plan.pack_weights:
+            self.model.pack_linear_weights()
         self.kv_pool = KVPool(
             model_config.num_layers,
             self.num_pages,

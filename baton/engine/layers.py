@@ -19,17 +19,6 @@ def empty_parameter(*shape: int, dtype: torch.dtype, device: torch.device | str)
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def can_pack_for_cpu(weight: torch.Tensor) -> bool:
-    """Whether `weight` can be reordered once into oneDNN's blocked layout (CPU, float32/bf16,
-    a torch built with oneDNN)."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
-
-
 class Linear(nn.Module):
     """`y = x W^T (+ b)` with HF's [out_features, in_features] weight layout."""
 
@@ -52,8 +41,8 @@ class Linear(nn.Module):
         F.linear on CPU hands oneDNN the plain bf16 weight and pays a reorder on every call; a
         packed weight skips it: 1.3-3x faster at decode sizes, bit-identical results (float32
         F.linear goes to a BLAS instead, summing in another order: 2x slower, same to rounding).
-        The packed weight is opaque, so this comes after loading, and only where
-        `can_pack_for_cpu` holds.
+        The packed weight is opaque, so this comes after loading, and only where the compute
+        plan packs (`ComputePlan.pack_weights`).
         """
         # The batch-size hint only picks the blocking; measured the same from 1 to 64 rows.
         packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), 1)

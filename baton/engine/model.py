@@ -23,7 +23,6 @@ from baton.engine.layers import (
     RMSNorm,
     RotaryEmbedding,
     apply_rope,
-    can_pack_for_cpu,
     empty_parameter,
     rms_norm,
 )
@@ -177,13 +176,14 @@ class CausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def pack_linear_weights(self) -> None:
-        """Pack every linear layer's weight for oneDNN, where supported (see Linear.pack_for_cpu).
+        """Pack every linear layer's weight for oneDNN (see Linear.pack_for_cpu).
 
-        Call after `load_weights`. A tied LM head gets its own packed copy; the embedding keeps
-        the plain weight for its lookups.
+        Call after `load_weights`, where the compute plan says so (`ComputePlan.pack_weights`:
+        oneDNN cannot pack every dtype on every CPU). A tied LM head gets its own packed copy;
+        the embedding keeps the plain weight for its lookups.
         """
         for module in self.modules():
-            if isinstance(module, Linear) and can_pack_for_cpu(module.weight):
+            if isinstance(module, Linear):
                 module.pack_for_cpu()
 
     @torch.no_grad()

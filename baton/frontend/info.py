@@ -1,9 +1,11 @@
-"""Routes that describe the server: `GET /v1/models`, `GET /health`, `GET /metrics`."""
+"""Routes that describe the server: `GET /v1/models`, `GET /server_info`, `GET /health`,
+`GET /metrics`."""
 
 from __future__ import annotations
 
 import asyncio
 
+import msgspec
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -42,6 +44,26 @@ async def list_models(request: Request) -> Response:
         "max_model_len": state.max_model_len,
     }
     return json_response({"object": "list", "data": [model]})
+
+
+@router.get("/server_info")
+async def server_info(request: Request) -> Response:
+    """The machine, the engine's compute plan on it, and the scheduler's state (SGLang's
+    /server_info): what a benchmark records beside its figures."""
+    state = frontend_state(request)
+    stats = await scheduler_stats(state)
+    if stats is None:
+        raise OpenAIError(503, "the pipeline is not answering")
+    scheduler = msgspec.to_builtins(stats)
+    return json_response(
+        {
+            "model": state.model_name,
+            "max_model_len": state.max_model_len,
+            "cpu": scheduler.pop("cpu"),
+            "compute_plan": scheduler.pop("compute_plan"),
+            "scheduler": scheduler,
+        }
+    )
 
 
 @router.get("/health")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import msgspec
 
+from baton.engine.compute_plan import ComputePlan, CpuCapabilities
+
 
 class RequestStats(msgspec.Struct, kw_only=True):
     """Per-request figures, returned with the final output. Times in seconds."""
@@ -59,3 +61,6 @@ class AggregateStats(msgspec.Struct, kw_only=True):
     preemptions: int
     uptime: float
     generation_throughput: float  # generated tokens per second of uptime
+    # The machine and how the engine computes on it: every figure read off this server names them.
+    cpu: CpuCapabilities
+    compute_plan: ComputePlan

@@ -236,7 +236,10 @@ class Scheduler:
 
     # --- stats -------------------------------------------------------------------------------
     def aggregate_stats(self) -> AggregateStats:
-        return self.stats.aggregate(len(self.running), len(self.waiting), self.kv)
+        engine = self.engine
+        return self.stats.aggregate(
+            len(self.running), len(self.waiting), self.kv, engine.cpu, engine.plan
+        )
 
     def shutdown(self) -> None:
         """Stop the engine thread once the batch it computes is done."""

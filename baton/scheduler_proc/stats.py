@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from baton.engine.compute_plan import ComputePlan, CpuCapabilities
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.outputs import AggregateStats, RequestStats, StepOutput, TokenLogprob
 from baton.scheduler_proc.sequence import Sequence
@@ -58,8 +59,15 @@ class StatsCollector:
             stats=stats,
         )
 
-    def aggregate(self, running: int, waiting: int, kv: KVCacheManager) -> AggregateStats:
-        """A snapshot of scheduler-wide state and totals."""
+    def aggregate(
+        self,
+        running: int,
+        waiting: int,
+        kv: KVCacheManager,
+        cpu: CpuCapabilities,
+        compute_plan: ComputePlan,
+    ) -> AggregateStats:
+        """A snapshot of scheduler-wide state and totals, with the engine's machine and plan."""
         uptime = time.monotonic() - self.started
         free = kv.allocator.num_free
         cached = kv.cache.num_cached_pages
@@ -77,4 +85,6 @@ class StatsCollector:
             preemptions=self.preemptions,
             uptime=uptime,
             generation_throughput=self.generated_tokens / uptime if uptime > 0 else 0.0,
+            cpu=cpu,
+            compute_plan=compute_plan,
         )

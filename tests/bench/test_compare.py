@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from baton.bench import compare
@@ -22,6 +23,8 @@ from baton.bench.peers import (
     vllm_command,
 )
 from baton.config import add_config_args, config_from_args
+from baton.engine.compute_plan import CpuCapabilities
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
 
 # Keep the test engine's KV pool small: the default budget would zero-fill gigabytes.
 SMALL_POOL = "--num-gpu-blocks-override 64"
@@ -156,7 +159,7 @@ def test_compare_sweeps_baton_and_transformers(tmp_path: Path, tiny_qwen2_dir: P
     workload = ["--num-prompts", "8", "--random-input-len", "16", "--random-output-len", "16"]
     compare.main(
         [
-            "--model", str(tiny_qwen2_dir), "--dtype", "float32",
+            "--model", str(tiny_qwen2_dir),  # --dtype auto: each engine's own choice
             "--engines", "baton,transformers", "--baton-args", SMALL_POOL,
             *workload, "--concurrency-sweep", "2,4", "--disable-tqdm",
             "--output-json", str(output), "--plot", str(plots),
@@ -169,6 +172,15 @@ def test_compare_sweeps_baton_and_transformers(tmp_path: Path, tiny_qwen2_dir: P
     assert [result["max_concurrency"] for result in baton["results"]] == [2, 4]
     assert [result["seed"] for result in baton["results"]] == [0, 1]
     assert [result["details"]["batch_size"] for result in hf["results"]] == [2, 4]
+    # The machine is named, and Baton's server reports the plan it chose on it: float32 for this
+    # float32 checkpoint on every CPU, which transformers computes in too.
+    caps = detect_cpu_capabilities()
+    assert msgspec.convert(report["machine"]["cpu"], CpuCapabilities) == caps
+    assert report["machine"]["copy_gb_per_s"] > 0
+    for result in baton["results"]:
+        assert msgspec.convert(result["server_info"]["cpu"], CpuCapabilities) == caps
+        assert result["server_info"]["compute_plan"]["dtype"] == "float32"
+    assert {result["details"]["dtype"] for result in hf["results"]} == {"float32"}
     assert [run["max_concurrency"] for run in report["runs"]] == [2, 4]
     for index, run in enumerate(report["runs"]):
         ours, theirs = baton["results"][index], hf["results"][index]

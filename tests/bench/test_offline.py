@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 from safetensors import safe_open
@@ -14,6 +15,8 @@ from baton.bench.offline import main
 from baton.bench.shapes import SHAPES, materialize_shape
 from baton.cpu_binding import default_num_threads
 from baton.engine.checkpoint import load_checkpoint
+from baton.engine.compute_plan import CpuCapabilities
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
 
 # Qwen2.5-0.5B's published parameter count (tied embeddings counted once).
 QWEN25_05B_PARAMETERS = 494_032_768
@@ -83,7 +86,12 @@ def test_random_lengths_and_transformers_comparison(tmp_path: Path) -> None:
     baton, hf = result["baton"], result["transformers"]
     assert baton["output_tokens"] == hf["output_tokens"] == sum(output_lens)
     assert baton["details"]["num_threads"] == hf["details"]["num_threads"] == 1
-    assert (hf["details"]["dtype"], hf["details"]["batch_size"]) == ("bfloat16", 4)
+    # The shape is stored in bf16; both engines compute in the dtype this CPU's plan chose.
+    plan_dtype = "bfloat16" if detect_cpu_capabilities().native_bf16 else "float32"
+    assert baton["details"]["dtype"] == baton["details"]["compute_plan"]["dtype"] == plan_dtype
+    assert (hf["details"]["dtype"], hf["details"]["batch_size"]) == (plan_dtype, 4)
+    # Every figure names the machine that made it.
+    assert msgspec.convert(baton["details"]["cpu"], CpuCapabilities) == detect_cpu_capabilities()
     assert hf["details"]["wasted_tokens"] == hf_waste(output_lens, 4)
     assert result["baton_vs_transformers"] == pytest.approx(
         baton["output_throughput"] / hf["output_throughput"]

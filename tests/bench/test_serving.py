@@ -33,7 +33,7 @@ RESULT_KEYS = {
     "burstiness", "max_concurrency", "seed", "duration", "completed", "failed",
     "total_input_tokens", "total_output_tokens", "request_throughput", "input_throughput",
     "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts", "tpots",
-    "itls", "e2els", "errors",
+    "itls", "e2els", "errors", "server_info",
 } | {f"{stat}_{metric}_ms" for stat in STATS for metric in METRICS}  # fmt: skip
 
 
@@ -276,6 +276,7 @@ def test_main_writes_stable_json_schema(tmp_path: Path, capsys: pytest.CaptureFi
     result = json.loads(out.read_text())
     assert set(result) == RESULT_KEYS
     assert result["request_rate"] == "inf" and result["completed"] == 3
+    assert result["server_info"] is None  # a server without Baton's GET /server_info
     assert "Mean TTFT (ms):" in capsys.readouterr().out
 
 

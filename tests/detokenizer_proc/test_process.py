@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from helpers import SAMPLE_CPU, SAMPLE_PLAN
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from baton.addresses import ServerAddresses
@@ -256,6 +257,8 @@ def test_request_failed_and_forwarded_stats_become_replies(
         preemptions=0,
         uptime=1.5,
         generation_throughput=13.3,
+        cpu=SAMPLE_CPU,
+        compute_plan=SAMPLE_PLAN,
     )
     handled = service.handle_message(
         ForwardedStats(client_id=CLIENT_A, request_id="s1", stats=stats)

@@ -10,9 +10,12 @@ import asyncio
 from collections.abc import Iterator
 
 import httpx
+import msgspec
 import pytest
 
 from baton.config import BatonConfig
+from baton.engine.compute_plan import ComputePlan, CpuCapabilities, choose_compute_plan
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
 
 VALID = {"prompt": "Once upon a time", "max_tokens": 4}
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
@@ -160,6 +163,17 @@ def test_server_keeps_serving_after_errors(http: httpx.Client) -> None:
     assert [model["id"] for model in http.get("/v1/models").json()["data"]] == ["baton-default"]
     named = http.post("/v1/completions", json={**VALID, "model": "baton-default"})
     assert named.status_code == 200
+
+
+def test_server_info_names_the_machine_and_the_compute_plan(http: httpx.Client) -> None:
+    info = http.get("/server_info").json()
+    caps = detect_cpu_capabilities()  # the server runs here, under the same environment
+    assert msgspec.convert(info["cpu"], CpuCapabilities) == caps
+    # run_frontend asks for float32 (the built-in model's own dtype): packed where oneDNN can.
+    plan = choose_compute_plan("float32", "float32", "cpu", caps)
+    assert msgspec.convert(info["compute_plan"], ComputePlan) == plan
+    assert info["model"] == "baton-default" and info["max_model_len"] == 512
+    assert info["scheduler"]["total_pages"] > 0 and "cpu" not in info["scheduler"]
 
 
 def test_api_key_is_required_on_v1_only(restricted_frontend: BatonConfig) -> None:

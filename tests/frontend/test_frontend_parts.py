@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import SAMPLE_CPU, SAMPLE_PLAN
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
@@ -129,7 +130,8 @@ def test_metrics_observe_requests_and_stats() -> None:
     stats = AggregateStats(
         running_requests=2, waiting_requests=1, total_pages=10, free_pages=5, cached_pages=1,
         used_pages=4, finished_requests=3, prompt_tokens=30, cached_prompt_tokens=8,
-        generated_tokens=40, preemptions=1, uptime=1.0, generation_throughput=40.0,
+        generated_tokens=40, preemptions=1, uptime=1.0, generation_throughput=40.0, cpu=SAMPLE_CPU,
+        compute_plan=SAMPLE_PLAN,
     )  # fmt: skip
     samples = {
         (sample.name, sample.labels.get("finished_reason")): sample.value

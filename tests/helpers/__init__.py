@@ -6,6 +6,7 @@ from helpers.hf_reference import (
     hf_logits,
     load_hf_model,
 )
+from helpers.machines import SAMPLE_CPU, SAMPLE_PLAN
 from helpers.ports import free_port, free_port_pair
 from helpers.tiny_models import (
     BOS_ID,
@@ -23,6 +24,8 @@ __all__ = [
     "EOS_ID",
     "EXTRA_EOS_ID",
     "PAD_ID",
+    "SAMPLE_CPU",
+    "SAMPLE_PLAN",
     "TINY_VARIANTS",
     "VOCAB_SIZE",
     "assert_greedy_matches_hf",

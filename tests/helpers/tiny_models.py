@@ -120,11 +120,16 @@ def write_tiny_checkpoint(
     variant: str,
     seed: int = 0,
     max_shard_size: str | None = None,
+    weights_dtype: torch.dtype = torch.float32,
     **config_overrides: Any,
 ) -> Path:
-    """Save a tiny `variant` checkpoint (weights, config, tokenizer, generation config)."""
+    """Save a tiny `variant` checkpoint (weights, config, tokenizer, generation config).
+
+    `weights_dtype=torch.bfloat16` stores bf16 weights and `"dtype": "bfloat16"` in config.json,
+    as most real checkpoints do.
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    model = tiny_hf_model(variant, seed, **config_overrides)
+    model = tiny_hf_model(variant, seed, **config_overrides).to(weights_dtype)
     if max_shard_size is None:
         model.save_pretrained(directory)
     else:

@@ -1,0 +1,121 @@
+"""What this CPU can do, and the compute plan chosen from it: a pure function, tested per CPU kind.
+
+Detection (`baton/engine/cpu_capabilities.py`) fills a `CpuCapabilities` once at start-up; the
+plan is `choose_compute_plan(requested dtype, checkpoint dtype, device, capabilities)`, so every
+kind of machine (AVX2-only, AVX-512, AVX512_BF16, AMX) is tested wherever the tests run. Both are
+msgspec Structs: they travel unchanged to `/server_info` and into benchmark JSON. Torch-free.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+# ISA levels, lowest first; a level implies the ones before it (as torch and oneDNN dispatch).
+ISA_LEVELS = ("default", "avx2", "avx512", "avx512_bf16", "amx")
+DTYPES = ("float32", "bfloat16", "float16")
+
+# Why a bf16 checkpoint computes in float32 without native bf16 (AMD EPYC Zen 3, AVX2, 1 thread,
+# torch 2.13): unpacked bf16 F.linear against float32 at 16-128 rows, tiny and 0.5B-shape layers.
+EMULATED_BF16_COST = "emulated bf16 GEMMs measured 3-10x slower than float32 at 16-128 rows"
+
+
+def isa_rank(isa: str) -> int:
+    """The position of `isa` in ISA_LEVELS (ValueError for an unknown name)."""
+    if isa not in ISA_LEVELS:
+        raise ValueError(f"unknown CPU ISA {isa!r}; choose one of {', '.join(ISA_LEVELS)}")
+    return ISA_LEVELS.index(isa)
+
+
+class CpuCapabilities(msgspec.Struct, frozen=True, kw_only=True):
+    """The CPU as the engine sees it: the figures of any benchmark belong to one of these.
+
+    `isa` is the highest level usable here, after the caps of ATEN_CPU_CAPABILITY,
+    ONEDNN_MAX_CPU_ISA and `--max-cpu-isa` (`limited_by` names the one that bit, if any);
+    `packable_dtypes` are the weight dtypes oneDNN was seen to pack and multiply correctly.
+    """
+
+    model_name: str
+    num_cpus: int
+    isa: str
+    detected_isa: str
+    limited_by: str | None
+    flags: tuple[str, ...]
+    torch_capability: str
+    packable_dtypes: tuple[str, ...]
+
+    def summary(self) -> str:
+        """One line for logs and reports."""
+        limit = (
+            f" (limited by {self.limited_by}; has {self.detected_isa})" if self.limited_by else ""
+        )
+        packs = ", ".join(self.packable_dtypes) or "nothing"
+        return (
+            f"{self.model_name}, {self.num_cpus} cores, ISA {self.isa}{limit}; oneDNN packs {packs}"
+        )
+
+    @property
+    def native_bf16(self) -> bool:
+        """bf16 GEMMs run in hardware (AVX512_BF16 or AMX), not by conversion."""
+        return isa_rank(self.isa) >= isa_rank("avx512_bf16") and self.can_pack("bfloat16")
+
+    def can_pack(self, dtype: str) -> bool:
+        """oneDNN can hold weights of `dtype` in its blocked layout on this CPU.
+
+        bf16 packing also needs AVX-512 (oneDNN's bf16 path: avx512bw/vl/dq), so a cap below it
+        turns packing off even where the hardware would allow it.
+        """
+        if dtype == "bfloat16" and isa_rank(self.isa) < isa_rank("avx512"):
+            return False
+        return dtype in self.packable_dtypes
+
+
+class ComputePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """How the engine computes: the dtype of weights, activations and KV cache, whether linear
+    weights are packed for oneDNN, and why (logged at start-up)."""
+
+    dtype: str
+    pack_weights: bool
+    reason: str
+
+    def summary(self) -> str:
+        """One line for logs and reports."""
+        packed = ", packed weights" if self.pack_weights else ""
+        return f"{self.dtype}{packed}, because {self.reason}"
+
+
+def choose_compute_plan(
+    requested: str, checkpoint_dtype: str | None, device_type: str, caps: CpuCapabilities
+) -> ComputePlan:
+    """The plan for `--dtype requested` on a checkpoint stored in `checkpoint_dtype`.
+
+    `auto` keeps the checkpoint's dtype where this device computes it natively; on a CPU without
+    native bf16 a half-precision checkpoint computes in float32 (EMULATED_BF16_COST). An explicit
+    dtype is always honoured where the device has kernels for it. ValueError for a dtype the
+    device cannot compute.
+    """
+    if requested != "auto" and requested not in DTYPES:
+        raise ValueError(f"unsupported dtype {requested!r}; choose auto, {', '.join(DTYPES)}")
+    if device_type != "cpu":
+        dtype = requested
+        if requested == "auto":
+            dtype = checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"
+        return ComputePlan(dtype=dtype, pack_weights=False, reason=f"{device_type}: as requested")
+    if requested == "float16":
+        raise ValueError("float16 is supported on CUDA only; use bfloat16 or float32 on CPU")
+    if requested != "auto":
+        dtype, reason = requested, "--dtype " + requested
+    elif checkpoint_dtype in ("bfloat16", "float16"):
+        if caps.native_bf16:
+            dtype, reason = "bfloat16", f"{checkpoint_dtype} checkpoint, native bf16 ({caps.isa})"
+        else:
+            dtype = "float32"
+            reason = (
+                f"{checkpoint_dtype} checkpoint, but this CPU ({caps.isa}) has no native bf16: "
+                + EMULATED_BF16_COST
+            )
+    else:
+        dtype, reason = "float32", f"{checkpoint_dtype or 'unknown-dtype'} checkpoint"
+    pack = caps.can_pack(dtype)
+    if not pack:
+        reason += f"; {dtype} weights not packed (oneDNN cannot pack them here)"
+    return ComputePlan(dtype=dtype, pack_weights=pack, reason=reason)

@@ -1,0 +1,212 @@
+"""The compute plan per kind of CPU (a pure function, so every kind is tested on any machine),
+and the detection that feeds it."""
+
+from __future__ import annotations
+
+import pytest
+from msgspec.structs import replace
+
+from baton.engine.compute_plan import CpuCapabilities, choose_compute_plan, isa_rank
+from baton.engine.cpu_capabilities import (
+    detect_cpu_capabilities,
+    isa_from_flags,
+    onednn_isa_cap,
+    parse_cpuinfo,
+)
+
+# What detection reported (or would report) on the machines seen here.
+ZEN3 = CpuCapabilities(
+    model_name="AMD EPYC (family 25, model 1)",
+    num_cpus=2,
+    isa="avx2",
+    detected_isa="avx2",
+    limited_by=None,
+    flags=("avx2", "fma"),
+    torch_capability="AVX2",
+    packable_dtypes=("float32",),
+)
+SKYLAKE = CpuCapabilities(
+    model_name="Intel Xeon (family 6, model 85)",
+    num_cpus=2,
+    isa="avx512",
+    detected_isa="avx512",
+    limited_by=None,
+    flags=("avx2", "avx512bw", "avx512dq", "avx512f", "avx512vl", "fma"),
+    torch_capability="AVX512",
+    packable_dtypes=("float32", "bfloat16"),
+)
+ZEN5 = CpuCapabilities(
+    model_name="AMD EPYC (family 26, model 2)",
+    num_cpus=2,
+    isa="avx512_bf16",
+    detected_isa="avx512_bf16",
+    limited_by=None,
+    flags=("avx2", "avx512_bf16", "avx512bw", "avx512dq", "avx512f", "avx512vl", "fma"),
+    torch_capability="AVX512",
+    packable_dtypes=("float32", "bfloat16"),
+)
+SAPPHIRE_RAPIDS = replace(
+    ZEN5, model_name="Intel Xeon (family 6, model 143)", isa="amx", detected_isa="amx"
+)
+# The AMX machine run as `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`: bf16 packing fails.
+AMX_AS_AVX2 = replace(
+    SAPPHIRE_RAPIDS,
+    isa="avx2",
+    detected_isa="amx",
+    limited_by="ATEN_CPU_CAPABILITY",
+    torch_capability="AVX2",
+    packable_dtypes=("float32",),
+)
+
+
+@pytest.mark.parametrize(
+    ("caps", "dtype", "packed"),
+    [
+        (ZEN3, "float32", True),
+        (AMX_AS_AVX2, "float32", True),
+        (SKYLAKE, "float32", True),  # bf16 by conversion only: float32 is faster
+        (ZEN5, "bfloat16", True),
+        (SAPPHIRE_RAPIDS, "bfloat16", True),
+    ],
+    ids=["zen3-avx2", "amx-as-avx2", "avx512", "avx512_bf16", "amx"],
+)
+@pytest.mark.parametrize("checkpoint_dtype", ["bfloat16", "float16"])
+def test_auto_on_a_half_precision_checkpoint_picks_native_bf16_or_float32(
+    caps: CpuCapabilities, dtype: str, packed: bool, checkpoint_dtype: str
+) -> None:
+    plan = choose_compute_plan("auto", checkpoint_dtype, "cpu", caps)
+    assert (plan.dtype, plan.pack_weights) == (dtype, packed)
+    assert caps.isa in plan.reason and checkpoint_dtype in plan.reason
+    if dtype == "float32":
+        assert "no native bf16" in plan.reason
+
+
+@pytest.mark.parametrize("caps", [ZEN3, SKYLAKE, ZEN5, SAPPHIRE_RAPIDS, AMX_AS_AVX2])
+@pytest.mark.parametrize("checkpoint_dtype", ["float32", None])
+def test_auto_on_a_float32_checkpoint_stays_float32(
+    caps: CpuCapabilities, checkpoint_dtype: str | None
+) -> None:
+    plan = choose_compute_plan("auto", checkpoint_dtype, "cpu", caps)
+    assert (plan.dtype, plan.pack_weights) == ("float32", True)
+
+
+@pytest.mark.parametrize(
+    ("caps", "packed"),
+    [(ZEN3, False), (AMX_AS_AVX2, False), (SKYLAKE, True), (ZEN5, True), (SAPPHIRE_RAPIDS, True)],
+)
+def test_explicit_bfloat16_is_honoured_everywhere_packed_only_where_onednn_can(
+    caps: CpuCapabilities, packed: bool
+) -> None:
+    plan = choose_compute_plan("bfloat16", "bfloat16", "cpu", caps)
+    assert (plan.dtype, plan.pack_weights) == ("bfloat16", packed)
+    if not packed:
+        assert "not packed" in plan.reason
+
+
+def test_a_cap_below_avx512_turns_bf16_packing_off_even_if_the_probe_passed() -> None:
+    capped = replace(ZEN5, isa="avx2", limited_by="--max-cpu-isa")
+    assert not capped.native_bf16 and not capped.can_pack("bfloat16") and capped.can_pack("float32")
+    assert choose_compute_plan("auto", "bfloat16", "cpu", capped).dtype == "float32"
+
+
+def test_float16_is_refused_on_cpu_and_unknown_dtypes_everywhere() -> None:
+    with pytest.raises(ValueError, match="float16 is supported on CUDA only"):
+        choose_compute_plan("float16", "bfloat16", "cpu", ZEN5)
+    with pytest.raises(ValueError, match="unsupported dtype 'int8'"):
+        choose_compute_plan("int8", "bfloat16", "cpu", ZEN5)
+
+
+def test_cuda_keeps_the_checkpoint_dtype_and_never_packs() -> None:
+    assert choose_compute_plan("auto", "float16", "cuda", ZEN3).dtype == "float16"
+    assert choose_compute_plan("auto", None, "cuda", ZEN3).dtype == "float32"
+    plan = choose_compute_plan("float16", "bfloat16", "cuda", ZEN3)
+    assert (plan.dtype, plan.pack_weights) == ("float16", False)
+
+
+ZEN3_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC
+flags\t\t: fpu sse sse2 avx f16c fma avx2 bmi2 vaes
+
+processor\t: 1
+model name\t: another
+"""
+
+
+def test_cpuinfo_names_the_generation_and_reads_the_first_processor() -> None:
+    model, flags = parse_cpuinfo(ZEN3_CPUINFO)
+    assert model == "AMD EPYC (family 25, model 1)"
+    assert {"avx2", "fma", "avx"} <= flags and "avx512f" not in flags
+    assert parse_cpuinfo("") == ("unknown", set())
+
+
+@pytest.mark.parametrize(
+    ("flags", "isa"),
+    [
+        (set(), "default"),
+        ({"avx2"}, "default"),  # AVX2 without FMA is not what torch's AVX2 kernels need
+        ({"avx2", "fma"}, "avx2"),
+        ({"avx2", "fma", "avx512f", "avx512bw", "avx512vl"}, "avx2"),  # no avx512dq
+        ({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}, "avx512"),
+        (
+            {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"},
+            "avx512_bf16",
+        ),
+        (
+            {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"}
+            | {"amx_tile", "amx_bf16"},
+            "amx",
+        ),
+        ({"avx2", "fma", "amx_tile", "amx_bf16"}, "avx2"),  # levels are cumulative
+    ],
+)
+def test_isa_from_flags(flags: set[str], isa: str) -> None:
+    assert isa_from_flags(flags) == isa
+
+
+@pytest.mark.parametrize(
+    ("value", "cap"),
+    [
+        ("", None),
+        ("ALL", None),
+        ("AVX2", "avx2"),
+        ("avx2_vnni", "avx2"),
+        ("AVX512_CORE", "avx512"),
+        ("AVX512_CORE_VNNI", "avx512"),
+        ("AVX512_CORE_BF16", "avx512_bf16"),
+        ("AVX512_CORE_AMX", "amx"),
+        ("SSE41", "default"),
+    ],
+)
+def test_onednn_max_cpu_isa_values(value: str, cap: str | None) -> None:
+    assert onednn_isa_cap(value) == cap
+
+
+def test_detection_on_this_machine_agrees_with_torch_and_onednn() -> None:
+    import torch
+
+    caps = detect_cpu_capabilities()
+    assert caps.num_cpus >= 1 and caps.torch_capability == torch.backends.cpu.get_cpu_capability()
+    assert "float32" in caps.packable_dtypes
+    if caps.torch_capability == "AVX2":
+        assert isa_rank(caps.isa) <= isa_rank("avx2") and not caps.native_bf16
+    # The probe's verdict is what packing a real bf16 weight does.
+    weight = torch.randn(64, 32).bfloat16()
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        packs = True
+    except RuntimeError:
+        packs = False
+    assert ("bfloat16" in caps.packable_dtypes) == packs
+
+
+def test_max_cpu_isa_only_lowers_the_detected_level() -> None:
+    detected = detect_cpu_capabilities()
+    capped = detect_cpu_capabilities("avx2")
+    assert isa_rank(capped.isa) == min(isa_rank(detected.isa), isa_rank("avx2"))
+    assert capped.detected_isa == detected.detected_isa
+    if isa_rank(detected.isa) > isa_rank("avx2"):
+        assert capped.limited_by == "--max-cpu-isa" and not capped.native_bf16
+    assert detect_cpu_capabilities("amx").isa == detected.isa
