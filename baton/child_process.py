@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import traceback
@@ -25,17 +25,21 @@ logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
-def child_command(module: str, config: BatonConfig, addresses: ServerAddresses) -> list[str]:
-    """The argv that starts `module` (a process's `__main__`) for this server."""
-    return [
-        sys.executable,
-        "-m",
-        module,
-        "--config",
-        msgspec.json.encode(config).decode(),
-        "--addresses",
-        addresses.to_json(),
-    ]
+class ChildSpec(msgspec.Struct, kw_only=True):
+    """What a child process is started with: written to its stdin, never on its argv, where every
+    local user could read secrets such as the API key (`ps`)."""
+
+    config: BatonConfig
+    addresses: ServerAddresses
+
+
+def start_child(module: str, config: BatonConfig, addresses: ServerAddresses) -> subprocess.Popen:
+    """Start `module` (a process's `__main__`) for this server and hand it its spec on stdin."""
+    process = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE)
+    assert process.stdin is not None
+    process.stdin.write(msgspec.json.encode(ChildSpec(config=config, addresses=addresses)))
+    process.stdin.close()
+    return process
 
 
 class ReadyReporter:
@@ -61,18 +65,14 @@ class ReadyReporter:
 def run_child(
     name: str, serve: Callable[[BatonConfig, ServerAddresses, zmq.Context, ReadyReporter], None]
 ) -> None:
-    """Parse the launcher's arguments and run `serve` until it returns or the process is stopped,
-    then exit the process (status 1 if `serve` raised).
+    """Read the launcher's ChildSpec from stdin, run `serve` until it returns or the process is
+    stopped, then exit the process (status 1 if `serve` raised).
 
     The process dies with its parent (PR_SET_PDEATHSIG), so a killed launcher leaves no orphans;
     SIGTERM and SIGINT end it quietly. A failure to start is reported to the launcher.
     """
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--addresses", required=True)
-    args = parser.parse_args()
-    config = msgspec.json.decode(args.config, type=BatonConfig)
-    addresses = ServerAddresses.from_json(args.addresses)
+    spec = msgspec.json.decode(sys.stdin.buffer.read(), type=ChildSpec)
+    config, addresses = spec.config, spec.addresses
     logging.basicConfig(
         level=config.log_level.upper(),
         format=f"%(asctime)s {name} %(levelname)s %(message)s",

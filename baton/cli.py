@@ -72,8 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `baton` console script."""
     args = build_parser().parse_args(argv)
+    # The benchmark client has no engine flags, --log-level among them.
+    level = getattr(args, "log_level", "info")
     logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+        level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     return args.handler(args)
 

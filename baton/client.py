@@ -141,6 +141,10 @@ class BatonClient:
             request.messages = list(prompt)
         else:
             request.prompt_token_ids = list(prompt)
+        if request_id in self._queues:
+            # Refused here, before it could take the first request's reply queue (which would
+            # leave the first waiting forever): the server refuses duplicates too.
+            raise ServerError("invalid_request", f"request_id {request_id!r} is already running")
         queue: asyncio.Queue = asyncio.Queue()
         self._queues[request_id] = queue
         finished = False

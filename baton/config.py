@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Literal
 
@@ -73,6 +74,13 @@ class BatonConfig:
         if self.schedule_policy not in ("prefill-first", "decode-first"):
             raise ValueError(f"unknown schedule_policy {self.schedule_policy!r}")
         validate_setting(self.omp_threads_bind)
+        if self.api_key and self.zmq_port is not None:
+            # The ZMQ client protocol carries no credentials: on tcp it would bypass the key. Its
+            # default ipc sockets sit in a 0700 directory, reachable by this user only.
+            raise ValueError(
+                "--zmq-port serves the unauthenticated ZMQ protocol over tcp, which would bypass "
+                "--api-key: drop --zmq-port (clients of this user can use its ipc sockets)"
+            )
         if self.max_cpu_isa is not None:
             isa_rank(self.max_cpu_isa)
 
@@ -165,7 +173,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="serve the ZMQ client protocol on tcp ports N and N+1 (default: ipc)",
     )
-    group.add_argument("--api-key", default=None, help="require this bearer token on the HTTP API")
+    group.add_argument(
+        "--api-key",
+        # Like vLLM's VLLM_API_KEY: a key in the environment stays out of `ps`, unlike a flag.
+        default=os.environ.get("BATON_API_KEY") or None,
+        help="require this bearer token on the HTTP API (default: $BATON_API_KEY)",
+    )
     group.add_argument("--served-model-name", default=None)
     group.add_argument(
         "--max-request-body-bytes", type=int, default=defaults.max_request_body_bytes

@@ -19,7 +19,7 @@ from types import FrameType
 import zmq
 
 from baton.addresses import ServerAddresses
-from baton.child_process import child_command
+from baton.child_process import start_child
 from baton.config import BatonConfig, add_config_args, config_from_args
 from baton.cpu_binding import AUTO, NOBIND, resolve_binding
 from baton.engine.checkpoint import CheckpointError, load_model_config
@@ -74,8 +74,7 @@ class Server:
     def start(self, timeout: float = 600.0) -> None:
         """Start the children and wait for each to report ready (ServerStartError if not)."""
         for name, module in PROCESS_MODULES.items():
-            command = child_command(module, self.config, self.addresses)
-            self.processes[name] = subprocess.Popen(command)
+            self.processes[name] = start_child(module, self.config, self.addresses)
         pending = set(self.processes)
         deadline = time.monotonic() + timeout
         while pending:
@@ -140,6 +139,8 @@ class Server:
 def run(config: BatonConfig) -> int:
     """Serve until a signal (exit 0) or a child's death (exit 1)."""
     try:
+        # Refused here in one line rather than by every child with a traceback.
+        load_model_config(config.model).served_context_length(config.max_model_len)
         config = resolve_cpu_binding(config)
     except (CheckpointError, ValueError) as error:
         logger.error("%s", error)

@@ -101,6 +101,7 @@ class RequestStarted(msgspec.Struct, tag="started", kw_only=True):
     prompt_token_ids: list[int]
     stop: list[str]
     skip_special_tokens: bool
+    min_tokens: int = 0  # stop strings are ignored until this many tokens are generated
 
 
 class RequestFailed(msgspec.Struct, tag="failed", kw_only=True):
@@ -218,6 +219,8 @@ class Codec(Generic[T]):
         """The decoded message, or None (logged) for a malformed frame."""
         try:
             return self._decoder.decode(frame)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
-            logger.warning("dropping malformed frame (%d bytes): %s", len(frame), error)
+        # Not only DecodeError/ValidationError: invalid UTF-8 in a msgpack string raises
+        # UnicodeDecodeError, and any exception here would kill the receiving process.
+        except Exception as error:
+            logger.warning("dropping malformed frame (%d bytes): %r", len(frame), error)
             return None

@@ -9,6 +9,16 @@ import msgspec
 # vLLM treats temperatures below this as greedy.
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20
+# What the engine can represent: the sampler divides float32 logits by the temperature (a larger
+# one becomes inf, then NaN probabilities), and top-k goes into an int64 tensor (any value past
+# the vocabulary keeps every token, so int32's range is plenty).
+MAX_TEMPERATURE = 3.4e38
+MAX_TOP_K = 2**31 - 1
+# Stop strings are matched against every new piece of text: bounded, so one request cannot slow
+# the detokenizer for all (OpenAI allows 4 stop strings; these bounds are generous).
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 1024
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -45,12 +55,16 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         for name in ("temperature", "top_p", "min_p"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}"
+            )
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k must be >= 1, or 0 or -1 to disable it, got {self.top_k}")
+        if not -1 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(
+                f"top_k must be in [1, {MAX_TOP_K}], or 0 or -1 to disable it, got {self.top_k}"
+            )
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -65,6 +79,13 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        stops = self.stop or ()
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+        if any(len(stop) > MAX_STOP_STRING_CHARS for stop in stops):
+            raise ValueError(f"stop strings must be at most {MAX_STOP_STRING_CHARS} characters")
+        if len(self.stop_token_ids or ()) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids")
         if vocab_size is not None:
             for token_id in self.stop_token_ids or ():
                 if not 0 <= token_id < vocab_size:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from bench.fake_openai_server import FakeOpenAIServer, FakeServerConfig
 
 from baton.cli import build_parser, main
 from baton.config import config_from_args
@@ -41,3 +42,34 @@ def test_flags_use_vllm_names() -> None:
     config = config_from_args(args)
     assert (config.max_running_requests, config.chunk_size, config.page_size) == (8, 64, 4)
     assert not config.enable_prefix_caching and config.disable_overlap
+
+
+def test_bench_serving_subcommand_runs(tmp_path: Path) -> None:
+    """Every console-script subcommand runs; `bench serving` once crashed on --log-level."""
+    out = tmp_path / "result.json"
+    with FakeOpenAIServer(FakeServerConfig(ttft_s=0.01, itl_s=0.002)) as server:
+        argv = ["bench", "serving", "--base-url", server.url, "--num-prompts", "2"]
+        argv += ["--random-output-len", "3", "--disable-tqdm", "--output-json", str(out)]
+        assert main(argv) == 0
+    assert out.is_file()
+
+
+def test_launch_subcommand_refuses_a_bad_flag_with_one_line(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["launch", "--max-cpu-isa", "avx9000"])
+    assert "invalid choice: 'avx9000'" in capsys.readouterr().err
+
+
+def test_api_key_defaults_to_baton_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BATON_API_KEY", "from-env")
+    assert config_from_args(build_parser().parse_args(["launch"])).api_key == "from-env"
+    explicit = build_parser().parse_args(["launch", "--api-key", "flag"])
+    assert config_from_args(explicit).api_key == "flag"
+    monkeypatch.delenv("BATON_API_KEY")
+    assert config_from_args(build_parser().parse_args(["launch"])).api_key is None
+
+
+def test_zmq_tcp_port_with_an_api_key_is_refused(capsys: pytest.CaptureFixture) -> None:
+    """The ZMQ protocol has no credentials: on tcp it once generated for anyone despite the key."""
+    with pytest.raises(SystemExit, match="would bypass --api-key"):
+        main(["launch", "--api-key", "secret", "--zmq-port", "5755"])

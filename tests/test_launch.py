@@ -31,18 +31,13 @@ def alive(pid: int) -> bool:
     return "\nState:\tZ" not in status  # a zombie has exited
 
 
-def start_launcher(model_dir: Path) -> tuple[subprocess.Popen, dict[int, str]]:
-    port = free_port_pair()
-    command = [
-        sys.executable,
-        "-m",
-        "baton.launch",
-        "--model",
-        str(model_dir),
-        "--zmq-port",
-        str(port),
-    ]
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+def start_launcher(
+    model_dir: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, dict[int, str]]:
+    command = [sys.executable, "-m", "baton.launch", "--model", str(model_dir)]
+    if env is None or "BATON_API_KEY" not in env:  # tcp is refused with an API key
+        command += ["--zmq-port", str(free_port_pair())]
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120
     for line in launcher.stdout:
         if line.startswith("Baton ready"):
@@ -91,3 +86,29 @@ def test_children_die_with_a_killed_launcher(stories260k_dir: Path) -> None:
     launcher.kill()
     launcher.wait()
     assert wait_dead(children) == []
+
+
+def test_a_max_model_len_past_the_model_is_refused_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Once silently capped at the model's positions (4096 for the built-in model)."""
+    from baton import launch
+
+    assert launch.main(["--max-model-len", "9999", "--port", "1"]) == 1
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert (
+        "--max-model-len 9999" in record.getMessage() and "give at most 4096" in record.getMessage()
+    )
+
+
+def test_the_api_key_never_reaches_a_command_line(stories260k_dir: Path) -> None:
+    """Every local user can read command lines (`ps`): the key comes from BATON_API_KEY and goes
+    to the children on their stdin."""
+    secret = "s3cret-key-for-this-test"
+    launcher, children = start_launcher(stories260k_dir, {**os.environ, "BATON_API_KEY": secret})
+    try:
+        assert secret not in Path(f"/proc/{launcher.pid}/cmdline").read_text()
+        assert all(secret not in cmdline for cmdline in children.values())
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(30)

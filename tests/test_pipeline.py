@@ -129,6 +129,26 @@ def test_explicit_abort_reports_abort(server: Server) -> None:
     assert result.finish_reason == "abort" and 0 < len(result.token_ids) < 400
 
 
+def test_a_duplicate_request_id_is_refused_and_the_first_request_goes_on(server: Server) -> None:
+    """Once the duplicate took the first request's reply queue: the first hung forever."""
+
+    async def main():
+        client = await connected(server)
+        try:
+            params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+            first = asyncio.create_task(client.generate("Once upon a time", params, "dup"))
+            await asyncio.sleep(0.1)
+            with pytest.raises(ServerError) as raised:
+                await client.generate("Another", params, request_id="dup")
+            return raised.value.code, await asyncio.wait_for(first, 30)
+        finally:
+            await client.close()
+
+    code, first = run(main())
+    assert code == "invalid_request"
+    assert first.finish_reason == "length" and len(first.token_ids) == 40
+
+
 def test_hundred_concurrent_requests_under_kv_pressure(stories260k_dir: Path, offline: LLM) -> None:
     rng = random.Random(5)
     prompts = [
@@ -188,6 +208,29 @@ def test_stop_string_across_tokens_never_leaks(server: Server, offline: LLM) -> 
         assert full.startswith(emitted)  # nothing emitted is ever taken back
 
 
+def test_min_tokens_holds_back_stop_strings_through_the_pipeline(
+    server: Server, offline: LLM
+) -> None:
+    """{"min_tokens": 5, "stop": [X]} once ended at X's first occurrence even inside the first 5
+    tokens; as in vLLM, only an occurrence completed from the 5th token on stops it now."""
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    first = offline.generate(STORY_PROMPTS[0], params)[0]
+    stop = first.text.strip()[0]  # the first generated character: inside the first token
+    held = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, stop=[stop], min_tokens=5)
+
+    async def main():
+        client = await connected(server)
+        try:
+            return await client.generate(STORY_PROMPTS[0], held)
+        finally:
+            await client.close()
+
+    result = run(main())
+    expected = offline.generate(STORY_PROMPTS[0], held)[0]
+    assert result.text == expected.text and len(result.token_ids) >= 5
+    assert first.text.startswith(result.text) and len(result.text) > len(first.text.split(stop)[0])
+
+
 def test_a_stop_string_finish_reports_the_prefix_cache_hit(server: Server, offline: LLM) -> None:
     prompt = "Once upon a time, there was a little girl named Lily. She liked to play outside."
     full = offline.generate(prompt, SamplingParams(temperature=0, max_tokens=60))[0].text
@@ -233,7 +276,7 @@ def test_bad_input_gets_typed_errors_and_server_keeps_serving(server: Server) ->
     assert errors["too_long"] == "prompt_too_long"
     assert errors["negative_max_tokens"] == errors["bad_token"] == "invalid_request"
     assert errors["bad_temperature"] == "invalid_request"
-    assert errors["raw"] == ["invalid_request", "invalid_request", "invalid_request"]
+    assert errors["raw"] == ["invalid_request"] * 4
     assert len(ok.token_ids) == 3
 
 
@@ -254,6 +297,7 @@ async def raw_frames(server: Server, client_id: bytes) -> list[str]:
     await replies.recv()
     frames = [
         b"\xc1 not msgpack",
+        b"\x81\xa4type\xa3\xed\xa0\x80",  # invalid UTF-8: UnicodeDecodeError in msgspec
         msgspec.msgpack.encode({"type": "generate", "request_id": "w", "prompt": 5}),
         msgspec.msgpack.encode(
             {"type": "generate", "request_id": "x", "params": {"temperature": "hot"}}

@@ -41,7 +41,8 @@ class IncrementalDetokenizer:
     prompt and for byte-level BPE; for SentencePiece with a prompt it keeps the leading space of the
     first generated word, as vLLM and SGLang do. When a stop string occurs, output ends right before
     it (vLLM's `include_stop_str_in_output=False`); the earliest-completing stop string wins. Empty
-    stop strings are ignored.
+    stop strings are ignored, and so are all of them until `min_tokens` tokens are generated (as
+    vLLM: `min_tokens` holds back every way to stop).
     """
 
     def __init__(
@@ -50,8 +51,11 @@ class IncrementalDetokenizer:
         prompt_ids: Sequence[int],
         stop: Sequence[str] = (),
         skip_special_tokens: bool = True,
+        min_tokens: int = 0,
     ) -> None:
         self._tokenizer = tokenizer
+        self._min_tokens = min_tokens
+        self._num_generated = 0
         self._skip_special_tokens = skip_special_tokens
         self._stops = tuple(s for s in stop if s)
         self._ids: list[int] = self._prompt_context(prompt_ids)
@@ -83,6 +87,7 @@ class IncrementalDetokenizer:
         if not token_ids:
             return DetokenizedDelta(text="", stop_string=None)
         self._ids.extend(token_ids)
+        self._num_generated += len(token_ids)
         return self._emit(self._new_text(), final=False)
 
     def flush(self) -> str:
@@ -151,7 +156,9 @@ class IncrementalDetokenizer:
     def _emit(self, new_text: str, final: bool) -> DetokenizedDelta:
         """Apply stop strings to held + new text; hand on what is safe and record it."""
         candidate = self._held + new_text
-        match = _first_completed_stop(candidate, self._stops)
+        # Before min_tokens nothing is held back either: no stop string can end the output yet.
+        stops = self._stops if self._num_generated >= self._min_tokens else ()
+        match = _first_completed_stop(candidate, stops)
         if match is not None:
             position, stop_string = match
             text = candidate[:position]
@@ -159,7 +166,7 @@ class IncrementalDetokenizer:
             self._finished = True
         else:
             stop_string = None
-            hold = 0 if final else _partial_stop_length(candidate, self._stops)
+            hold = 0 if final else _partial_stop_length(candidate, stops)
             text = candidate[: len(candidate) - hold]
             self._held = candidate[len(candidate) - hold :]
         if text:

@@ -112,7 +112,11 @@ class DetokenizerService:
             logger.warning("request %s registered twice; replacing its state", started.rid)
         try:
             detokenizer = IncrementalDetokenizer(
-                self._tokenizer, started.prompt_token_ids, started.stop, started.skip_special_tokens
+                self._tokenizer,
+                started.prompt_token_ids,
+                started.stop,
+                started.skip_special_tokens,
+                started.min_tokens,
             )
         except Exception as error:  # tokenizers raise various types for out-of-range ids
             logger.warning("cannot detokenize request %s: %s", started.rid, error)
@@ -157,7 +161,7 @@ class DetokenizerService:
 
     def _delta(self, state: _RequestState, step: StepOutput) -> GenerateDelta | None:
         """The client's delta for one step (None if there is nothing to tell)."""
-        pushed = state.detokenizer.push(step.new_token_ids)
+        pushed = state.detokenizer.push(step.text_token_ids)
         state.completion_tokens += len(step.new_token_ids)
         if step.cached_tokens is not None:
             state.cached_tokens = step.cached_tokens

@@ -37,6 +37,9 @@ class Engine:
             bound_threads = bind_engine_thread(config.omp_threads_bind)
             torch.set_num_threads(config.num_threads or bound_threads)
         self.num_threads = torch.get_num_threads()  # of the math library, on this thread
+        # Requests without their own seed draw from torch's default generator: --seed makes a
+        # server's sampled output reproducible from launch to launch, as vLLM's --seed does.
+        torch.manual_seed(config.seed)
         self.checkpoint = checkpoint or load_checkpoint(config.model)
         model_config = self.checkpoint.config
         self.model_config = model_config
@@ -130,7 +133,14 @@ class Engine:
             [batch.slots[row] for row in batch.sample_rows], dtype=torch.long
         )
         self._last_sampled[sample_slots] = token_ids
-        return ForwardOutput(token_ids.tolist(), *_logprob_lists(sampled, sampling.num_logprobs))
+        failed_rows = sampled.failed.cpu().nonzero().flatten().tolist()
+        if failed_rows:
+            logger.error("sampling failed for %d rows of the batch", len(failed_rows))
+        return ForwardOutput(
+            token_ids.tolist(),
+            *_logprob_lists(sampled, sampling.num_logprobs),
+            failed_rows=failed_rows,
+        )
 
 
 def _suppress(logits: torch.Tensor, suppressed_token_ids: list[list[int]]) -> None:

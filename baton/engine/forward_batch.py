@@ -39,8 +39,11 @@ class ForwardBatch:
 
 @dataclass
 class ForwardOutput:
-    """Per sampled row: the token, and log-probabilities where the request asked for them."""
+    """Per sampled row: the token, and log-probabilities where the request asked for them;
+    `failed_rows` (indices into the sampled rows) could not be sampled: their requests end with
+    an error, the batch's other rows go on."""
 
     token_ids: list[int]
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = field(default=None)
+    failed_rows: list[int] = field(default_factory=list)

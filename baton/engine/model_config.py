@@ -64,9 +64,18 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
 
     def served_context_length(self, requested: int | None) -> int:
-        """The context length served: `requested` (a --max-model-len), capped at the positions."""
+        """The context length served: `requested` (a --max-model-len), else the model's positions.
+
+        ValueError for a length past the positions the model was trained for (as vLLM refuses
+        it): silently serving less than was asked hides the mistake.
+        """
         positions = self.max_position_embeddings
-        return min(requested or positions, positions)
+        if requested is not None and not 1 <= requested <= positions:
+            raise ValueError(
+                f"--max-model-len {requested} is outside what this model supports (1 to its "
+                f"{positions} positions); give at most {positions}, or leave it out"
+            )
+        return requested or positions
 
     @property
     def q_size(self) -> int:

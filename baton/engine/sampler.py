@@ -106,10 +106,12 @@ class SampleOutput:
     """Chosen tokens and, for rows that asked, raw-distribution log-probabilities.
 
     Rows that did not ask hold NaN log-probabilities and -1 ids; a row asking for n < n_max top
-    log-probabilities should read only its first n columns.
+    log-probabilities should read only its first n columns. A `failed` row (its distribution was
+    not a distribution, e.g. NaN logits) holds token 0: its request must end with an error.
     """
 
     token_ids: torch.Tensor  # [B] int64
+    failed: torch.Tensor  # [B] bool
     logprobs: torch.Tensor | None  # [B] float32 log-prob of the chosen token (None if no row asked)
     top_logprob_ids: torch.Tensor | None  # [B, n_max] int64
     top_logprobs: torch.Tensor | None  # [B, n_max] float32
@@ -147,7 +149,11 @@ class Sampler:
                 else:
                     chosen = self._sample_group(logits.index_select(0, group.rows), group)
                     token_ids.index_copy_(0, group.rows, chosen)
-        return _with_logprobs(logits, token_ids, batch)
+        # NaN probabilities draw an id past the vocabulary: that row alone fails, and its id is
+        # made valid so the batch's other rows (and their logprobs) go on.
+        failed = (token_ids < 0) | (token_ids >= logits.shape[-1])
+        token_ids.masked_fill_(failed, 0)
+        return _with_logprobs(logits, token_ids, failed, batch)
 
     def _sample_group(self, logits: torch.Tensor, group: RowGroup) -> torch.Tensor:
         """Token ids [n] for a group's rows of logits [n, V]."""
@@ -272,11 +278,16 @@ def _sample_sorted(
         probs = probs.masked_fill(mass_before >= top_p.unsqueeze(1), 0.0)
     if group.needs_min_p:
         probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs[:, :1], 0.0)
-    return ids.gather(1, _draw(probs, group.generator).unsqueeze(1)).squeeze(1)
+    draws = _draw(probs, group.generator)
+    # A draw past the candidates (NaN weights) maps to -1, which `Sampler.sample` reports failed.
+    failed = draws >= ids.shape[1]
+    chosen = ids.gather(1, draws.clamp(max=ids.shape[1] - 1).unsqueeze(1)).squeeze(1)
+    return chosen.masked_fill_(failed, -1)
 
 
 def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One index per row, with probability proportional to `weights` [n, m] (>= 0, unnormalised).
+    """One index per row, with probability proportional to `weights` [n, m] (>= 0, unnormalised);
+    m for a row whose weights are no distribution (NaN, or all zero).
 
     Inverse-CDF sampling needs one uniform per row; torch.multinomial and exponential races over a
     152k vocabulary cost ~100 ms per batch on CPU, this ~5 ms.
@@ -288,15 +299,17 @@ def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
     # Rounding can lift the target to the total, past the last nonzero weight; the first nonzero
     # weight is as valid a pick for that ~2**-24 event and keeps filtered tokens unreachable.
     target = torch.where(target < total, target, torch.zeros_like(target))
-    return torch.searchsorted(cdf, target, right=True).squeeze(1)
+    index = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    # searchsorted over NaN may land anywhere: such rows are marked explicitly (NaN > 0 is False).
+    return index.masked_fill_(~(total.squeeze(1) > 0), weights.shape[1])
 
 
 def _with_logprobs(
-    logits: torch.Tensor, token_ids: torch.Tensor, batch: SamplingBatch
+    logits: torch.Tensor, token_ids: torch.Tensor, failed: torch.Tensor, batch: SamplingBatch
 ) -> SampleOutput:
     """Attach raw-distribution log-probabilities for the rows that asked for them."""
     if batch.max_num_logprobs < 0:
-        return SampleOutput(token_ids, None, None, None)
+        return SampleOutput(token_ids, failed, None, None, None)
     rows = batch.logprob_rows
     raw = logits if rows is None else logits.index_select(0, rows)
     chosen_ids = token_ids if rows is None else token_ids.index_select(0, rows)
@@ -304,10 +317,10 @@ def _with_logprobs(
     chosen = logprobs.gather(1, chosen_ids.unsqueeze(1)).squeeze(1)
     top_values, top_ids = logprobs.topk(batch.max_num_logprobs, dim=-1)
     if rows is None:
-        return SampleOutput(token_ids, chosen, top_ids, top_values)
+        return SampleOutput(token_ids, failed, chosen, top_ids, top_values)
     batch_size, n_max = logits.shape[0], batch.max_num_logprobs
     all_chosen = logits.new_full((batch_size,), float("nan")).index_copy_(0, rows, chosen)
     all_values = logits.new_full((batch_size, n_max), float("nan")).index_copy_(0, rows, top_values)
     all_ids = torch.full((batch_size, n_max), -1, dtype=torch.int64, device=logits.device)
     all_ids.index_copy_(0, rows, top_ids)
-    return SampleOutput(token_ids, all_chosen, all_ids, all_values)
+    return SampleOutput(token_ids, failed, all_chosen, all_ids, all_values)

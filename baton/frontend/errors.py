@@ -33,6 +33,10 @@ ERROR_KINDS = {
     503: ("server_error", "unavailable"),
 }
 SERVER_ERROR_STATUS = {"invalid_request": 400, "prompt_too_long": 400, "overloaded": 429}
+# Seconds a client should wait before retrying a 429 or 503: a queue slot frees within a few
+# decode steps on a busy server, a restarting pipeline takes longer, but polling once a second
+# costs nothing.
+RETRY_AFTER_S = 1
 # nginx's "client closed request": nobody reads it, but logs show why the request ended.
 CLIENT_CLOSED_STATUS = 499
 # Union branches show up in pydantic's error locations ("str", "list[int]"): not field names.
@@ -65,8 +69,11 @@ class OpenAIError(Exception):
         }
 
     def response(self) -> Response:
-        """The error as an HTTP response."""
-        return json_response(self.payload(), self.status)
+        """The error as an HTTP response; 429 and 503 say when to retry (`Retry-After`)."""
+        response = json_response(self.payload(), self.status)
+        if self.status in (429, 503):
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
 
 
 class ClientGone(Exception):

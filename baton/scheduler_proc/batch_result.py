@@ -68,10 +68,17 @@ def apply_results(
     """
     results = []
     sampled_index = 0
+    failed = set(output.failed_rows)
     for row in rows:
         seq, step = row.seq, row.step
         token = None
         logprobs = None
+        if step.samples and sampled_index in failed:
+            # Its step stays unapplied: releasing the finished sequence reverts it.
+            sampled_index += 1
+            if not seq.is_finished:
+                results.append((seq, [], None, "error"))
+            continue
         if step.samples:
             token = output.token_ids[sampled_index]
             if output.logprobs is not None and seq.params.logprobs is not None:

@@ -44,6 +44,14 @@ class StepOutput(msgspec.Struct, kw_only=True):
     # string can end the request downstream before the final output (and its stats) exists.
     cached_tokens: int | None = None
 
+    @property
+    def text_token_ids(self) -> list[int]:
+        """The tokens whose text reaches the output: the stop token (EOS or a stop_token_id)
+        that finished a request is reported with its id but, as in vLLM, not spelled out."""
+        if self.finished and self.finish_reason == "stop":
+            return self.new_token_ids[:-1]
+        return self.new_token_ids
+
 
 class AggregateStats(msgspec.Struct, kw_only=True):
     """Scheduler-wide state and totals, on request."""

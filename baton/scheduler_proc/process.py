@@ -72,6 +72,7 @@ class SchedulerService:
                 prompt_token_ids=request.prompt_token_ids,
                 stop=list(request.params.stop or ()),
                 skip_special_tokens=request.skip_special_tokens,
+                min_tokens=request.params.min_tokens,
             )
         )
         return None

@@ -59,6 +59,9 @@ class TokenizerService:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        # A text longer than this cannot fit the context: refused before tokenizing, which for
+        # a multi-megabyte prompt took seconds while every other request waited.
+        self.max_prompt_chars = max_model_len * max_chars_per_token(tokenizer)
         self._decoder = msgspec.msgpack.Decoder(ClientMessage)
 
     @classmethod
@@ -81,7 +84,8 @@ class TokenizerService:
         """The messages one client frame produces, each with its destination socket."""
         try:
             message = self._decoder.decode(frame)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        # Any exception, not only msgspec's own: invalid UTF-8 raises UnicodeDecodeError.
+        except Exception as error:
             logger.warning("client %s: malformed frame: %s", client_id.hex(), error)
             request_id = _recover_request_id(frame)
             text = f"malformed message: {error}"
@@ -144,6 +148,7 @@ class TokenizerService:
         return prompt_ids
 
     def _prompt_ids(self, request: GenerateRequest) -> list[int]:
+        self._check_size_before_tokenizing(request)
         if request.prompt is not None:
             return self.tokenizer.encode(
                 request.prompt, add_special_tokens=request.add_special_tokens
@@ -162,6 +167,23 @@ class TokenizerService:
                 )
         return prompt_ids
 
+    def _check_size_before_tokenizing(self, request: GenerateRequest) -> None:
+        """prompt_too_long for a prompt that cannot fit whatever its tokens, checked in time
+        linear in its size and far below tokenizing's."""
+        if request.prompt_token_ids is not None:
+            self._check_length(len(request.prompt_token_ids), None)
+            return
+        texts = [request.prompt] if request.prompt is not None else []
+        texts += [message.content for message in request.messages or ()]
+        chars = sum(len(text) for text in texts)
+        if chars > self.max_prompt_chars:
+            raise RejectedRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your request has {chars} characters, more than any {self.max_model_len} "
+                "tokens can spell. Please reduce the length of the input messages.",
+                code="prompt_too_long",
+            )
+
     def _check_length(self, prompt_len: int, max_tokens: int | None) -> None:
         """vLLM's context-length checks and wording; max_tokens=None means "until the end"."""
         limit = self.max_model_len
@@ -178,6 +200,13 @@ class TokenizerService:
                 "in the completion). Please reduce the length of the messages or completion.",
                 code="prompt_too_long",
             )
+
+
+def max_chars_per_token(tokenizer: PreTrainedTokenizerBase) -> int:
+    """An upper bound on the characters one token covers: its longest vocabulary entry (byte-level
+    and SentencePiece entries spell at least the characters they match), doubled as a margin for
+    normalizers that drop characters."""
+    return 2 * max(len(token) for token in tokenizer.get_vocab())
 
 
 def _failure(client_id: bytes, request_id: str, code: str, message: str) -> Outgoing:

@@ -216,6 +216,16 @@ def test_nothing_later_trimmed_is_ever_emitted(any_tokenizer: PreTrainedTokenize
         _assert_never_emits_what_is_later_trimmed(deltas, expected[0])
 
 
+def test_min_tokens_holds_back_stop_strings(byte_tokenizer):
+    """vLLM ignores stop strings until min_tokens outputs exist (byte tokenizer: a token a byte)."""
+    detokenizer = IncrementalDetokenizer(byte_tokenizer, [], stop=[","], min_tokens=5)
+    assert detokenizer.push(_encode(byte_tokenizer, "a,b")) == DetokenizedDelta("a,b", None)
+    assert detokenizer.push(_encode(byte_tokenizer, ",")) == DetokenizedDelta(",", None)
+    # The fifth token may stop: the check runs from the min_tokens-th output on.
+    assert detokenizer.push(_encode(byte_tokenizer, "c,d")) == DetokenizedDelta("c", ",")
+    assert detokenizer.text == "a,b,c"
+
+
 def test_push_after_flush_is_an_error(byte_tokenizer):
     detokenizer = IncrementalDetokenizer(byte_tokenizer, [], stop=["zz"])
     assert detokenizer.push(_encode(byte_tokenizer, "a z")) == DetokenizedDelta("a ", None)

@@ -13,7 +13,7 @@ from helpers import SAMPLE_CPU, SAMPLE_PLAN
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from baton.addresses import ServerAddresses
-from baton.child_process import child_command
+from baton.child_process import start_child
 from baton.config import BatonConfig
 from baton.detokenizer_proc.incremental import REPLACEMENT_CHAR
 from baton.detokenizer_proc.process import DetokenizerService, Handled
@@ -202,6 +202,18 @@ def test_stop_string_in_the_final_step_needs_no_abort(tokenizer: PreTrainedToken
     assert service.active_rids == set()
 
 
+def test_a_stop_token_is_reported_but_not_spelled_out(tokenizer: PreTrainedTokenizerBase) -> None:
+    """A request the scheduler stopped on a token (EOS or a stop_token_id): vLLM leaves the stop
+    token's text out; its id is still reported and counted."""
+    service = DetokenizerService(tokenizer)
+    service.handle_message(SchedulerOutputs(started=[_started(CLIENT_A, "r1", [])]))
+    tokens = _encode(tokenizer, "one two")
+    final = _step(CLIENT_A, "r1", tokens, reason="stop")
+    [delta] = _deltas(service.handle_message(SchedulerOutputs(steps=[final])), CLIENT_A)
+    assert delta.text == tokenizer.decode(tokens[:-1]) and delta.token_ids == tokens
+    assert delta.finish_reason == "stop" and delta.usage.completion_tokens == len(tokens)
+
+
 def test_multibyte_characters_split_across_tokens_never_show_a_replacement_char(
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
@@ -225,7 +237,7 @@ def test_two_clients_get_only_their_own_replies(tokenizer: PreTrainedTokenizerBa
     steps = [
         _step(CLIENT_A, "r1", _encode(tokenizer, "for A")),
         _step(CLIENT_B, "r1", _encode(tokenizer, "for B")),
-        _step(CLIENT_A, "r1", _encode(tokenizer, " again"), reason="stop"),
+        _step(CLIENT_A, "r1", _encode(tokenizer, " again"), reason="length"),
     ]
     handled = service.handle_message(SchedulerOutputs(started=started, steps=steps))
     assert set(handled.replies) == {CLIENT_A, CLIENT_B}
@@ -337,8 +349,7 @@ def detokenizer_process() -> Iterator[tuple[subprocess.Popen[bytes], _FakeServer
     addresses = ServerAddresses.create()
     context = zmq.Context()
     fake = _FakeServer(context, addresses)
-    command = child_command("baton.detokenizer_proc", BatonConfig(log_level="warning"), addresses)
-    process = subprocess.Popen(command)
+    process = start_child("baton.detokenizer_proc", BatonConfig(log_level="warning"), addresses)
     try:
         yield process, fake
     finally:
@@ -347,6 +358,10 @@ def detokenizer_process() -> Iterator[tuple[subprocess.Popen[bytes], _FakeServer
             process.wait()
         context.destroy(linger=0)
         shutil.rmtree(addresses.directory, ignore_errors=True)
+
+
+# {"type": <invalid UTF-8>}: msgspec raises UnicodeDecodeError, which once killed the process.
+INVALID_UTF8_FRAME = b"\x81\xa4type\xa3\xed\xa0\x80"
 
 
 def test_process_routes_replies_and_aborts_for_a_vanished_client(
@@ -362,6 +377,9 @@ def test_process_routes_replies_and_aborts_for_a_vanished_client(
     # Malformed frames on either socket are dropped without an answer or a crash.
     fake.to_detokenizer.send(b"not msgpack")
     fake.client.send(b"\xc1junk")
+    for frame in (INVALID_UTF8_FRAME, b"\x91" * 100_000 + b"\x01"):  # UnicodeDecode, Recursion
+        fake.to_detokenizer.send(frame)
+        fake.client.send(frame)
     fake.client.send(Codec(Hello).encode(Hello()))
     assert isinstance(fake.client_reply(), HelloAck)
 

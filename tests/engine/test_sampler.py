@@ -266,3 +266,25 @@ def test_logprobs_absent_or_empty() -> None:
 def test_from_params_rejects_mismatched_generators() -> None:
     with pytest.raises(ValueError, match="generators"):
         SamplingBatch.from_params([SamplingParams()], [], "cpu")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=3),
+        SamplingParams(temperature=0.7, top_p=0.5),
+        SamplingParams(temperature=0.7, min_p=0.1, seed=5),
+    ],
+    ids=["plain", "top_k", "top_p", "min_p_seeded"],
+)
+def test_a_nan_row_fails_alone(params: SamplingParams) -> None:
+    """NaN probabilities once drew an id past the vocabulary and failed the whole batch."""
+    logits = SMALL_LOGITS.repeat(3, 1)
+    logits[1] = float("nan")
+    rows = [SamplingParams(temperature=0), params, SamplingParams(temperature=0, logprobs=2)]
+    generators = [None, make_generator(params.seed, "cpu"), None]
+    out = Sampler().sample(logits, SamplingBatch.from_params(rows, generators, "cpu"))
+    assert out.failed.tolist() == [False, True, False]
+    assert out.token_ids.tolist() == [1, 0, 1]  # the failed row's id is made valid
+    assert out.logprobs is not None and math.isfinite(float(out.logprobs[2]))

@@ -126,6 +126,11 @@ def test_pipeline_rejections_are_400(http: httpx.Client) -> None:
     assert_error(streamed, 400, "prompt_too_long")
     too_much_output = {"prompt": "Hi", "max_tokens": 600}
     assert_error(http.post("/v1/completions", json=too_much_output), 400, "prompt_too_long")
+    # Finite in JSON, but not in the sampler's float32 / int64: once it failed its whole batch.
+    # And 100,000 stop strings once slowed every other request tenfold: bounded now.
+    for field, value in (("temperature", 1e39), ("top_k", 2**63 - 1), ("stop", ["x"] * 1000)):
+        unrepresentable = http.post("/v1/completions", json={**VALID, field: value})
+        assert field in assert_error(unrepresentable, 400, "invalid_request")["message"]
 
 
 def test_unknown_model_and_route_are_404(http: httpx.Client) -> None:
@@ -215,3 +220,4 @@ def test_overloaded_is_429(restricted_frontend: BatonConfig) -> None:
     for response in responses:
         if response.status_code == 429:
             assert_error(response, 429, "overloaded")
+            assert response.headers["Retry-After"] == "1"

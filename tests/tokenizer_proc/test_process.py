@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import pytest
 import zmq
 
 from baton.addresses import ServerAddresses
-from baton.child_process import child_command
+from baton.child_process import start_child
 from baton.config import BatonConfig
 from baton.engine.checkpoint import Checkpoint, load_checkpoint
 from baton.messages import (
@@ -33,9 +32,8 @@ from baton.messages import (
     make_rid,
 )
 from baton.sampling_params import SamplingParams
-from baton.tokenizer_proc.process import TokenizerService
+from baton.tokenizer_proc.process import TokenizerService, max_chars_per_token
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CLIENT = b"client-7"
 MAX_MODEL_LEN = 64
 
@@ -164,6 +162,9 @@ def test_request_id_must_be_a_non_empty_string(service: TokenizerService) -> Non
     assert "`$.request_id`" in _failure(service.handle(CLIENT, number), request_id="")
 
 
+INVALID_UTF8_FRAME = b"\x81\xa4type\xa3\xed\xa0\x80"
+
+
 def test_garbage_and_unknown_tags(service: TokenizerService) -> None:
     garbage = _failure(service.handle(CLIENT, b"\xc1\x00not msgpack"), request_id="")
     assert garbage.startswith("malformed message:")
@@ -173,6 +174,9 @@ def test_garbage_and_unknown_tags(service: TokenizerService) -> None:
     assert "Expected `object`, got `array`" in untagged
     deeply_nested = b"\x91" * 100_000 + b"\x01"  # overflows an untyped decoder's recursion
     assert "malformed" in _failure(service.handle(CLIENT, deeply_nested), request_id="")
+    # {"type": <invalid UTF-8>}: msgspec raises UnicodeDecodeError, which once killed the process.
+    bad_utf8 = _failure(service.handle(CLIENT, INVALID_UTF8_FRAME), request_id="")
+    assert bad_utf8.startswith("malformed message:")
 
 
 def test_prompt_length_limits(service: TokenizerService) -> None:
@@ -233,6 +237,9 @@ class _BrokenTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         raise RuntimeError("tokenizer exploded")
 
+    def get_vocab(self) -> dict[str, int]:
+        return {"ab": 0, "c": 1}
+
 
 def test_tokenizer_failure_is_an_internal_error() -> None:
     broken = TokenizerService(_BrokenTokenizer(), 100, MAX_MODEL_LEN)  # type: ignore[arg-type]
@@ -243,12 +250,39 @@ def test_tokenizer_failure_is_an_internal_error() -> None:
     _single(abort, "scheduler", AbortRid)
 
 
-def test_max_model_len_is_capped_by_the_model(default_checkpoint: Checkpoint) -> None:
+def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(
+    stories_service: TokenizerService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 32 MB prompt once took 35 s to tokenize and refuse while every other request waited."""
+    limit = stories_service.max_prompt_chars
+    assert limit == stories_service.max_model_len * max_chars_per_token(stories_service.tokenizer)
+    # Every vocabulary entry spells at most half the bound: no fitting prompt is refused.
+    longest = max(len(t) for t in stories_service.tokenizer.get_vocab())
+    assert limit == 2 * longest * stories_service.max_model_len
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("tokenized a prompt that cannot fit")
+
+    monkeypatch.setattr(stories_service.tokenizer, "encode", never)
+    monkeypatch.setattr(stories_service.tokenizer, "apply_chat_template", never)
+    huge = "a" * (limit + 1)
+    message = _failure(stories_service.handle(CLIENT, _generate(prompt=huge)), "prompt_too_long")
+    assert f"{limit + 1} characters" in message
+    chat = [{"role": "user", "content": huge[: limit // 2]}] * 3
+    _failure(stories_service.handle(CLIENT, _generate(messages=chat)), "prompt_too_long")
+    ids = [1] * (stories_service.max_model_len + 1)
+    _failure(stories_service.handle(CLIENT, _generate(prompt_token_ids=ids)), "prompt_too_long")
+
+
+def test_max_model_len_past_the_model_is_refused(default_checkpoint: Checkpoint) -> None:
     model = default_checkpoint.config
     positions = model.max_position_embeddings
     assert model.served_context_length(BatonConfig().max_model_len) == positions
     assert model.served_context_length(100) == 100
-    assert model.served_context_length(positions * 2) == positions
+    assert model.served_context_length(positions) == positions
+    for length in (positions + 1, 0):  # once silently capped at the positions
+        with pytest.raises(ValueError, match=f"give at most {positions}"):
+            model.served_context_length(length)
 
 
 def _receive(socket: zmq.Socket, codec: Codec, timeout_s: float) -> Any:
@@ -267,8 +301,7 @@ def test_real_process_round_trip() -> None:
         neighbours[name].bind(getattr(addresses, name))
     client = context.socket(zmq.DEALER)
     client.setsockopt(zmq.ROUTING_ID, CLIENT)
-    command = child_command("baton.tokenizer_proc", config, addresses)
-    process = subprocess.Popen(command, cwd=REPO_ROOT)
+    process = start_child("baton.tokenizer_proc", config, addresses)
     try:
         # Generous: the child imports transformers, and the suite may share the CPU.
         ready = _receive(neighbours["launcher"], Codec(LauncherMessage), timeout_s=120)

@@ -1,0 +1,62 @@
+"""SamplingParams.validate: the one place every numeric parameter is checked against what the
+engine can represent."""
+
+from __future__ import annotations
+
+import pytest
+
+from baton.sampling_params import (
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    SamplingParams,
+)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("temperature", 1e39, "temperature must be in"),  # inf in float32: NaN probabilities
+        ("temperature", float("inf"), "temperature must be a finite number"),
+        ("temperature", -0.5, "temperature must be in"),
+        ("top_k", 2**63, "top_k must be in"),  # overflows the sampler's int64 tensor
+        ("top_k", MAX_TOP_K + 1, "top_k must be in"),
+        ("top_k", -2, "top_k must be in"),
+        # 100,000 stop strings once slowed every other request tenfold.
+        ("stop", ["x"] * (MAX_STOP_STRINGS + 1), f"at most {MAX_STOP_STRINGS} stop strings"),
+        ("stop", "x" * (MAX_STOP_STRING_CHARS + 1), "stop strings must be at most"),
+        ("stop_token_ids", [1] * (MAX_STOP_TOKEN_IDS + 1), "at most"),
+    ],
+)
+def test_unrepresentable_values_are_refused(field: str, value: float, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**{field: value}).validate(vocab_size=512)
+
+
+def test_the_bounds_themselves_are_accepted() -> None:
+    SamplingParams(
+        temperature=MAX_TEMPERATURE,
+        top_k=MAX_TOP_K,
+        stop=["y" * MAX_STOP_STRING_CHARS] * MAX_STOP_STRINGS,
+        stop_token_ids=[1] * MAX_STOP_TOKEN_IDS,
+    ).validate(vocab_size=512)
+
+
+def test_the_largest_accepted_values_sample_valid_tokens() -> None:
+    """At the bounds the sampler still works: the limits are what it can represent."""
+    from baton import LLM
+
+    llm = LLM(num_pages=16, max_running_requests=4)
+    params = [
+        SamplingParams(temperature=MAX_TEMPERATURE, max_tokens=8, ignore_eos=True, seed=1),
+        SamplingParams(temperature=1.0, top_k=MAX_TOP_K, max_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=MAX_TEMPERATURE, top_k=MAX_TOP_K, min_tokens=8, max_tokens=8),
+    ]
+    for param in params:
+        param.validate(vocab_size=llm.engine.vocab_size)
+    outputs = llm.generate(["ab", "cd", "ef"], params)
+    for output in outputs:
+        assert output.finish_reason == "length" and len(output.token_ids) == 8
+        assert all(0 <= token < llm.engine.vocab_size for token in output.token_ids)
