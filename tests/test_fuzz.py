@@ -18,6 +18,7 @@ import pytest
 import zmq
 import zmq.asyncio
 from helpers import free_port
+from helpers.pipeline import wait_idle
 
 from baton import SamplingParams
 from baton.client import BatonClient
@@ -179,15 +180,9 @@ async def real_requests(server: Server) -> list[int]:
         return [len(result.token_ids) for result in results]
 
 
-async def idle_stats(server: Server, timeout: float = 30.0) -> Any:
+async def idle_stats(server: Server) -> Any:
     async with BatonClient(server.addresses.requests, server.addresses.replies) as client:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            stats = await client.stats()
-            idle = stats.running_requests == stats.waiting_requests == stats.used_pages == 0
-            if idle or asyncio.get_running_loop().time() > deadline:
-                return stats
-            await asyncio.sleep(0.1)
+        return await wait_idle(client, timeout=30.0)
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import pytest
 import zmq
 import zmq.asyncio
 from helpers import free_port
+from helpers.pipeline import wait_idle
 
 from baton import LLM, SamplingParams
 from baton.client import BatonClient, ServerError
@@ -51,17 +52,6 @@ async def connected(server: Server) -> BatonClient:
     client = BatonClient(server.addresses.requests, server.addresses.replies)
     await client.connect()
     return client
-
-
-async def wait_idle(client: BatonClient, timeout: float = 10.0):
-    """Aggregate stats once nothing runs and every page is free or merely cached."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        stats = await client.stats()
-        idle = stats.running_requests == stats.waiting_requests == stats.used_pages == 0
-        if idle or asyncio.get_running_loop().time() > deadline:
-            return stats
-        await asyncio.sleep(0.05)
 
 
 def test_greedy_outputs_equal_offline_llm(server: Server, offline: LLM) -> None:

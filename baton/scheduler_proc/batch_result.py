@@ -64,7 +64,8 @@ def apply_results(
     """Apply a processed batch to its sequences: (seq, new tokens, logprobs, finish reason) each.
 
     Rows of sequences that finished while the batch was in flight are skipped: their tokens are
-    discarded and their still-scheduled steps are reverted when they are released.
+    discarded and their still-scheduled steps are reverted when they are released. A row the
+    engine could not sample (`output.failed_rows`) finishes its sequence with "error".
     """
     results = []
     sampled_index = 0

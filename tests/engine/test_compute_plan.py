@@ -4,6 +4,7 @@ and the detection that feeds it."""
 from __future__ import annotations
 
 import pytest
+from helpers import SAMPLE_CPU
 from msgspec.structs import replace
 
 from baton.engine.compute_plan import CpuCapabilities, choose_compute_plan, isa_rank
@@ -15,16 +16,7 @@ from baton.engine.cpu_capabilities import (
 )
 
 # What detection reported (or would report) on the machines seen here.
-ZEN3 = CpuCapabilities(
-    model_name="AMD EPYC (family 25, model 1)",
-    num_cpus=2,
-    isa="avx2",
-    detected_isa="avx2",
-    limited_by=None,
-    flags=("avx2", "fma"),
-    torch_capability="AVX2",
-    packable_dtypes=("float32",),
-)
+ZEN3 = SAMPLE_CPU  # AMD EPYC Zen 3: AVX2 + FMA, oneDNN packs float32 only
 SKYLAKE = CpuCapabilities(
     model_name="Intel Xeon (family 6, model 85)",
     num_cpus=2,
