@@ -62,7 +62,11 @@ class LLM:
             self.scheduler.add_request(request_id, prompt_ids, params)
             outputs[request_id] = RequestOutput(request_id, prompt_ids)
             detokenizers[request_id] = IncrementalDetokenizer(
-                self.tokenizer, prompt_ids, stop=params.stop or (), min_tokens=params.min_tokens
+                self.tokenizer,
+                prompt_ids,
+                stop=params.stop or (),
+                min_tokens=params.min_tokens,
+                include_stop_str_in_output=params.include_stop_str_in_output,
             )
         pending = set(outputs)
         while pending:
@@ -81,7 +85,7 @@ class LLM:
             output.token_ids.extend(step.new_token_ids)
             if step.logprobs is not None:
                 output.logprobs = (output.logprobs or []) + step.logprobs
-            delta = detok.push(step.text_token_ids)
+            delta = detok.push(step.new_token_ids, step.ends_on_stop_token)
             output.text += delta.text
             if delta.stop_string is not None:
                 output.finish_reason = "stop"

@@ -102,6 +102,7 @@ class RequestStarted(msgspec.Struct, tag="started", kw_only=True):
     stop: list[str]
     skip_special_tokens: bool
     min_tokens: int = 0  # stop strings are ignored until this many tokens are generated
+    include_stop_str_in_output: bool = False
 
 
 class RequestFailed(msgspec.Struct, tag="failed", kw_only=True):

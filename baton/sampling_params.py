@@ -40,6 +40,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    # vLLM's: keep the stop string, or the stop token's text, at the end of the output.
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -188,6 +188,10 @@ def test_stop_token_ids_and_eos(tiny_llama_dir: Path, llama_reference) -> None:
     assert output.token_ids == expected[4][:cut] and output.finish_reason == "stop"
     # The stop token is reported but not spelled out (vLLM): the text is that of the tokens before.
     assert output.text == llm.tokenizer.decode(expected[4][: cut - 1])
+    spelled = SamplingParams(
+        temperature=0, max_tokens=32, stop_token_ids=[stop_at], include_stop_str_in_output=True
+    )
+    assert llm.generate(prompts[4], spelled)[0].text == llm.tokenizer.decode(expected[4][:cut])
     # Without ignore_eos the checkpoint's EOS ids (config.json's + generation_config.json's) stop.
     eos_ids = {EOS_ID, EXTRA_EOS_ID}
     for prompt, tokens in zip(prompts, expected):

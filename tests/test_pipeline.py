@@ -191,6 +191,9 @@ def test_stop_string_across_tokens_never_leaks(server: Server, offline: LLM) -> 
     deltas = run(main())
     text = "".join(d.text for d in deltas)
     assert text == full[: full.index(stop)]
+    stopped.include_stop_str_in_output = True  # vLLM's: the stop string ends the text
+    kept = "".join(d.text for d in run(main()))
+    assert kept == full[: full.index(stop) + len(stop)]
     assert deltas[-1].finish_reason == "stop"
     emitted = ""
     for delta in deltas:

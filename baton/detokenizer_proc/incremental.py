@@ -40,9 +40,10 @@ class IncrementalDetokenizer:
     `decode(prompt + generated)` minus `decode(prompt)`. That is `decode(generated)` for an empty
     prompt and for byte-level BPE; for SentencePiece with a prompt it keeps the leading space of the
     first generated word, as vLLM and SGLang do. When a stop string occurs, output ends right before
-    it (vLLM's `include_stop_str_in_output=False`); the earliest-completing stop string wins. Empty
-    stop strings are ignored, and so are all of them until `min_tokens` tokens are generated (as
-    vLLM: `min_tokens` holds back every way to stop).
+    it (right after it with `include_stop_str_in_output`); the earliest-completing stop string
+    wins. Empty stop strings are ignored, and so are all of them until `min_tokens` tokens are
+    generated (as vLLM: `min_tokens` holds back every way to stop). A stop token's text is left
+    out too, unless `include_stop_str_in_output`.
     """
 
     def __init__(
@@ -52,8 +53,10 @@ class IncrementalDetokenizer:
         stop: Sequence[str] = (),
         skip_special_tokens: bool = True,
         min_tokens: int = 0,
+        include_stop_str_in_output: bool = False,
     ) -> None:
         self._tokenizer = tokenizer
+        self._include_stop = include_stop_str_in_output
         self._min_tokens = min_tokens
         self._num_generated = 0
         self._skip_special_tokens = skip_special_tokens
@@ -77,17 +80,21 @@ class IncrementalDetokenizer:
             self._parts = ["".join(self._parts)]
         return self._parts[0] if self._parts else ""
 
-    def push(self, token_ids: Sequence[int]) -> DetokenizedDelta:
+    def push(self, token_ids: Sequence[int], ends_on_stop_token: bool = False) -> DetokenizedDelta:
         """Add newly generated tokens; return the text that is now safe to emit.
 
+        `ends_on_stop_token`: the last token stopped the request (EOS or a stop_token_id); it
+        counts as generated but, as in vLLM, is not spelled out.
         Raises RuntimeError after a stop string matched or after `flush()`.
         """
         if self._finished:
             raise RuntimeError("push() after the generation ended (stop string or flush)")
+        self._num_generated += len(token_ids)
+        if ends_on_stop_token and not self._include_stop:
+            token_ids = token_ids[:-1]
         if not token_ids:
             return DetokenizedDelta(text="", stop_string=None)
         self._ids.extend(token_ids)
-        self._num_generated += len(token_ids)
         return self._emit(self._new_text(), final=False)
 
     def flush(self) -> str:
@@ -161,7 +168,7 @@ class IncrementalDetokenizer:
         match = _first_completed_stop(candidate, stops)
         if match is not None:
             position, stop_string = match
-            text = candidate[:position]
+            text = candidate[: position + (len(stop_string) if self._include_stop else 0)]
             self._held = ""
             self._finished = True
         else:

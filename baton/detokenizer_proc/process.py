@@ -117,6 +117,7 @@ class DetokenizerService:
                 started.stop,
                 started.skip_special_tokens,
                 started.min_tokens,
+                started.include_stop_str_in_output,
             )
         except Exception as error:  # tokenizers raise various types for out-of-range ids
             logger.warning("cannot detokenize request %s: %s", started.rid, error)
@@ -161,7 +162,7 @@ class DetokenizerService:
 
     def _delta(self, state: _RequestState, step: StepOutput) -> GenerateDelta | None:
         """The client's delta for one step (None if there is nothing to tell)."""
-        pushed = state.detokenizer.push(step.text_token_ids)
+        pushed = state.detokenizer.push(step.new_token_ids, step.ends_on_stop_token)
         state.completion_tokens += len(step.new_token_ids)
         if step.cached_tokens is not None:
             state.cached_tokens = step.cached_tokens

@@ -40,6 +40,7 @@ def sampling_params(
         stop_token_ids=request.stop_token_ids,
         ignore_eos=request.ignore_eos,
         min_tokens=request.min_tokens,
+        include_stop_str_in_output=request.include_stop_str_in_output,
         logprobs=logprobs,
     )
     if request.top_p is not None:

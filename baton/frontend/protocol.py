@@ -68,6 +68,7 @@ class SamplingRequest(StrictModel):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     min_tokens: int = Field(default=0, ge=0, le=MAX_INT)
+    include_stop_str_in_output: bool = False
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod

@@ -45,12 +45,10 @@ class StepOutput(msgspec.Struct, kw_only=True):
     cached_tokens: int | None = None
 
     @property
-    def text_token_ids(self) -> list[int]:
-        """The tokens whose text reaches the output: the stop token (EOS or a stop_token_id)
-        that finished a request is reported with its id but, as in vLLM, not spelled out."""
-        if self.finished and self.finish_reason == "stop":
-            return self.new_token_ids[:-1]
-        return self.new_token_ids
+    def ends_on_stop_token(self) -> bool:
+        """The scheduler finished the request on its last token: EOS or a stop_token_id (stop
+        strings are matched downstream, by the detokenizer)."""
+        return self.finished and self.finish_reason == "stop"
 
 
 class AggregateStats(msgspec.Struct, kw_only=True):

@@ -73,6 +73,7 @@ class SchedulerService:
                 stop=list(request.params.stop or ()),
                 skip_special_tokens=request.skip_special_tokens,
                 min_tokens=request.params.min_tokens,
+                include_stop_str_in_output=request.params.include_stop_str_in_output,
             )
         )
         return None

@@ -226,6 +226,17 @@ def test_min_tokens_holds_back_stop_strings(byte_tokenizer):
     assert detokenizer.text == "a,b,c"
 
 
+def test_include_stop_str_in_output_keeps_the_stop_string_and_the_stop_token(byte_tokenizer):
+    kept = IncrementalDetokenizer(byte_tokenizer, [], stop=[","], include_stop_str_in_output=True)
+    assert kept.push(_encode(byte_tokenizer, "a,b")) == DetokenizedDelta("a,", ",")
+    ids = _encode(byte_tokenizer, "xyz")
+    spelled = IncrementalDetokenizer(byte_tokenizer, [], include_stop_str_in_output=True)
+    assert spelled.push(ids, ends_on_stop_token=True).text + spelled.flush() == "xyz"
+    # By default the token that stopped the request is counted but not spelled out.
+    plain = IncrementalDetokenizer(byte_tokenizer, [])
+    assert plain.push(ids, ends_on_stop_token=True).text + plain.flush() == "xy"
+
+
 def test_push_after_flush_is_an_error(byte_tokenizer):
     detokenizer = IncrementalDetokenizer(byte_tokenizer, [], stop=["zz"])
     assert detokenizer.push(_encode(byte_tokenizer, "a z")) == DetokenizedDelta("a ", None)

@@ -41,6 +41,9 @@ def test_completion_choices_index_and_seed_per_choice() -> None:
     (single,) = completion_choices(CompletionRequest(prompt=[5, 6, 7], stop="x", top_k=3))
     assert single.prompt == [5, 6, 7] and single.params.stop == ["x"]
     assert single.params.top_k == 3 and single.params.top_p == 1.0
+    assert not single.params.include_stop_str_in_output
+    keep = CompletionRequest(prompt="a", stop=",", include_stop_str_in_output=True)
+    assert completion_choices(keep)[0].params.include_stop_str_in_output
 
 
 def test_chat_choices_messages_and_limits() -> None:
