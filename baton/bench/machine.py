@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import torch
 
+from baton.engine.compute_plan import CpuCapabilities
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 
 COPY_BYTES = 256 << 20  # far beyond any L3 here (32 MiB): the copy streams through DRAM
@@ -42,10 +43,9 @@ def describe_machine() -> dict[str, Any]:
 
 
 def machine_line(machine: dict[str, Any]) -> str:
-    """One line naming the machine, for the top of a report."""
-    cpu = machine["cpu"]
+    """One line naming the machine (as `describe_machine` gave it), for the top of a report."""
+    cpu = msgspec.convert(machine["cpu"], CpuCapabilities)
     return (
-        f"Machine: {cpu['model_name']}, {cpu['num_cpus']} cores, ISA {cpu['isa']}, "
-        f"{machine['memory_gib']} GiB, copy {machine['copy_gb_per_s']} GB/s, "
-        f"torch {machine['torch']}"
+        f"Machine: {cpu.summary()}; {machine['memory_gib']} GiB, "
+        f"copy {machine['copy_gb_per_s']} GB/s, torch {machine['torch']}"
     )

@@ -96,10 +96,10 @@ def choose_compute_plan(
     if requested != "auto" and requested not in DTYPES:
         raise ValueError(f"unsupported dtype {requested!r}; choose auto, {', '.join(DTYPES)}")
     if device_type != "cpu":
-        dtype = requested
-        if requested == "auto":
-            dtype = checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"
-        return ComputePlan(dtype=dtype, pack_weights=False, reason=f"{device_type}: as requested")
+        if requested != "auto":
+            return ComputePlan(dtype=requested, pack_weights=False, reason="--dtype " + requested)
+        dtype = checkpoint_dtype if checkpoint_dtype in DTYPES else "float32"
+        return ComputePlan(dtype=dtype, pack_weights=False, reason=f"{dtype} on {device_type}")
     if requested == "float16":
         raise ValueError("float16 is supported on CUDA only; use bfloat16 or float32 on CPU")
     if requested != "auto":

@@ -17,25 +17,21 @@ from baton.engine.cpu_capabilities import (
 
 # What detection reported (or would report) on the machines seen here.
 ZEN3 = SAMPLE_CPU  # AMD EPYC Zen 3: AVX2 + FMA, oneDNN packs float32 only
-SKYLAKE = CpuCapabilities(
+SKYLAKE = replace(
+    ZEN3,
     model_name="Intel Xeon (family 6, model 85)",
-    num_cpus=2,
     isa="avx512",
     detected_isa="avx512",
-    limited_by=None,
     flags=("avx2", "avx512bw", "avx512dq", "avx512f", "avx512vl", "fma"),
     torch_capability="AVX512",
     packable_dtypes=("float32", "bfloat16"),
 )
-ZEN5 = CpuCapabilities(
+ZEN5 = replace(
+    SKYLAKE,
     model_name="AMD EPYC (family 26, model 2)",
-    num_cpus=2,
     isa="avx512_bf16",
     detected_isa="avx512_bf16",
-    limited_by=None,
-    flags=("avx2", "avx512_bf16", "avx512bw", "avx512dq", "avx512f", "avx512vl", "fma"),
-    torch_capability="AVX512",
-    packable_dtypes=("float32", "bfloat16"),
+    flags=(*SKYLAKE.flags, "avx512_bf16"),
 )
 SAPPHIRE_RAPIDS = replace(
     ZEN5, model_name="Intel Xeon (family 6, model 143)", isa="amx", detected_isa="amx"
