@@ -16,7 +16,7 @@ import msgspec
 import zmq
 
 from baton.addresses import ServerAddresses
-from baton.config import BatonConfig
+from baton.config import BatonConfig, ConfigurationError
 from baton.cpu_binding import bind_service_process
 from baton.messages import Codec, LauncherMessage, ProcessReady
 
@@ -35,7 +35,11 @@ class ChildSpec(msgspec.Struct, kw_only=True):
 
 def start_child(module: str, config: BatonConfig, addresses: ServerAddresses) -> subprocess.Popen:
     """Start `module` (a process's `__main__`) for this server and hand it its spec on stdin."""
-    process = subprocess.Popen([sys.executable, "-m", module], stdin=subprocess.PIPE)
+    # A session of its own: a terminal's Ctrl-C reaches only the launcher, which stops the
+    # children in order (the frontend drains first) rather than all of them at once.
+    process = subprocess.Popen(
+        [sys.executable, "-m", module], stdin=subprocess.PIPE, start_new_session=True
+    )
     assert process.stdin is not None
     process.stdin.write(msgspec.json.encode(ChildSpec(config=config, addresses=addresses)))
     process.stdin.close()
@@ -90,6 +94,10 @@ def run_child(
         serve(config, addresses, context, reporter)
     except SystemExit:
         pass
+    except ConfigurationError as error:  # names its fix: one line, no traceback
+        logger.error("%s", error)
+        reporter.failed(str(error))
+        exit_code = 1
     except Exception:
         logger.exception("%s failed", name)
         reporter.failed(traceback.format_exc(limit=5))

@@ -14,6 +14,11 @@ from baton.engine.compute_plan import DTYPES, ISA_LEVELS, isa_rank
 SchedulePolicy = Literal["prefill-first", "decode-first"]
 
 
+class ConfigurationError(ValueError):
+    """A configuration that cannot work on this model or machine; the message names the fix.
+    A server process that meets one at start-up reports it in one line, not a traceback."""
+
+
 @dataclass(frozen=True)
 class BatonConfig:
     """Everything a Baton engine, scheduler and server is configured with.
@@ -55,7 +60,11 @@ class BatonConfig:
     zmq_port: int | None = None  # client-facing ZMQ on tcp (this port and the next), else ipc
     api_key: str | None = None  # when set, the HTTP API requires "Authorization: Bearer <key>"
     served_model_name: str | None = None  # the model name in the API (default: the checkpoint's)
-    max_request_body_bytes: int = 32 << 20
+    # None: what the longest prompt that fits the context can take (frontend/body_limit.py).
+    max_request_body_bytes: int | None = None
+    # On SIGTERM/SIGINT, open HTTP requests may finish for this long (new ones get 503) before
+    # they are cut with an error; vLLM's --shutdown-timeout. 0 cuts them at once.
+    shutdown_timeout: float = 10.0
     log_level: str = "info"
 
     def replace(self, **changes: object) -> BatonConfig:
@@ -83,6 +92,8 @@ class BatonConfig:
             )
         if self.max_cpu_isa is not None:
             isa_rank(self.max_cpu_isa)
+        if not self.shutdown_timeout >= 0:
+            raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -181,7 +192,16 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--served-model-name", default=None)
     group.add_argument(
-        "--max-request-body-bytes", type=int, default=defaults.max_request_body_bytes
+        "--max-request-body-bytes",
+        type=int,
+        default=None,
+        help="413 for larger bodies (default: room for the longest prompt the context fits)",
+    )
+    group.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=defaults.shutdown_timeout,
+        help="seconds open requests may finish after SIGTERM before they are cut (0: at once)",
     )
     group.add_argument("--log-level", default=defaults.log_level)
 

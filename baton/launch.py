@@ -1,7 +1,8 @@
 """`baton launch`: start every server process, wait until each is ready, supervise them.
 
 If any child dies, the rest are stopped and the launcher exits non-zero: no orphans (children
-also die with the launcher, via PR_SET_PDEATHSIG). Ctrl-C / SIGTERM stop everything cleanly.
+also die with the launcher, via PR_SET_PDEATHSIG). Ctrl-C / SIGTERM stop everything cleanly: the
+frontend drains its open requests first (`--shutdown-timeout`); a second signal cuts them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from types import FrameType
 
 import zmq
@@ -91,9 +93,16 @@ class Server:
             if report is None:
                 continue
             if report.error is not None:
-                raise ServerStartError(f"{report.name} failed to start:\n{report.error}")
+                separator = "\n" if "\n" in report.error else " "  # a traceback, or one line
+                raise ServerStartError(f"{report.name} failed to start:{separator}{report.error}")
             pending.discard(report.name)
             self.info.update(report.info)
+
+    def cut_drain(self) -> None:
+        """End the frontend's drain now: a second SIGTERM makes it cut its open requests."""
+        frontend = self.processes.get("frontend")
+        if frontend is not None and frontend.poll() is None:
+            frontend.terminate()
 
     def dead_child(self) -> str | None:
         """The name of a child that has exited, if any."""
@@ -102,9 +111,18 @@ class Server:
                 return name
         return None
 
-    def stop(self, grace: float = 5.0) -> None:
-        """Stop every child and clean up: Shutdown to the scheduler and detokenizer (they leave
-        their loops), SIGTERM to all, SIGKILL for any still alive after `grace` seconds."""
+    def stop(self, grace: float = 5.0, drain: bool = True) -> None:
+        """Stop every child and clean up. With `drain`, the frontend goes first: on SIGTERM it
+        lets its open requests finish (up to `shutdown_timeout`) while the pipeline still
+        serves them. Then Shutdown to the scheduler and detokenizer (they leave their loops),
+        SIGTERM to all, SIGKILL for any still alive after `grace` seconds."""
+        frontend = self.processes.get("frontend")
+        if drain and frontend is not None and frontend.poll() is None:
+            frontend.terminate()
+            try:
+                frontend.wait(self.config.shutdown_timeout + grace)
+            except subprocess.TimeoutExpired:
+                logger.warning("the frontend did not finish draining; stopping it")
         for address in (self.addresses.scheduler, self.addresses.detokenizer):
             with self._context.socket(zmq.PUSH) as shutdown:
                 shutdown.setsockopt(zmq.LINGER, 200)
@@ -146,36 +164,48 @@ def run(config: BatonConfig) -> int:
         logger.error("%s", error)
         return 1
     stopping = False
+    server = Server(config)
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
+        if stopping:  # a second signal: do not wait out the drain
+            server.cut_drain()
         stopping = True
 
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    server = Server(config)
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _serve(server, lambda: stopping)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve(server: Server, stopping: Callable[[], bool]) -> int:
+    """Start `server`, then supervise it until `stopping()` or a child's death."""
     try:
         server.start()
     except ServerStartError as error:
         logger.error("%s", error)
-        server.stop()
+        server.stop(drain=False)
         return 1
+    model = server.info.get("model", server.config.model or "built-in default")
     print(
-        f"Baton ready: model {server.info.get('model', config.model or 'built-in default')}\n"
+        f"Baton ready: model {model}\n"
         f"  HTTP (OpenAI-compatible): {server.info.get('http')}\n"
         f"  ZMQ requests: {server.addresses.requests}\n"
         f"  ZMQ replies:  {server.addresses.replies}",
         flush=True,
     )
     exit_code = 0
-    while not stopping:
+    while not stopping():
         dead = server.dead_child()
         if dead is not None:
             logger.error("%s process died; stopping the server", dead)
             exit_code = 1
             break
         time.sleep(0.2)
-    server.stop()
+    # With a child dead, the open requests cannot finish: nothing to drain.
+    server.stop(drain=exit_code == 0)
     return exit_code
 
 

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
+import httpx
 import pytest
 from helpers import free_port_pair
 
@@ -32,20 +36,31 @@ def alive(pid: int) -> bool:
 
 
 def start_launcher(
-    model_dir: Path, env: dict[str, str] | None = None
+    model_dir: Path,
+    env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
+    stderr: IO[str] | None = None,
 ) -> tuple[subprocess.Popen, dict[int, str]]:
-    command = [sys.executable, "-m", "baton.launch", "--model", str(model_dir)]
+    command = [sys.executable, "-m", "baton.launch", "--model", str(model_dir), "--port", "0"]
     if env is None or "BATON_API_KEY" not in env:  # tcp is refused with an API key
         command += ["--zmq-port", str(free_port_pair())]
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    launcher = subprocess.Popen(
+        [*command, *extra_args], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
+    )
     deadline = time.monotonic() + 120
     for line in launcher.stdout:
         if line.startswith("Baton ready"):
             break
         assert time.monotonic() < deadline, "launcher never became ready"
+    launcher.http_url = next(launcher.stdout).split(": ", 1)[1].strip()  # type: ignore[attr-defined]
     children = children_of(launcher.pid)
     assert len(children) == 4  # scheduler, detokenizer, tokenizer, frontend
     return launcher, children
+
+
+def child_pid(children: dict[int, str], process: str) -> int:
+    (pid,) = [pid for pid, cmd in children.items() if f"baton.{process}" in cmd]
+    return pid
 
 
 def wait_dead(pids, timeout: float = 10.0) -> list[int]:
@@ -59,7 +74,7 @@ def wait_dead(pids, timeout: float = 10.0) -> list[int]:
 def test_killing_the_scheduler_stops_the_server(stories260k_dir: Path) -> None:
     launcher, children = start_launcher(stories260k_dir)
     try:
-        (scheduler,) = [pid for pid, cmd in children.items() if "baton.scheduler_proc" in cmd]
+        scheduler = child_pid(children, "scheduler_proc")
         killed_at = time.monotonic()
         os.kill(scheduler, signal.SIGKILL)
         assert launcher.wait(timeout=15) != 0
@@ -112,3 +127,101 @@ def test_the_api_key_never_reaches_a_command_line(stories260k_dir: Path) -> None
     finally:
         launcher.send_signal(signal.SIGTERM)
         launcher.wait(30)
+
+
+STREAMED = {"prompt": "Once upon a time", "max_tokens": 64, "stream": True, "ignore_eos": True}
+
+
+def assert_refused_while_draining(http: httpx.Client) -> None:
+    """New requests and /health get 503 "shutting down" with Retry-After while draining."""
+    shutting_down = "the server is shutting down"
+    deadline = time.monotonic() + 10
+    while shutting_down not in (health := http.get("/health")).text:
+        assert time.monotonic() < deadline, "the server never started draining"
+        time.sleep(0.05)
+    refused = http.post("/v1/completions", json={**STREAMED, "stream": False})
+    assert refused.status_code == health.status_code == 503
+    assert refused.headers["Retry-After"] == health.headers["Retry-After"] == "1"
+    assert refused.json()["error"]["message"] == shutting_down
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_sigterm_lets_an_open_stream_finish_and_refuses_new_requests(
+    stories260k_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM's --shutdown-timeout drain. The detokenizer is paused once the stream has its first
+    chunk, so the request is certainly still open when SIGTERM comes."""
+    with (tmp_path / "stderr").open("w+") as stderr:
+        launcher, children = start_launcher(stories260k_dir, extra_args=(), stderr=stderr)
+        detokenizer = child_pid(children, "detokenizer_proc")
+        try:
+            with (
+                httpx.Client(base_url=launcher.http_url, timeout=30) as http,
+                http.stream("POST", "/v1/completions", json=STREAMED) as response,
+            ):
+                lines = response.iter_lines()
+                assert next(lines).startswith("data: ")
+                os.kill(detokenizer, signal.SIGSTOP)
+                launcher.send_signal(signal.SIGTERM)
+                assert_refused_while_draining(http)
+                os.kill(detokenizer, signal.SIGCONT)
+                rest = [line for line in lines if line]
+            assert rest[-1] == "data: [DONE]"
+            assert '"finish_reason":"length"' in rest[-2]
+            assert launcher.wait(timeout=30) == 0
+            assert wait_dead(children) == []
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(detokenizer, signal.SIGCONT)
+            launcher.kill()
+        stderr.seek(0)
+        assert "Traceback" not in stderr.read()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_stream_still_open_after_the_shutdown_timeout_ends_with_an_error_and_done(
+    stories260k_dir: Path, tmp_path: Path
+) -> None:
+    with (tmp_path / "stderr").open("w+") as stderr:
+        launcher, children = start_launcher(
+            stories260k_dir, extra_args=("--shutdown-timeout", "0.5"), stderr=stderr
+        )
+        detokenizer = child_pid(children, "detokenizer_proc")
+        try:
+            with (
+                httpx.Client(base_url=launcher.http_url, timeout=30) as http,
+                http.stream("POST", "/v1/completions", json=STREAMED) as response,
+            ):
+                lines = response.iter_lines()
+                assert next(lines).startswith("data: ")
+                os.kill(detokenizer, signal.SIGSTOP)
+                launcher.send_signal(signal.SIGTERM)
+                rest = [line for line in lines if line]  # the cut ends the stream
+                os.kill(detokenizer, signal.SIGCONT)
+            assert rest[-1] == "data: [DONE]"
+            error = json.loads(rest[-2].removeprefix("data: "))["error"]
+            assert error["code"] == "unavailable"
+            assert error["message"] == "the server is shutting down"
+            assert launcher.wait(timeout=30) == 0
+            assert wait_dead(children) == []
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(detokenizer, signal.SIGCONT)
+            launcher.kill()
+        stderr.seek(0)
+        assert "Traceback" not in stderr.read()
+
+
+def test_a_kv_cache_smaller_than_one_request_is_refused_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from baton import launch
+
+    argv = ["--num-gpu-blocks-override", "2", "--max-model-len", "512", "--port", "0"]
+    assert launch.main(argv) == 1
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.getMessage() == (
+        "scheduler failed to start: the KV cache holds 32 tokens (2 pages of 16), less than one "
+        "request of max_model_len 512: give --num-gpu-blocks-override at least 32, or "
+        "--max-model-len 32 or less"
+    )

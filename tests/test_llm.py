@@ -17,6 +17,7 @@ from helpers import (
 )
 
 from baton import LLM, SamplingParams
+from baton.config import ConfigurationError
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.scheduler_proc.errors import PromptTooLongError, RequestError
 
@@ -101,7 +102,7 @@ def test_explicit_bfloat16_runs_on_every_cpu(tiny_model_factory) -> None:
         {"enable_prefix_caching": False},
         {"max_running_requests": 3},
         # 25 pages of 16 tokens: the 300-token prompt alone needs 21, so requests wait for pages.
-        {"num_pages": 25},
+        {"num_pages": 25, "max_model_len": 400},
     ],
     ids=repr,
 )
@@ -144,7 +145,9 @@ def test_seed_makes_unseeded_sampling_reproducible() -> None:
     params = SamplingParams(temperature=1.5, max_tokens=24, ignore_eos=True)
 
     def sampled(seed: int) -> list[int]:
-        return LLM(seed=seed, num_pages=16).generate("hello", params)[0].token_ids
+        return (
+            LLM(seed=seed, num_pages=16, max_model_len=256).generate("hello", params)[0].token_ids
+        )
 
     first = sampled(123)
     assert sampled(123) == first
@@ -328,3 +331,16 @@ def test_min_tokens_suppresses_eos_and_stop_ids(tiny_llama_dir: Path, llama_refe
     assert stop_at not in output.token_ids[:12] and len(output.token_ids) >= 12
     with pytest.raises(ValueError, match="min_tokens"):
         llm.generate("x", SamplingParams(max_tokens=2, min_tokens=3))
+
+
+def test_a_kv_cache_smaller_than_one_request_is_refused_naming_the_fix() -> None:
+    """Once accepted: a request of max_model_len tokens could then never finish."""
+    with pytest.raises(ConfigurationError) as refused:
+        LLM(num_pages=2, max_model_len=512)
+    assert str(refused.value) == (
+        "the KV cache holds 32 tokens (2 pages of 16), less than one request of max_model_len "
+        "512: give --num-gpu-blocks-override at least 32, or --max-model-len 32 or less"
+    )
+    with pytest.raises(ConfigurationError, match="give --kv-cache-memory-bytes at least"):
+        LLM(kv_cache_memory_bytes=1, max_model_len=512)
+    assert LLM(num_pages=32, max_model_len=512).engine.num_pages == 32  # exactly one fits

@@ -152,6 +152,7 @@ def test_hundred_concurrent_requests_under_kv_pressure(stories260k_dir: Path, of
         dtype="float32",
         page_size=4,
         num_pages=60,
+        max_model_len=240,  # the longest request the pool can hold
         port=free_port(),
         log_level="warning",
     )

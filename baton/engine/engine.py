@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from baton.config import BatonConfig
+from baton.config import BatonConfig, ConfigurationError
 from baton.cpu_binding import bind_engine_thread
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.select import make_attention_backend
@@ -54,6 +54,7 @@ class Engine:
         self.max_model_len = model_config.served_context_length(config.max_model_len)
         self.page_size = config.page_size
         self.num_pages = config.num_pages or self._pages_from_budget(config)
+        self._check_one_request_fits(config)
         self.model = CausalLM(model_config, self.dtype, self.device)
         self.model.load_weights(self.checkpoint.iter_weights())
         if self.plan.pack_weights:
@@ -86,12 +87,31 @@ class Engine:
             self.max_model_len,
         )
 
-    def _pages_from_budget(self, config: BatonConfig) -> int:
+    def _bytes_per_page(self) -> int:
         mc = self.model_config
-        per_page = KVPool.bytes_per_page(
+        return KVPool.bytes_per_page(
             mc.num_layers, self.page_size, mc.num_kv_heads, mc.head_dim, self.dtype
         )
-        by_budget = config.kv_cache_memory_bytes // per_page
+
+    def _check_one_request_fits(self, config: BatonConfig) -> None:
+        """ConfigurationError unless the pool holds one request of max_model_len tokens: one
+        that does not fit could never finish, however long it waited."""
+        capacity = self.num_pages * self.page_size
+        if capacity >= self.max_model_len:
+            return
+        pages_needed = -(-self.max_model_len // self.page_size)
+        if config.num_pages is not None:
+            fix = f"--num-gpu-blocks-override at least {pages_needed}"
+        else:
+            fix = f"--kv-cache-memory-bytes at least {pages_needed * self._bytes_per_page()}"
+        raise ConfigurationError(
+            f"the KV cache holds {capacity} tokens ({self.num_pages} pages of {self.page_size}), "
+            f"less than one request of max_model_len {self.max_model_len}: give {fix}, "
+            f"or --max-model-len {capacity} or less"
+        )
+
+    def _pages_from_budget(self, config: BatonConfig) -> int:
+        by_budget = config.kv_cache_memory_bytes // self._bytes_per_page()
         # More pages than every admissible request could fill at once would only waste memory.
         by_need = config.max_running_requests * -(-self.max_model_len // self.page_size)
         return max(1, min(by_budget, by_need))

@@ -15,7 +15,7 @@ from baton.config import BatonConfig
 from baton.engine.default_model import DEFAULT_MODEL_NAME
 from baton.frontend import chat, completions, info
 from baton.frontend.auth import ApiKeyMiddleware
-from baton.frontend.body_limit import BodySizeLimitMiddleware
+from baton.frontend.body_limit import BodySizeLimitMiddleware, default_body_limit
 from baton.frontend.errors import install_error_handlers
 from baton.frontend.logprobs import TokenTextDecoder
 from baton.frontend.metrics import FrontendMetrics
@@ -72,7 +72,8 @@ def create_app(
         app.include_router(router)
     install_error_handlers(app)
     # The last middleware added runs first: the key is checked before the body is read.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_body_bytes)
+    body_limit = config.max_request_body_bytes or default_body_limit(max_model_len, tokenizer)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=body_limit)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
     return app

@@ -9,8 +9,22 @@ the client's disconnect.
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from transformers import PreTrainedTokenizerBase
 
 from baton.frontend.errors import OpenAIError
+from baton.tokenizer_proc.tokenizer import max_chars_per_token
+
+# JSON spells one character in at most 12 bytes (an escaped surrogate pair, "\ud83d\ude00").
+MAX_JSON_BYTES_PER_CHAR = 12
+# Room for every other field of a request: stop strings, logit_bias, tools...
+OTHER_FIELDS_BYTES = 1 << 20
+
+
+def default_body_limit(max_model_len: int, tokenizer: PreTrainedTokenizerBase) -> int:
+    """A body limit that admits the longest prompt the context can hold, however it is escaped,
+    and refuses at once what could only be refused after reading and tokenizing it."""
+    longest_prompt_chars = max_model_len * max_chars_per_token(tokenizer)
+    return longest_prompt_chars * MAX_JSON_BYTES_PER_CHAR + OTHER_FIELDS_BYTES
 
 
 class BodySizeLimitMiddleware:

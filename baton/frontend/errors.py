@@ -32,7 +32,12 @@ ERROR_KINDS = {
     500: ("server_error", "internal"),
     503: ("server_error", "unavailable"),
 }
-SERVER_ERROR_STATUS = {"invalid_request": 400, "prompt_too_long": 400, "overloaded": 429}
+SERVER_ERROR_STATUS = {
+    "invalid_request": 400,
+    "prompt_too_long": 400,
+    "overloaded": 429,
+    "unavailable": 503,
+}
 # Seconds a client should wait before retrying a 429 or 503: a queue slot frees within a few
 # decode steps on a busy server, a restarting pipeline takes longer, but polling once a second
 # costs nothing.

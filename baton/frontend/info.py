@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from baton.client import ServerError
 from baton.frontend.errors import OpenAIError, json_response
-from baton.frontend.state import FrontendState, frontend_state
+from baton.frontend.state import SHUTTING_DOWN, FrontendState, frontend_state
 from baton.scheduler_proc.outputs import AggregateStats
 
 router = APIRouter()
@@ -68,8 +68,12 @@ async def server_info(request: Request) -> Response:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """200 when every pipeline process answers (a stats round trip), else 503."""
-    if await scheduler_stats(frontend_state(request)) is None:
+    """200 when every pipeline process answers (a stats round trip), else 503 (also while
+    shutting down, so load balancers stop sending requests)."""
+    state = frontend_state(request)
+    if state.draining:
+        raise OpenAIError(503, SHUTTING_DOWN)
+    if await scheduler_stats(state) is None:
         raise OpenAIError(503, "the pipeline is not answering")
     return Response(status_code=200)
 

@@ -16,14 +16,16 @@ from baton.client import BatonClient
 from baton.config import BatonConfig
 from baton.engine.checkpoint import load_checkpoint
 from baton.frontend.app import create_app, served_model_name
+from baton.frontend.drain import DrainingServer
+from baton.frontend.http_protocol import OpenAIErrorHttpProtocol
 
 logger = logging.getLogger(__name__)
 
 # The detokenizer answers the client's handshake once it is up; on a cold machine the
 # pipeline's processes can take a while to import and load.
 CONNECT_TIMEOUT_S = 300.0
-# Open streams may hold up shutdown this long before they are cut (the launcher's grace
-# period before SIGKILL is longer).
+# After the drain (drain.py), connections still writing their last chunks may hold up uvicorn's
+# shutdown this long.
 GRACEFUL_SHUTDOWN_S = 2
 STARTED_POLL_S = 0.05
 
@@ -45,15 +47,18 @@ def serve(
 
     max_model_len = checkpoint.config.served_context_length(config.max_model_len)
     app = create_app(config, connect, checkpoint.tokenizer, max_model_len)
-    server = uvicorn.Server(
+    server = DrainingServer(
         uvicorn.Config(
             app,
             host=config.host,
             port=config.port,
             loop="uvloop",
+            http=OpenAIErrorHttpProtocol,
             log_level=config.log_level.lower(),
             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        )
+        ),
+        app.state.frontend,
+        config.shutdown_timeout,
     )
     model = served_model_name(config)
     uvloop.run(_serve_until_stopped(server, lambda url: reporter.ready(http=url, model=model)))
@@ -62,8 +67,8 @@ def serve(
 async def _serve_until_stopped(server: uvicorn.Server, on_started: Callable[[str], None]) -> None:
     """Run uvicorn; once it listens, call `on_started` with its URL.
 
-    uvicorn catches SIGTERM itself, shuts down gracefully, then re-raises the signal, so
-    run_child's handler still ends the process with exit code 0.
+    uvicorn catches SIGTERM itself, drains and shuts down (drain.py), then re-raises the signal,
+    so run_child's handler still ends the process with exit code 0.
     """
     serving = asyncio.ensure_future(_serve(server))
     while not server.started:

@@ -12,6 +12,8 @@ from baton.frontend.errors import OpenAIError
 from baton.frontend.logprobs import TokenTextDecoder
 from baton.frontend.metrics import FrontendMetrics
 
+SHUTTING_DOWN = "the server is shutting down"
+
 
 class InFlight:
     """Counts the pipeline requests being streamed, so shutdown can wait for their aborts."""
@@ -53,9 +55,13 @@ class FrontendState:
     metrics: FrontendMetrics
     client: BatonClient | None = None
     in_flight: InFlight = field(default_factory=InFlight)
+    # Set once shutdown begins: open requests may finish, new ones are refused (see drain.py).
+    draining: bool = False
 
     def require_client(self) -> BatonClient:
-        """The connected client (503 while the server is still starting)."""
+        """The connected client for a new request (503 while starting or shutting down)."""
+        if self.draining:
+            raise OpenAIError(503, SHUTTING_DOWN)
         if self.client is None:
             raise OpenAIError(503, "the server is not connected to its pipeline yet")
         return self.client

@@ -8,9 +8,9 @@ loop. No input, however malformed, ends the loop: it becomes an error reply and 
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from typing import Literal
 
 import msgspec
 import zmq
@@ -25,21 +25,22 @@ from baton.messages import (
     AbortRequest,
     AbortRid,
     ClientMessage,
-    DetokenizerMessage,
     ForwardedStatsRequest,
     GenerateRequest,
     RequestFailed,
-    SchedulerMessage,
     StatsRequest,
     TokenizedRequest,
     make_rid,
 )
 from baton.tokenizer_proc.chat import render_chat
+from baton.tokenizer_proc.offload import Outgoing, PromptOffload
+from baton.tokenizer_proc.tokenizer import max_chars_per_token
 
 logger = logging.getLogger(__name__)
 
-Destination = Literal["scheduler", "detokenizer"]
-Outgoing = tuple[Destination, SchedulerMessage | DetokenizerMessage]
+# A text prompt this long is tokenized on the worker thread (offload.py); shorter ones take
+# milliseconds and are done on the loop, in order.
+OFFLOAD_PROMPT_CHARS = 16_384
 
 
 class RejectedRequest(ValueError):
@@ -63,6 +64,15 @@ class TokenizerService:
         # a multi-megabyte prompt took seconds while every other request waited.
         self.max_prompt_chars = max_model_len * max_chars_per_token(tokenizer)
         self._decoder = msgspec.msgpack.Decoder(ClientMessage)
+        # Set by `serve`: large prompts go to a worker thread with a tokenizer of its own.
+        self.offload: PromptOffload | None = None
+
+    def start_offload(self) -> None:
+        """Tokenize prompts of OFFLOAD_PROMPT_CHARS or more on a worker thread from now on."""
+        worker = TokenizerService(
+            copy.deepcopy(self.tokenizer), self.vocab_size, self.max_model_len
+        )
+        self.offload = PromptOffload(worker.tokenize)
 
     @classmethod
     def from_config(cls, config: BatonConfig) -> TokenizerService:
@@ -90,30 +100,34 @@ class TokenizerService:
             request_id = _recover_request_id(frame)
             text = f"malformed message: {error}"
             return [_failure(client_id, request_id, "invalid_request", text)]
-        try:
-            return [self._route(client_id, message)]
-        except Exception as error:  # a bug (e.g. in a tokenizer) must cost one request, not all
-            logger.exception("client %s: request %r failed", client_id.hex(), message.request_id)
-            return [_failure(client_id, message.request_id, "internal", f"internal error: {error}")]
-
-    def _route(
-        self, client_id: bytes, message: GenerateRequest | AbortRequest | StatsRequest
-    ) -> Outgoing:
-        """One decoded client message -> where it goes: a forwarded message or a rejection."""
         if not message.request_id:
             logger.warning("client %s: empty request_id", client_id.hex())
-            return _failure(client_id, "", "invalid_request", "request_id must be non-empty")
+            return [_failure(client_id, "", "invalid_request", "request_id must be non-empty")]
+        rid = make_rid(client_id, message.request_id)
         if isinstance(message, AbortRequest):
-            rid = make_rid(client_id, message.request_id)
-            return ("scheduler", AbortRid(rid=rid, reason=message.reason))
+            abort: Outgoing = ("scheduler", AbortRid(rid=rid, reason=message.reason))
+            held = self.offload is not None and self.offload.defer(rid, abort)
+            return [] if held else [abort]
         if isinstance(message, StatsRequest):
             stats = ForwardedStatsRequest(client_id=client_id, request_id=message.request_id)
-            return ("scheduler", stats)
+            return [("scheduler", stats)]
+        if self.offload is None or prompt_chars(message) < OFFLOAD_PROMPT_CHARS:
+            return [self.tokenize(client_id, message)]
+        if self.offload.submit(rid, client_id, message):
+            return []
+        text = f"request_id {message.request_id!r} is already running"
+        return [_failure(client_id, message.request_id, "invalid_request", text)]
+
+    def tokenize(self, client_id: bytes, message: GenerateRequest) -> Outgoing:
+        """The request, validated and tokenized for the scheduler, or its rejection."""
         try:
             prompt_ids = self._validated_prompt(message)
         except RejectedRequest as error:
             logger.warning("request %r rejected: %s", message.request_id, error)
             return _failure(client_id, message.request_id, error.code, str(error))
+        except Exception as error:  # a bug (e.g. in a tokenizer) must cost one request, not all
+            logger.exception("client %s: request %r failed", client_id.hex(), message.request_id)
+            return _failure(client_id, message.request_id, "internal", f"internal error: {error}")
         tokenized = TokenizedRequest(
             rid=make_rid(client_id, message.request_id),
             client_id=client_id,
@@ -173,9 +187,7 @@ class TokenizerService:
         if request.prompt_token_ids is not None:
             self._check_length(len(request.prompt_token_ids), None)
             return
-        texts = [request.prompt] if request.prompt is not None else []
-        texts += [message.content for message in request.messages or ()]
-        chars = sum(len(text) for text in texts)
+        chars = prompt_chars(request)
         if chars > self.max_prompt_chars:
             raise RejectedRequest(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
@@ -202,11 +214,11 @@ class TokenizerService:
             )
 
 
-def max_chars_per_token(tokenizer: PreTrainedTokenizerBase) -> int:
-    """An upper bound on the characters one token covers: its longest vocabulary entry (byte-level
-    and SentencePiece entries spell at least the characters they match), doubled as a margin for
-    normalizers that drop characters."""
-    return 2 * max(len(token) for token in tokenizer.get_vocab())
+def prompt_chars(request: GenerateRequest) -> int:
+    """The characters of a request's text prompt or messages (0 for token ids)."""
+    texts = [request.prompt] if request.prompt is not None else []
+    texts += [message.content for message in request.messages or ()]
+    return sum(len(text) for text in texts)
 
 
 def _failure(client_id: bytes, request_id: str, code: str, message: str) -> Outgoing:
@@ -240,7 +252,16 @@ def serve(
     outboxes["scheduler"].connect(addresses.scheduler)
     outboxes["detokenizer"].connect(addresses.detokenizer)
     encoder = msgspec.msgpack.Encoder()
+    service.start_offload()
+    assert service.offload is not None
+    poller = zmq.Poller()
+    poller.register(requests, zmq.POLLIN)
+    poller.register(service.offload.wake_fd, zmq.POLLIN)
     reporter.ready(max_model_len=str(service.max_model_len))
     while True:
-        for destination, message in service.handle_multipart(requests.recv_multipart()):
+        ready = dict(poller.poll())
+        outgoing = service.offload.completed() if service.offload.wake_fd in ready else []
+        if requests in ready:
+            outgoing += service.handle_multipart(requests.recv_multipart())
+        for destination, message in outgoing:
             outboxes[destination].send(encoder.encode(message))

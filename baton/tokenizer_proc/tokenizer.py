@@ -29,6 +29,13 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(str(path))
 
 
+def max_chars_per_token(tokenizer: PreTrainedTokenizerBase) -> int:
+    """An upper bound on the characters one token covers: its longest vocabulary entry (byte-level
+    and SentencePiece entries spell at least the characters they match), doubled as a margin for
+    normalizers that drop characters."""
+    return 2 * max(len(token) for token in tokenizer.get_vocab())
+
+
 def build_byte_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
     """A byte-level tokenizer: byte b is token b; BOS, EOS and PAD follow at 256, 257, 258.
 

@@ -27,7 +27,7 @@ from baton.engine.compute_plan import CpuCapabilities
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 
 # Keep the test engine's KV pool small: the default budget would zero-fill gigabytes.
-SMALL_POOL = "--num-gpu-blocks-override 64"
+SMALL_POOL = "--num-gpu-blocks-override 64 --max-model-len 1024"
 
 
 def live_group_members(group: int) -> list[int]:

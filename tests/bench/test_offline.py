@@ -20,8 +20,9 @@ from baton.engine.cpu_capabilities import detect_cpu_capabilities
 
 # Qwen2.5-0.5B's published parameter count (tied embeddings counted once).
 QWEN25_05B_PARAMETERS = 494_032_768
-# Keep the test engines' KV pools small: the default budget would zero-fill gigabytes.
-SMALL_POOL = ["--num-gpu-blocks-override", "64"]
+# Keep the test engines' KV pools small (the default budget would zero-fill gigabytes), and the
+# context within them.
+SMALL_POOL = ["--num-gpu-blocks-override", "64", "--max-model-len", "1024"]
 
 
 def run_bench(tmp_path: Path, *flags: str) -> dict:

@@ -7,6 +7,7 @@ one waiting request; the `http` client sends the key.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterator
 
 import httpx
@@ -157,6 +158,30 @@ def test_oversized_body_is_413(http: httpx.Client, restricted_frontend: BatonCon
     assert_error(http.post("/v1/completions", content=chunked()), 413, "request_too_large")
     just_under = {**VALID, "user": "u" * (limit - 200)}
     assert http.post("/v1/completions", json=just_under).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        b"GARBAGE\r\n\r\n",
+    ],
+)
+def test_an_unparsable_request_gets_openai_error_json(
+    restricted_frontend: BatonConfig, head: bytes
+) -> None:
+    """Once uvicorn's plain-text "Invalid HTTP request received."."""
+    with socket.create_connection((restricted_frontend.host, restricted_frontend.port), 10) as s:
+        s.sendall(head)
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+    head_text, _, body = reply.partition(b"\r\n\r\n")
+    assert head_text.startswith(b"HTTP/1.1 400 ")
+    assert b"content-type: application/json" in head_text.lower()
+    error = msgspec.json.decode(body)["error"]
+    assert error["code"] == "invalid_request" and error["message"]
 
 
 def test_server_keeps_serving_after_errors(http: httpx.Client) -> None:

@@ -16,6 +16,7 @@ from baton.client import BatonClient, ServerError
 from baton.config import BatonConfig
 from baton.engine.checkpoint import load_checkpoint
 from baton.frontend.app import create_app, served_model_name
+from baton.frontend.body_limit import default_body_limit
 from baton.frontend.errors import from_server_error, from_validation_error
 from baton.frontend.logprobs import ChoiceLogprobs, TokenTextDecoder
 from baton.frontend.metrics import FrontendMetrics
@@ -23,7 +24,7 @@ from baton.frontend.params import chat_choices, completion_choices
 from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from baton.messages import ChatMessage, GenerateDelta
 from baton.scheduler_proc.outputs import AggregateStats, TokenLogprob
-from baton.tokenizer_proc.tokenizer import build_byte_tokenizer
+from baton.tokenizer_proc.tokenizer import build_byte_tokenizer, max_chars_per_token
 
 
 def test_completion_choices_index_and_seed_per_choice() -> None:
@@ -199,3 +200,21 @@ def test_served_model_name_fallbacks() -> None:
     assert served_model_name(BatonConfig(model="org/model", served_model_name="x")) == "x"
     assert served_model_name(BatonConfig(model="org/model")) == "org/model"
     assert served_model_name(BatonConfig()) == "baton-default"
+
+
+def test_the_default_body_limit_fits_the_longest_prompt_the_context_holds() -> None:
+    """Once a flat 32 MiB: a 32 MB prompt was read and tokenized for 35 s before its refusal."""
+    tokenizer = build_byte_tokenizer()
+    limit = default_body_limit(64, tokenizer)
+    longest_fitting = 64 * max_chars_per_token(tokenizer)
+    assert longest_fitting * 12 < limit < 2 << 20
+
+    async def statuses() -> tuple[int, int]:
+        async with app_client() as client:
+            # The worst escaping JSON has: 12 bytes for each character.
+            escaped = b'{"prompt": "' + b"\\ud83d\\ude00" * longest_fitting + b'"}'
+            fits = await client.post("/v1/completions", content=escaped)
+            too_big = await client.post("/v1/completions", content=b" " * (limit + 1))
+            return fits.status_code, too_big.status_code
+
+    assert asyncio.run(statuses()) == (503, 413)  # 503: past the limit, no pipeline in-process

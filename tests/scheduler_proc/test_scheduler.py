@@ -47,6 +47,7 @@ def test_kv_pressure_preempts_and_recovers(
         dtype="float32",
         page_size=4,
         num_pages=40,
+        max_model_len=160,  # the longest request the pool can hold
         disable_overlap=disable_overlap,
     )
     scheduler = Scheduler(config)

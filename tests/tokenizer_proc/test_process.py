@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 import shutil
 import time
 from pathlib import Path
@@ -32,7 +33,8 @@ from baton.messages import (
     make_rid,
 )
 from baton.sampling_params import SamplingParams
-from baton.tokenizer_proc.process import TokenizerService, max_chars_per_token
+from baton.tokenizer_proc.process import OFFLOAD_PROMPT_CHARS, TokenizerService
+from baton.tokenizer_proc.tokenizer import max_chars_per_token
 
 CLIENT = b"client-7"
 MAX_MODEL_LEN = 64
@@ -329,3 +331,55 @@ def test_real_process_round_trip() -> None:
             process.wait()
         context.destroy(linger=0)
         shutil.rmtree(addresses.directory, ignore_errors=True)
+
+
+class _SlowTokenizer:
+    """Takes half a second over a long text, as a real one does over hundreds of kilobytes."""
+
+    chat_template = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) >= OFFLOAD_PROMPT_CHARS:
+            time.sleep(0.5)
+        return [1, 2, 3]
+
+    def get_vocab(self) -> dict[str, int]:
+        return {"a" * 200: 0, "b": 1}  # long entries: a long prompt may fit the context
+
+
+def test_a_large_prompt_is_tokenized_beside_the_loop_and_its_abort_waits_for_it() -> None:
+    """A 4 MB prompt once held up every other request for 1.8 s."""
+    service = TokenizerService(_SlowTokenizer(), 100, MAX_MODEL_LEN)  # type: ignore[arg-type]
+    service.start_offload()
+    assert service.offload is not None
+    try:
+        started = time.monotonic()
+        large = _generate(request_id="large", prompt="b" * OFFLOAD_PROMPT_CHARS)
+        assert service.handle(CLIENT, large) == []  # on the worker
+        small = _single(
+            service.handle(CLIENT, _generate(prompt="b")), "scheduler", TokenizedRequest
+        )
+        abort = _frame(AbortRequest(request_id="large"))
+        assert service.handle(CLIENT, abort) == []  # held: the request is not forwarded yet
+        assert time.monotonic() - started < 0.3  # nobody waited for the large prompt
+        assert small.request_id == "r1"
+        assert select.select([service.offload.wake_fd], [], [], 10)[0]
+        (_, tokenized), (_, held) = service.offload.completed()
+        assert isinstance(tokenized, TokenizedRequest) and tokenized.request_id == "large"
+        assert held == AbortRid(rid=make_rid(CLIENT, "large"))
+        # Once forwarded, its aborts go straight through again.
+        _single(service.handle(CLIENT, abort), "scheduler", AbortRid)
+    finally:
+        service.offload.close()
+
+
+def test_a_second_large_request_with_a_running_id_is_refused() -> None:
+    service = TokenizerService(_SlowTokenizer(), 100, MAX_MODEL_LEN)  # type: ignore[arg-type]
+    service.start_offload()
+    assert service.offload is not None
+    try:
+        large = _generate(prompt="b" * OFFLOAD_PROMPT_CHARS)
+        assert service.handle(CLIENT, large) == []
+        assert "already running" in _failure(service.handle(CLIENT, large))
+    finally:
+        service.offload.close()
