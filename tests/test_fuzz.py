@@ -23,6 +23,7 @@ from helpers.pipeline import wait_idle
 from baton import SamplingParams
 from baton.client import BatonClient
 from baton.config import BatonConfig
+from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.launch import Server
 from baton.messages import AbortRequest, GenerateRequest, Hello, StatsRequest
 
@@ -188,7 +189,12 @@ async def idle_stats(server: Server) -> Any:
 @pytest.mark.slow
 def test_fuzzed_server_loses_nothing() -> None:
     config = BatonConfig(
-        dtype="float32", num_pages=256, port=free_port(), max_model_len=512, log_level="error"
+        model=RANDOM_MODEL_NAME,
+        dtype="float32",
+        num_pages=256,
+        port=free_port(),
+        max_model_len=512,
+        log_level="error",
     )
 
     async def main(server: Server) -> tuple[int, dict[int, int], list[int]]:

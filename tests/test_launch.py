@@ -109,7 +109,7 @@ def test_a_max_model_len_past_the_model_is_refused_in_one_line(
     """Once silently capped at the model's positions (4096 for the built-in model)."""
     from baton import launch
 
-    assert launch.main(["--max-model-len", "9999", "--port", "1"]) == 1
+    assert launch.main(["--model", "baton-random", "--max-model-len", "9999", "--port", "1"]) == 1
     [record] = [r for r in caplog.records if r.levelname == "ERROR"]
     assert (
         "--max-model-len 9999" in record.getMessage() and "give at most 4096" in record.getMessage()
@@ -217,7 +217,16 @@ def test_a_kv_cache_smaller_than_one_request_is_refused_in_one_line(
 ) -> None:
     from baton import launch
 
-    argv = ["--num-gpu-blocks-override", "2", "--max-model-len", "512", "--port", "0"]
+    argv = [
+        "--model",
+        "baton-random",
+        "--num-gpu-blocks-override",
+        "2",
+        "--max-model-len",
+        "512",
+        "--port",
+        "0",
+    ]
     assert launch.main(argv) == 1
     [record] = [r for r in caplog.records if r.levelname == "ERROR"]
     assert record.getMessage() == (

@@ -19,6 +19,7 @@ from helpers import (
 from baton import LLM, SamplingParams
 from baton.config import ConfigurationError
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.scheduler_proc.errors import PromptTooLongError, RequestError
 
 PROMPT_LENGTHS = (1, 5, 17, 40, 64, 100, 200, 300)
@@ -146,7 +147,9 @@ def test_seed_makes_unseeded_sampling_reproducible() -> None:
 
     def sampled(seed: int) -> list[int]:
         return (
-            LLM(seed=seed, num_pages=16, max_model_len=256).generate("hello", params)[0].token_ids
+            LLM(RANDOM_MODEL_NAME, seed=seed, num_pages=16, max_model_len=256)
+            .generate("hello", params)[0]
+            .token_ids
         )
 
     first = sampled(123)
@@ -265,7 +268,7 @@ def assert_pool_idle(llm: LLM) -> None:
 
 @pytest.fixture(scope="module")
 def default_llm() -> LLM:
-    return LLM()
+    return LLM(RANDOM_MODEL_NAME)
 
 
 def test_stories260k_text_and_eos_match_transformers(stories260k_dir: Path) -> None:
@@ -336,11 +339,13 @@ def test_min_tokens_suppresses_eos_and_stop_ids(tiny_llama_dir: Path, llama_refe
 def test_a_kv_cache_smaller_than_one_request_is_refused_naming_the_fix() -> None:
     """Once accepted: a request of max_model_len tokens could then never finish."""
     with pytest.raises(ConfigurationError) as refused:
-        LLM(num_pages=2, max_model_len=512)
+        LLM(RANDOM_MODEL_NAME, num_pages=2, max_model_len=512)
     assert str(refused.value) == (
         "the KV cache holds 32 tokens (2 pages of 16), less than one request of max_model_len "
         "512: give --num-gpu-blocks-override at least 32, or --max-model-len 32 or less"
     )
     with pytest.raises(ConfigurationError, match="give --kv-cache-memory-bytes at least"):
-        LLM(kv_cache_memory_bytes=1, max_model_len=512)
-    assert LLM(num_pages=32, max_model_len=512).engine.num_pages == 32  # exactly one fits
+        LLM(RANDOM_MODEL_NAME, kv_cache_memory_bytes=1, max_model_len=512)
+    assert (
+        LLM(RANDOM_MODEL_NAME, num_pages=32, max_model_len=512).engine.num_pages == 32
+    )  # exactly one fits

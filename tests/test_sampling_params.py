@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.sampling_params import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
@@ -48,7 +49,7 @@ def test_the_largest_accepted_values_sample_valid_tokens() -> None:
     """At the bounds the sampler still works: the limits are what it can represent."""
     from baton import LLM
 
-    llm = LLM(num_pages=16, max_model_len=256, max_running_requests=4)
+    llm = LLM(RANDOM_MODEL_NAME, num_pages=16, max_model_len=256, max_running_requests=4)
     params = [
         SamplingParams(temperature=MAX_TEMPERATURE, max_tokens=8, ignore_eos=True, seed=1),
         SamplingParams(temperature=1.0, top_k=MAX_TOP_K, max_tokens=8, ignore_eos=True),

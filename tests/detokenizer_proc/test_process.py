@@ -18,6 +18,7 @@ from baton.config import BatonConfig
 from baton.detokenizer_proc.incremental import REPLACEMENT_CHAR
 from baton.detokenizer_proc.process import DetokenizerService, Handled
 from baton.engine.checkpoint import Checkpoint
+from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.messages import (
     AbortRid,
     ClientReply,
@@ -45,9 +46,9 @@ CLIENT_B = b"client-b"
 
 
 @pytest.fixture
-def tokenizer(default_checkpoint: Checkpoint) -> PreTrainedTokenizerBase:
+def tokenizer(random_checkpoint: Checkpoint) -> PreTrainedTokenizerBase:
     """The default model's byte-level tokenizer: token b is byte b."""
-    return default_checkpoint.tokenizer
+    return random_checkpoint.tokenizer
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
@@ -349,7 +350,11 @@ def detokenizer_process() -> Iterator[tuple[subprocess.Popen[bytes], _FakeServer
     addresses = ServerAddresses.create()
     context = zmq.Context()
     fake = _FakeServer(context, addresses)
-    process = start_child("baton.detokenizer_proc", BatonConfig(log_level="warning"), addresses)
+    process = start_child(
+        "baton.detokenizer_proc",
+        BatonConfig(model=RANDOM_MODEL_NAME, log_level="warning"),
+        addresses,
+    )
     try:
         yield process, fake
     finally:

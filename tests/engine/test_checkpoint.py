@@ -15,6 +15,7 @@ from transformers import AutoConfig
 from baton.engine.checkpoint import CheckpointError, load_checkpoint, load_model_config
 from baton.engine.model import CausalLM
 from baton.engine.model_config import ModelConfig
+from baton.engine.random_model import RANDOM_MODEL_NAME
 
 LLAMA3_ROPE = {
     "factor": 8.0,
@@ -255,27 +256,27 @@ UTF8_SAMPLES = [
 ]
 
 
-def test_default_model_needs_no_files(default_checkpoint) -> None:
-    assert default_checkpoint.name == "baton-default"
-    assert default_checkpoint.path is None
-    config = default_checkpoint.config
+def test_default_model_needs_no_files(random_checkpoint) -> None:
+    assert random_checkpoint.name == "baton-random"
+    assert random_checkpoint.path is None
+    config = random_checkpoint.config
     assert config.architecture == "LlamaForCausalLM"
     assert config.num_kv_heads < config.num_heads
-    assert config.vocab_size == len(default_checkpoint.tokenizer)
-    assert default_checkpoint.eos_token_ids == (default_checkpoint.tokenizer.eos_token_id,)
+    assert config.vocab_size == len(random_checkpoint.tokenizer)
+    assert random_checkpoint.eos_token_ids == (random_checkpoint.tokenizer.eos_token_id,)
 
 
 @pytest.mark.parametrize("text", UTF8_SAMPLES)
-def test_default_tokenizer_round_trips_utf8(default_checkpoint, text: str) -> None:
-    tokenizer = default_checkpoint.tokenizer
+def test_default_tokenizer_round_trips_utf8(random_checkpoint, text: str) -> None:
+    tokenizer = random_checkpoint.tokenizer
     ids = tokenizer.encode(text)
     # One token per UTF-8 byte, after BOS: byte b is token b.
     assert ids == [tokenizer.bos_token_id, *text.encode("utf-8")]
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
 
 
-def test_default_chat_template(default_checkpoint) -> None:
-    tokenizer = default_checkpoint.tokenizer
+def test_default_chat_template(random_checkpoint) -> None:
+    tokenizer = random_checkpoint.tokenizer
     messages = [{"role": "user", "content": "hi"}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert text == f"{tokenizer.bos_token}<|user|>\nhi{tokenizer.eos_token}\n<|assistant|>\n"
@@ -284,9 +285,9 @@ def test_default_chat_template(default_checkpoint) -> None:
     assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
 
 
-def test_default_weights_are_deterministic(default_checkpoint) -> None:
-    first = list(default_checkpoint.iter_weights())
-    second = list(load_checkpoint(None).iter_weights())
+def test_default_weights_are_deterministic(random_checkpoint) -> None:
+    first = list(random_checkpoint.iter_weights())
+    second = list(load_checkpoint(RANDOM_MODEL_NAME).iter_weights())
     assert [name for name, _ in first] == [name for name, _ in second]
     for (name, a), (_, b) in zip(first, second, strict=True):
         assert torch.equal(a, b), name
@@ -296,6 +297,6 @@ def test_default_weights_are_deterministic(default_checkpoint) -> None:
 
 def test_model_config_alone_matches_the_checkpoints(tiny_qwen2_dir: Path, tmp_path: Path) -> None:
     assert load_model_config(str(tiny_qwen2_dir)) == load_checkpoint(str(tiny_qwen2_dir)).config
-    assert load_model_config(None) == load_checkpoint(None).config
+    assert load_model_config(RANDOM_MODEL_NAME) == load_checkpoint(RANDOM_MODEL_NAME).config
     with pytest.raises(CheckpointError, match="not a checkpoint folder"):
         load_model_config(str(tmp_path / "missing"))

@@ -13,10 +13,10 @@ from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.torch_backend import TorchPagedAttention
 from baton.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
-from baton.engine.default_model import DEFAULT_HF_CONFIG
 from baton.engine.kv_pool import KVPool
 from baton.engine.layers import Linear
 from baton.engine.model import CausalLM
+from baton.engine.random_model import RANDOM_HF_CONFIG
 
 PAGE_SIZE = 4
 NUM_PAGES = 48
@@ -212,18 +212,18 @@ def test_bfloat16_is_close_to_transformers_bfloat16(tiny_model_dir: Path) -> Non
     assert ours_error.mean() < 2 * hf_error.mean(), (ours_error.mean(), hf_error.mean())
 
 
-def test_default_model_matches_transformers_llama(default_checkpoint: Checkpoint) -> None:
+def test_default_model_matches_transformers_llama(random_checkpoint: Checkpoint) -> None:
     """The built-in model is an ordinary Llama: transformers computes the same logits from it."""
     hf_config = {
-        k: v for k, v in DEFAULT_HF_CONFIG.items() if k not in ("architectures", "model_type")
+        k: v for k, v in RANDOM_HF_CONFIG.items() if k not in ("architectures", "model_type")
     }
     reference_model = LlamaForCausalLM(LlamaConfig(**hf_config)).eval()
-    reference_model.load_state_dict(dict(default_checkpoint.iter_weights()), strict=False)
+    reference_model.load_state_dict(dict(random_checkpoint.iter_weights()), strict=False)
     reference_model.tie_weights()
-    tokens = default_checkpoint.tokenizer.encode("The default model speaks bytes: ünïcödé ✓")
+    tokens = random_checkpoint.tokenizer.encode("The default model speaks bytes: ünïcödé ✓")
     with torch.no_grad():
         reference = reference_model(torch.tensor([tokens])).logits[0]
-    [logits] = PagedRunner(default_checkpoint).step({0: tokens}, all_logits=True)
+    [logits] = PagedRunner(random_checkpoint).step({0: tokens}, all_logits=True)
     torch.testing.assert_close(logits, reference, rtol=0, atol=FLOAT32_ATOL)
 
 
@@ -294,6 +294,6 @@ def test_fused_projections_hold_the_hf_tensors(tiny_qwen3_dir: Path) -> None:
     assert torch.equal(layer.self_attn.qk_norm[-1], weights[f"{prefix}self_attn.k_norm.weight"])
 
 
-def test_float16_is_refused_on_cpu(default_checkpoint: Checkpoint) -> None:
+def test_float16_is_refused_on_cpu(random_checkpoint: Checkpoint) -> None:
     with pytest.raises(ValueError, match="float16"):
-        CausalLM(default_checkpoint.config, torch.float16, "cpu")
+        CausalLM(random_checkpoint.config, torch.float16, "cpu")

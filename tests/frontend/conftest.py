@@ -18,6 +18,7 @@ from helpers import free_port
 
 from baton import LLM
 from baton.config import BatonConfig
+from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.launch import Server
 
 API_KEY = "test-secret-key"
@@ -28,13 +29,13 @@ BODY_LIMIT = 64 * 1024
 def run_frontend(**settings: object) -> Iterator[BatonConfig]:
     """Launch a server (its frontend included); on exit, SIGTERM must end the frontend with 0."""
     config = BatonConfig(
+        **{"model": RANDOM_MODEL_NAME, **settings},
         dtype="float32",
         page_size=4,
         num_pages=400,
         port=free_port(),
         max_request_body_bytes=BODY_LIMIT,
         log_level="warning",
-        **settings,
     )
     with Server(config) as server:
         yield config

@@ -190,8 +190,8 @@ def test_server_keeps_serving_after_errors(http: httpx.Client) -> None:
     assert response.json()["usage"]["completion_tokens"] >= 1
     assert http.get("/health").status_code == 200
     # Without --served-model-name the API uses the --model given, or the built-in's name.
-    assert [model["id"] for model in http.get("/v1/models").json()["data"]] == ["baton-default"]
-    named = http.post("/v1/completions", json={**VALID, "model": "baton-default"})
+    assert [model["id"] for model in http.get("/v1/models").json()["data"]] == ["baton-random"]
+    named = http.post("/v1/completions", json={**VALID, "model": "baton-random"})
     assert named.status_code == 200
 
 
@@ -202,7 +202,7 @@ def test_server_info_names_the_machine_and_the_compute_plan(http: httpx.Client) 
     # run_frontend asks for float32 (the built-in model's own dtype): packed where oneDNN can.
     plan = choose_compute_plan("float32", "float32", "cpu", caps)
     assert msgspec.convert(info["compute_plan"], ComputePlan) == plan
-    assert info["model"] == "baton-default" and info["max_model_len"] == 512
+    assert info["model"] == "baton-random" and info["max_model_len"] == 512
     assert info["scheduler"]["total_pages"] > 0 and "cpu" not in info["scheduler"]
 
 

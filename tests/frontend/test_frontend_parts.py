@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from baton.client import BatonClient, ServerError
 from baton.config import BatonConfig
 from baton.engine.checkpoint import load_checkpoint
+from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.frontend.app import create_app, served_model_name
 from baton.frontend.body_limit import default_body_limit
 from baton.frontend.errors import from_server_error, from_validation_error
@@ -160,7 +161,7 @@ def app_client(**settings: object) -> httpx.AsyncClient:
         raise AssertionError("the lifespan does not run in-process")
 
     config = BatonConfig(**settings)
-    app = create_app(config, never_connects, build_byte_tokenizer(), max_model_len=64)
+    app = create_app(config, never_connects, build_byte_tokenizer(), 64, RANDOM_MODEL_NAME)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app")
 
 
@@ -197,9 +198,10 @@ def test_app_in_process_errors() -> None:
 
 
 def test_served_model_name_fallbacks() -> None:
-    assert served_model_name(BatonConfig(model="org/model", served_model_name="x")) == "x"
-    assert served_model_name(BatonConfig(model="org/model")) == "org/model"
-    assert served_model_name(BatonConfig()) == "baton-default"
+    named = BatonConfig(model="org/model", served_model_name="x")
+    assert served_model_name(named, "checkpoint") == "x"
+    assert served_model_name(BatonConfig(model="org/model"), "checkpoint") == "org/model"
+    assert served_model_name(BatonConfig(), "SmolLM2-135M-Instruct") == "SmolLM2-135M-Instruct"
 
 
 def test_the_default_body_limit_fits_the_longest_prompt_the_context_holds() -> None:

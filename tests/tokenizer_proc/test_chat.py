@@ -46,8 +46,8 @@ def test_tokenizer_template_is_used_when_set(stories_tokenizer: PreTrainedTokeni
     assert ids == stories_tokenizer.encode(expected_text, add_special_tokens=False)
 
 
-def test_default_model_byte_template(default_checkpoint: Checkpoint) -> None:
-    tokenizer = default_checkpoint.tokenizer
+def test_default_model_byte_template(random_checkpoint: Checkpoint) -> None:
+    tokenizer = random_checkpoint.tokenizer
     ids = render_chat(tokenizer, [ChatMessage(role="user", content="hi")])
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     # Byte tokenizer: each byte of the role headers and content is its own id.
@@ -71,12 +71,12 @@ def test_template_result_as_plain_list() -> None:
 
 
 @pytest.mark.parametrize("role", ["tool", "developer", "", "User"])
-def test_unsupported_role_is_rejected(default_checkpoint: Checkpoint, role: str) -> None:
+def test_unsupported_role_is_rejected(random_checkpoint: Checkpoint, role: str) -> None:
     messages = [ChatMessage(role="user", content="a"), ChatMessage(role=role, content="b")]
     with pytest.raises(ValueError, match=r"messages\[1\]\.role"):
-        render_chat(default_checkpoint.tokenizer, messages)
+        render_chat(random_checkpoint.tokenizer, messages)
 
 
-def test_empty_conversation_is_rejected(default_checkpoint: Checkpoint) -> None:
+def test_empty_conversation_is_rejected(random_checkpoint: Checkpoint) -> None:
     with pytest.raises(ValueError, match="empty"):
-        render_chat(default_checkpoint.tokenizer, [])
+        render_chat(random_checkpoint.tokenizer, [])

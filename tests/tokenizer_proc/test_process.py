@@ -16,6 +16,7 @@ from baton.addresses import ServerAddresses
 from baton.child_process import start_child
 from baton.config import BatonConfig
 from baton.engine.checkpoint import Checkpoint, load_checkpoint
+from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.messages import (
     AbortRequest,
     AbortRid,
@@ -41,10 +42,10 @@ MAX_MODEL_LEN = 64
 
 
 @pytest.fixture(scope="module")
-def service(default_checkpoint: Checkpoint) -> TokenizerService:
+def service(random_checkpoint: Checkpoint) -> TokenizerService:
     """The default model's byte tokenizer with a short context, to reach the limits cheaply."""
-    vocab = default_checkpoint.config.vocab_size
-    return TokenizerService(default_checkpoint.tokenizer, vocab, MAX_MODEL_LEN)
+    vocab = random_checkpoint.config.vocab_size
+    return TokenizerService(random_checkpoint.tokenizer, vocab, MAX_MODEL_LEN)
 
 
 @pytest.fixture(scope="module")
@@ -276,10 +277,12 @@ def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(
     _failure(stories_service.handle(CLIENT, _generate(prompt_token_ids=ids)), "prompt_too_long")
 
 
-def test_max_model_len_past_the_model_is_refused(default_checkpoint: Checkpoint) -> None:
-    model = default_checkpoint.config
+def test_max_model_len_past_the_model_is_refused(random_checkpoint: Checkpoint) -> None:
+    model = random_checkpoint.config
     positions = model.max_position_embeddings
-    assert model.served_context_length(BatonConfig().max_model_len) == positions
+    assert (
+        model.served_context_length(BatonConfig(model=RANDOM_MODEL_NAME).max_model_len) == positions
+    )
     assert model.served_context_length(100) == 100
     assert model.served_context_length(positions) == positions
     for length in (positions + 1, 0):  # once silently capped at the positions
@@ -294,7 +297,7 @@ def _receive(socket: zmq.Socket, codec: Codec, timeout_s: float) -> Any:
 
 def test_real_process_round_trip() -> None:
     """Start `python -m baton.tokenizer_proc` with fake neighbours and talk to it over ZMQ."""
-    config = BatonConfig(log_level="warning")
+    config = BatonConfig(model=RANDOM_MODEL_NAME, log_level="warning")
     addresses = ServerAddresses.create()
     context = zmq.Context()
     neighbours = {}
@@ -309,7 +312,7 @@ def test_real_process_round_trip() -> None:
         ready = _receive(neighbours["launcher"], Codec(LauncherMessage), timeout_s=120)
         assert (ready.name, ready.error) == ("tokenizer", None)
         assert ready.info["max_model_len"] == str(
-            load_checkpoint(None).config.max_position_embeddings
+            load_checkpoint(RANDOM_MODEL_NAME).config.max_position_embeddings
         )
         client.connect(addresses.requests)
         client.send(_frame(GenerateRequest(request_id="r1", prompt="hi")))

@@ -22,8 +22,8 @@ from baton.tokenizer_proc.tokenizer import (
     build_byte_tokenizer,
 )
 
-DEFAULT_MODEL_NAME = "baton-default"
-DEFAULT_MODEL_SEED = 20240601
+RANDOM_MODEL_NAME = "baton-random"
+RANDOM_MODEL_SEED = 20240601
 # Large enough init that logits are well separated, so greedy decoding does not flip between
 # near-tied tokens on rounding noise (e.g. between batch sizes).
 _WEIGHT_STD = 0.15
@@ -31,7 +31,7 @@ _NORM_JITTER = 0.1
 _BOS_ID = BYTE_VOCAB_SIZE + BYTE_SPECIAL_TOKENS.index(BOS_TOKEN)
 _EOS_ID = BYTE_VOCAB_SIZE + BYTE_SPECIAL_TOKENS.index(EOS_TOKEN)
 
-DEFAULT_HF_CONFIG: dict[str, Any] = {
+RANDOM_HF_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "model_type": "llama",
     "vocab_size": BYTE_VOCAB_SIZE + len(BYTE_SPECIAL_TOKENS),
@@ -54,19 +54,19 @@ DEFAULT_HF_CONFIG: dict[str, Any] = {
 }
 
 
-def default_model_config() -> ModelConfig:
+def random_model_config() -> ModelConfig:
     """The default model's architecture (a `config.json`-style dict parsed like any other)."""
-    return ModelConfig.from_hf(DEFAULT_HF_CONFIG)
+    return ModelConfig.from_hf(RANDOM_HF_CONFIG)
 
 
-def default_tokenizer() -> PreTrainedTokenizerFast:
+def random_model_tokenizer() -> PreTrainedTokenizerFast:
     """The default model's byte-level tokenizer (ids 0..255 are bytes)."""
     return build_byte_tokenizer()
 
 
-def iter_default_weights(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_random_weights(config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """Float32 weights under HF names, regenerated identically from the fixed seed on each call."""
-    generator = torch.Generator().manual_seed(DEFAULT_MODEL_SEED)
+    generator = torch.Generator().manual_seed(RANDOM_MODEL_SEED)
 
     def matrix(rows: int, cols: int) -> torch.Tensor:
         return torch.randn(rows, cols, generator=generator) * _WEIGHT_STD

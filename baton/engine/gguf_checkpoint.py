@@ -1,0 +1,196 @@
+"""GGUF checkpoints (llama.cpp's single-file format): architecture, tokenizer and weights from
+the file alone, as vLLM and llama.cpp load them.
+
+Parsing a GGUF's metadata takes seconds (a 49K-token vocabulary is read entry by entry), and every
+server process loads the tokenizer, so the first load converts the metadata into a Hugging Face
+folder (config.json and the tokenizer files, chat template included) in a cache keyed by the
+file's path, size and modification time; later loads read that folder like any checkpoint. Only
+the weights come from the GGUF itself: dequantized in bulk (numpy, one call per tensor) by the
+`gguf` package into float32, with llama.cpp's q/k row permutation undone for llama.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from baton.engine.gguf_names import hf_tensor_name, permuted_heads, unpermute_rows
+from baton.engine.model_config import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+# Written into the converted folder: one whose files are all present is complete.
+CONVERTED_MARKER = "gguf_source.json"
+
+
+def gguf_cache_root() -> Path:
+    """Where converted GGUF metadata is kept: $XDG_CACHE_HOME/baton/gguf (~/.cache by default)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "baton" / "gguf"
+
+
+def converted_folder(gguf_file: Path) -> Path:
+    """The HF-style folder (config.json, tokenizer) for `gguf_file`, converted on first use."""
+    gguf_file = gguf_file.resolve()
+    try:
+        stat = gguf_file.stat()
+    except OSError as error:
+        raise CheckpointError(f"{gguf_file}: unreadable: {error}") from error
+    key = f"{gguf_file}:{stat.st_size}:{stat.st_mtime_ns}"
+    folder = gguf_cache_root() / hashlib.sha256(key.encode()).hexdigest()[:24]
+    if (folder / CONVERTED_MARKER).is_file():
+        return folder
+    partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        _convert(gguf_file, partial)
+        (partial / CONVERTED_MARKER).write_text(json.dumps({"gguf": key}))
+        # Atomic: a process that finds the folder finds it whole. Another process may have
+        # converted the same file meanwhile; its folder is as good as ours.
+        os.replace(partial, folder) if not folder.exists() else shutil.rmtree(partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return folder
+
+
+def _convert(gguf_file: Path, target: Path) -> None:
+    reader = _open(gguf_file)
+    config = hf_config(reader, gguf_file)
+    _check_tensor_types(reader, gguf_file)
+    (target / "config.json").write_text(json.dumps(config, indent=2))
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    except Exception as error:  # transformers raises many types for what it cannot convert
+        raise CheckpointError(f"{gguf_file}: cannot build its tokenizer: {error}") from error
+    tokenizer.save_pretrained(str(target))
+    logger.info("converted the metadata of %s (once; cached)", gguf_file.name)
+
+
+def _open(gguf_file: Path) -> Any:
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(gguf_file))
+    except Exception as error:  # truncated or not GGUF: the reader raises several types
+        raise CheckpointError(f"{gguf_file}: not a readable GGUF file: {error}") from error
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
+    """A Hugging Face config.json for the GGUF's model; CheckpointError for an architecture
+    Baton does not run."""
+    arch = _field(reader, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise CheckpointError(
+            f"{gguf_file}: GGUF architecture {arch!r} is not supported "
+            f"(supported: {', '.join(GGUF_ARCHITECTURES)})"
+        )
+    scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":
+        raise CheckpointError(f"{gguf_file}: RoPE scaling {scaling!r} is not supported")
+    names = {tensor.name for tensor in reader.tensors}
+    if "rope_freqs.weight" in names:  # how llama.cpp stores Llama 3's RoPE scaling
+        raise CheckpointError(f"{gguf_file}: RoPE frequency factors (rope_freqs) are not supported")
+    num_heads = _field(reader, f"{arch}.attention.head_count")
+    hidden_size = _field(reader, f"{arch}.embedding_length")
+    eos_ids = [_field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
+    tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    return {
+        "architectures": [GGUF_ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": _field(reader, f"{arch}.vocab_size") or len(tokens),
+        "hidden_size": hidden_size,
+        "intermediate_size": _field(reader, f"{arch}.feed_forward_length"),
+        "num_hidden_layers": _field(reader, f"{arch}.block_count"),
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": _field(reader, f"{arch}.attention.head_count_kv", num_heads),
+        "head_dim": _field(reader, f"{arch}.attention.key_length", hidden_size // num_heads),
+        "max_position_embeddings": _field(reader, f"{arch}.context_length"),
+        "rms_norm_eps": _decimal(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": _decimal(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": "blk.0.attn_output.bias" in names or "blk.0.attn_q.bias" in names,
+        "mlp_bias": "blk.0.ffn_up.bias" in names,
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": list(dict.fromkeys(i for i in eos_ids if i is not None)),
+        # llama.cpp and transformers compute a GGUF in float32, whatever its storage types.
+        "torch_dtype": "float32",
+    }
+
+
+def _decimal(value: float) -> float:
+    """The decimal a float32 field was written from (1e-05, not 9.99999974737875e-06)."""
+    return float(f"{value:.7g}")
+
+
+def _check_tensor_types(reader: Any, gguf_file: Path) -> None:
+    """CheckpointError naming any storage type the `gguf` package cannot dequantize, tried on
+    one tensor of each type (a few bytes each), so the failure comes at load, not mid-way."""
+    import gguf
+
+    tried: set[int] = set()
+    for tensor in reader.tensors:
+        if tensor.tensor_type in tried:
+            continue
+        tried.add(tensor.tensor_type)
+        try:
+            gguf.quants.dequantize(tensor.data[:1], tensor.tensor_type)
+        except NotImplementedError as error:
+            raise CheckpointError(
+                f"{gguf_file}: tensor {tensor.name!r} is stored as "
+                f"{tensor.tensor_type.name}, which cannot be dequantized: {error}"
+            ) from error
+
+
+def iter_gguf_weights(
+    gguf_file: Path, num_heads: int, num_kv_heads: int, permuted_qk: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of `gguf_file` under its HF name, dequantized to float32. `permuted_qk`
+    (llama): llama.cpp's converter interleaved q and k rows (and biases) for its RoPE; undone
+    here."""
+    import gguf
+    from tqdm import tqdm
+
+    reader = _open(gguf_file)
+    tensors = tqdm(
+        reader.tensors,
+        desc=f"loading {gguf_file.name}",
+        unit="tensor",
+        delay=1.0,  # only a load that takes a while shows a bar, and only on a terminal
+        disable=not sys.stderr.isatty(),
+    )
+    for tensor in tensors:
+        try:
+            name = hf_tensor_name(tensor.name)
+        except KeyError:
+            raise CheckpointError(f"{gguf_file}: unexpected tensor {tensor.name!r}") from None
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        values = values.reshape([int(n) for n in reversed(tensor.shape)])
+        heads = permuted_heads(name, num_heads, num_kv_heads) if permuted_qk else 0
+        if heads:
+            values = unpermute_rows(values, heads)
+        # Copied only where numpy must: an F32 tensor is a read-only view of the file.
+        yield name, torch.from_numpy(np.require(values, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))

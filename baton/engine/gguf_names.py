@@ -1,0 +1,78 @@
+"""Tensor names in GGUF (llama.cpp's) and in Hugging Face checkpoints, both ways, and llama.cpp's
+row order of llama's q/k weights: one place for loading GGUF files and for writing them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# HF tensor name (after "model.layers.N.") -> llama.cpp's (after "blk.N.").
+_LAYER_TENSORS = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "mlp.gate_proj.bias": "ffn_gate.bias",
+    "mlp.up_proj.bias": "ffn_up.bias",
+    "mlp.down_proj.bias": "ffn_down.bias",
+}
+# llama.cpp stores these of a llama in `permute_rows` order (weights and biases alike).
+PERMUTED_QK = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")
+_GLOBAL_TENSORS = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_HF_LAYER_TENSORS = {gguf: hf for hf, gguf in _LAYER_TENSORS.items()}
+_HF_GLOBAL_TENSORS = {gguf: hf for hf, gguf in _GLOBAL_TENSORS.items()}
+
+
+def gguf_tensor_name(hf_name: str) -> str:
+    """llama.cpp's name for an HF tensor; KeyError for one it has no place for."""
+    if hf_name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[hf_name]
+    model, layers, layer, rest = hf_name.split(".", 3)
+    if (model, layers) != ("model", "layers"):
+        raise KeyError(hf_name)
+    return f"blk.{layer}.{_LAYER_TENSORS[rest]}"
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """The HF name of a llama.cpp tensor; KeyError for one Baton's models have no place for."""
+    if gguf_name in _HF_GLOBAL_TENSORS:
+        return _HF_GLOBAL_TENSORS[gguf_name]
+    block, layer, rest = gguf_name.split(".", 2)
+    if block != "blk" or not layer.isdigit():
+        raise KeyError(gguf_name)
+    return f"model.layers.{layer}.{_HF_LAYER_TENSORS[rest]}"
+
+
+def permuted_heads(hf_name: str, num_heads: int, num_kv_heads: int) -> int:
+    """The heads to permute a llama tensor's rows by (0: not permuted)."""
+    if not hf_name.endswith(PERMUTED_QK):
+        return 0
+    return num_heads if ".q_proj." in hf_name else num_kv_heads
+
+
+def permute_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's row order for a llama q or k weight (its converter's `permute`): each head's
+    two rotary halves interleaved, rows a0 a1 ... b0 b1 ... becoming a0 b0 a1 b1 ..."""
+    half = weight.shape[0] // heads // 2
+    return weight.reshape(heads, 2, half, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def unpermute_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+    """The inverse of `permute_rows`: HF's row order back."""
+    half = weight.shape[0] // heads // 2
+    return weight.reshape(heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
