@@ -140,8 +140,13 @@ class CausalLM(nn.Module):
             DecoderLayer(config, layer, dtype, device) for layer in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, dtype, device)
-        if config.tie_word_embeddings:
+        # The LM head computes in float32 whatever the model's dtype (SGLang's
+        # --enable-fp32-lm-head, always on): bf16 logits round near-ties together and the
+        # argmax then picks by index (on SmolLM2, "The" -1.864 and "L" -1.963 nats both became
+        # -1.885 in bf16, and greedy answered in French). A tied head in another dtype gets a
+        # float32 copy of the embedding once loaded.
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, torch.float32, device)
+        if config.tie_word_embeddings and dtype == torch.float32:
             self.lm_head.weight = self.embed_tokens
         self.rotary = RotaryEmbedding(
             config.head_dim,
@@ -171,9 +176,10 @@ class CausalLM(nn.Module):
         cos, sin = self.rotary.cos_sin(positions)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, kv_pool, attn, meta)
-        # Norm and LM head only where a token is sampled: the head is the largest matmul.
-        hidden = self.norm(hidden[logits_indices])
-        return self.lm_head(hidden).float()
+        # Norm and LM head only where a token is sampled: the head is the largest matmul. Both
+        # in float32 (see __init__), so no rounding to the model's dtype comes between them.
+        hidden = hidden[logits_indices].float()
+        return self.lm_head(rms_norm(hidden, self.norm.weight.float(), self.norm.eps))
 
     def pack_linear_weights(self) -> None:
         """Pack every linear layer's weight for oneDNN (see Linear.pack_for_cpu).
@@ -212,6 +218,8 @@ class CausalLM(nn.Module):
         missing = sorted(targets.keys() - loaded)
         if missing:
             raise CheckpointError(f"checkpoint lacks {len(missing)} tensor(s): {missing[:5]}")
+        if self.config.tie_word_embeddings and self.lm_head.weight is not self.embed_tokens:
+            self.lm_head.weight.copy_(self.embed_tokens)  # the float32 head of a tied model
 
     def _weight_targets(self) -> dict[str, _WeightTarget]:
         """HF parameter name -> destination, for every tensor a checkpoint must provide."""

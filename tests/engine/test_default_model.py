@@ -114,3 +114,14 @@ def test_chat_over_http_applies_the_chatml_template_and_stops_on_im_end(
     assert choice["finish_reason"] == "stop"
     assert "<|im_end|>" not in choice["message"]["content"]
     assert reply["usage"]["prompt_tokens"] == len(_hf_prompt(hf_tokenizer, question))
+
+
+def test_bf16_decides_a_near_tie_at_float32_resolution(gguf_file: Path) -> None:
+    """The issue's case: the first answer token is a near-tie ("The" against "L"). With a bf16
+    LM head both logits rounded to one value and greedy answered "L'Étoile, la Marseillaise";
+    the head computes in float32 in every dtype."""
+    llm = LLM(dtype="bfloat16", max_model_len=512, max_running_requests=4)
+    assert llm.engine.model.lm_head.weight.dtype == torch.float32
+    prompt = render_chat(llm.tokenizer, [ChatMessage(role="user", content=QUESTIONS[0])])
+    [output] = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12))
+    assert output.text == "The capital of France is Paris."

@@ -294,6 +294,18 @@ def test_fused_projections_hold_the_hf_tensors(tiny_qwen3_dir: Path) -> None:
     assert torch.equal(layer.self_attn.qk_norm[-1], weights[f"{prefix}self_attn.k_norm.weight"])
 
 
+def test_logits_have_float32_resolution_in_every_dtype(random_checkpoint: Checkpoint) -> None:
+    """The LM head (and the final norm) compute in float32 under a bf16 body, so near-ties are
+    decided at float32 resolution (SGLang's --enable-fp32-lm-head, always on)."""
+    runner = PagedRunner(random_checkpoint, torch.bfloat16)
+    assert runner.model.lm_head.weight.dtype == torch.float32
+    tokens = random_checkpoint.tokenizer.encode("Float32 logits from a bf16 body")
+    [logits] = runner.step({0: tokens}, all_logits=True)
+    # A bf16 head rounds every logit to bf16's 8 significant bits; a float32 head does not.
+    assert logits.dtype == torch.float32
+    assert not torch.equal(logits, logits.bfloat16().float())
+
+
 def test_float16_is_refused_on_cpu(random_checkpoint: Checkpoint) -> None:
     with pytest.raises(ValueError, match="float16"):
         CausalLM(random_checkpoint.config, torch.float16, "cpu")
