@@ -130,7 +130,9 @@ def test_a_request_that_cannot_be_sampled_fails_alone(
 
     def poisoned_sample(logits, batch):
         logits = logits.clone()
-        logits[batch.temperatures == poison] = float("nan")
+        for group in batch.groups:
+            rows = torch.arange(len(logits)) if group.rows is None else group.rows
+            logits[rows[group.temperatures.flatten() == poison]] = float("nan")
         return sample(logits, batch)
 
     monkeypatch.setattr(llm.engine.sampler, "sample", poisoned_sample)

@@ -23,10 +23,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
-
-import aiohttp
-from tqdm import tqdm
+from typing import TYPE_CHECKING, Any
 
 from baton.bench.metrics import RequestRecord, compute_metrics, format_report
 from baton.bench.workloads import (
@@ -38,6 +35,9 @@ from baton.bench.workloads import (
     build_payload,
     build_workload,
 )
+
+if TYPE_CHECKING:  # the HTTP client is imported when a benchmark runs, not by `baton launch`
+    import aiohttp
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +167,8 @@ async def fetch_model(session: aiohttp.ClientSession, base_url: str) -> str:
 async def fetch_server_info(session: aiohttp.ClientSession, base_url: str) -> dict | None:
     """Baton's GET /server_info (the machine and the engine's compute plan); None from servers
     without one."""
+    import aiohttp
+
     try:
         async with session.get(f"{base_url}/server_info") as response:
             if response.status == 200:
@@ -193,6 +195,9 @@ def workload_from_args(args: argparse.Namespace) -> list[BenchRequest]:
 
 async def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     """One benchmark run at `args.max_concurrency`: the metrics and the run's settings."""
+    import aiohttp
+    from tqdm import tqdm
+
     base_url = _base_url(args)
     requests = workload_from_args(args)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}

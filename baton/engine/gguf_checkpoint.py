@@ -61,12 +61,15 @@ def converted_folder(gguf_file: Path) -> Path:
     try:
         _convert(gguf_file, partial)
         (partial / CONVERTED_MARKER).write_text(json.dumps({"gguf": key}))
-        # Atomic: a process that finds the folder finds it whole. Another process may have
-        # converted the same file meanwhile; its folder is as good as ours.
-        os.replace(partial, folder) if not folder.exists() else shutil.rmtree(partial)
-    except BaseException:
+        # Atomic: a process that finds the folder finds it whole.
+        os.rename(partial, folder)
+    except OSError:
+        # Another process (a sibling server process) converted the same file meanwhile: its
+        # folder is as good as ours.
+        if not (folder / CONVERTED_MARKER).is_file():
+            raise
+    finally:
         shutil.rmtree(partial, ignore_errors=True)
-        raise
     return folder
 
 

@@ -39,14 +39,10 @@ class RowGroup:
 
 @dataclass(frozen=True)
 class SamplingBatch:
-    """Per-row sampling tensors for one batch, built once per batch."""
+    """How one batch is sampled, planned once per batch: the greedy rows, the sampled rows'
+    groups (each with its parameters gathered), and the logprob requests. Only what `sample`
+    reads is built: this runs every step."""
 
-    temperatures: torch.Tensor  # [B] float32 (greedy rows hold 1.0, see greedy mask)
-    top_k: torch.Tensor  # [B] int64, 0 = disabled
-    top_p: torch.Tensor  # [B] float32, 1.0 = disabled
-    min_p: torch.Tensor  # [B] float32, 0.0 = disabled
-    greedy: torch.Tensor  # [B] bool
-    generators: tuple[torch.Generator | None, ...]
     num_logprobs: tuple[int | None, ...]
     all_greedy: bool
     greedy_rows: torch.Tensor  # [G] int64 indices of greedy rows
@@ -78,16 +74,6 @@ class SamplingBatch:
                 groups.append(_make_group(rows, params, None, device, len(params)))
         asking = [i for i, p in enumerate(params) if p.logprobs is not None]
         return cls(
-            temperatures=torch.tensor(
-                [1.0 if g else p.temperature for p, g in zip(params, greedy, strict=True)],
-                dtype=torch.float32,
-                device=device,
-            ),
-            top_k=torch.tensor([max(p.top_k, 0) for p in params], dtype=torch.int64, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
-            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
-            generators=tuple(generators),
             num_logprobs=tuple(p.logprobs for p in params),
             all_greedy=not sampled,
             greedy_rows=torch.tensor(
