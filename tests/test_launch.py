@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -145,14 +146,19 @@ def assert_refused_while_draining(http: httpx.Client) -> None:
     assert refused.json()["error"]["message"] == shutting_down
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
-def test_sigterm_lets_an_open_stream_finish_and_refuses_new_requests(
-    stories260k_dir: Path, tmp_path: Path
-) -> None:
-    """vLLM's --shutdown-timeout drain. The detokenizer is paused once the stream has its first
-    chunk, so the request is certainly still open when SIGTERM comes."""
+def sigterm_during_a_stream(
+    model_dir: Path,
+    tmp_path: Path,
+    extra_args: tuple[str, ...] = (),
+    while_draining: Callable[[httpx.Client], None] | None = None,
+) -> list[str]:
+    """Open a stream, pause the detokenizer once its first chunk is in (so the request is
+    certainly still open), SIGTERM the launcher, run `while_draining`, and return the stream's
+    remaining lines. Without `while_draining`, the lines are read while the detokenizer is
+    still paused: only the drain's cut can end them. Asserts the server then exits 0, leaves
+    no child behind and logs no traceback."""
     with (tmp_path / "stderr").open("w+") as stderr:
-        launcher, children = start_launcher(stories260k_dir, extra_args=(), stderr=stderr)
+        launcher, children = start_launcher(model_dir, extra_args=extra_args, stderr=stderr)
         detokenizer = child_pid(children, "detokenizer_proc")
         try:
             with (
@@ -163,11 +169,10 @@ def test_sigterm_lets_an_open_stream_finish_and_refuses_new_requests(
                 assert next(lines).startswith("data: ")
                 os.kill(detokenizer, signal.SIGSTOP)
                 launcher.send_signal(signal.SIGTERM)
-                assert_refused_while_draining(http)
-                os.kill(detokenizer, signal.SIGCONT)
+                if while_draining is not None:
+                    while_draining(http)
+                    os.kill(detokenizer, signal.SIGCONT)
                 rest = [line for line in lines if line]
-            assert rest[-1] == "data: [DONE]"
-            assert '"finish_reason":"length"' in rest[-2]
             assert launcher.wait(timeout=30) == 0
             assert wait_dead(children) == []
         finally:
@@ -176,40 +181,30 @@ def test_sigterm_lets_an_open_stream_finish_and_refuses_new_requests(
             launcher.kill()
         stderr.seek(0)
         assert "Traceback" not in stderr.read()
+    return rest
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_sigterm_lets_an_open_stream_finish_and_refuses_new_requests(
+    stories260k_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM's --shutdown-timeout drain (default 10 s)."""
+    rest = sigterm_during_a_stream(
+        stories260k_dir, tmp_path, while_draining=assert_refused_while_draining
+    )
+    assert rest[-1] == "data: [DONE]"
+    assert '"finish_reason":"length"' in rest[-2]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_a_stream_still_open_after_the_shutdown_timeout_ends_with_an_error_and_done(
     stories260k_dir: Path, tmp_path: Path
 ) -> None:
-    with (tmp_path / "stderr").open("w+") as stderr:
-        launcher, children = start_launcher(
-            stories260k_dir, extra_args=("--shutdown-timeout", "0.5"), stderr=stderr
-        )
-        detokenizer = child_pid(children, "detokenizer_proc")
-        try:
-            with (
-                httpx.Client(base_url=launcher.http_url, timeout=30) as http,
-                http.stream("POST", "/v1/completions", json=STREAMED) as response,
-            ):
-                lines = response.iter_lines()
-                assert next(lines).startswith("data: ")
-                os.kill(detokenizer, signal.SIGSTOP)
-                launcher.send_signal(signal.SIGTERM)
-                rest = [line for line in lines if line]  # the cut ends the stream
-                os.kill(detokenizer, signal.SIGCONT)
-            assert rest[-1] == "data: [DONE]"
-            error = json.loads(rest[-2].removeprefix("data: "))["error"]
-            assert error["code"] == "unavailable"
-            assert error["message"] == "the server is shutting down"
-            assert launcher.wait(timeout=30) == 0
-            assert wait_dead(children) == []
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(detokenizer, signal.SIGCONT)
-            launcher.kill()
-        stderr.seek(0)
-        assert "Traceback" not in stderr.read()
+    rest = sigterm_during_a_stream(stories260k_dir, tmp_path, ("--shutdown-timeout", "0.5"))
+    assert rest[-1] == "data: [DONE]"
+    error = json.loads(rest[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "unavailable"
+    assert error["message"] == "the server is shutting down"
 
 
 def test_a_kv_cache_smaller_than_one_request_is_refused_in_one_line(

@@ -136,18 +136,27 @@ def _gguf_with(target: Path, arch: str, tensor_type: gguf.GGMLQuantizationType) 
     return target
 
 
-def test_an_unsupported_architecture_is_named(tmp_path: Path) -> None:
-    path = _gguf_with(tmp_path / "gpt2.gguf", "gpt2", gguf.GGMLQuantizationType.Q8_0)
+@pytest.mark.parametrize(
+    ("arch", "tensor_type", "expected"),
+    [
+        (
+            "gpt2",
+            gguf.GGMLQuantizationType.Q8_0,
+            "GGUF architecture 'gpt2' is not supported (supported: llama, qwen2, qwen3)",
+        ),
+        (
+            "llama",
+            gguf.GGMLQuantizationType.Q8_K,
+            "tensor 'token_embd.weight' is stored as Q8_K, which cannot be dequantized",
+        ),
+    ],
+    ids=["architecture", "storage-type"],
+)
+def test_what_baton_cannot_load_is_named_in_one_line(
+    tmp_path: Path, arch: str, tensor_type: gguf.GGMLQuantizationType, expected: str
+) -> None:
+    path = _gguf_with(tmp_path / "model.gguf", arch, tensor_type)
     with pytest.raises(CheckpointError) as error:
         load_checkpoint(str(path))
-    message = str(error.value)
-    assert "GGUF architecture 'gpt2' is not supported (supported: llama, qwen2, qwen3)" in message
-
-
-def test_an_unsupported_storage_type_is_named(tmp_path: Path) -> None:
-    path = _gguf_with(tmp_path / "q8k.gguf", "llama", gguf.GGMLQuantizationType.Q8_K)
-    with pytest.raises(CheckpointError) as error:
-        load_checkpoint(str(path))
-    message = str(error.value)
-    assert "tensor 'token_embd.weight' is stored as Q8_K, which cannot be dequantized" in message
-    assert "\n" not in message
+    assert expected in str(error.value)
+    assert "\n" not in str(error.value)
