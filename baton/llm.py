@@ -32,7 +32,7 @@ class LLM:
     """Runs the scheduler core in-process (overlap loop included) over a batch of prompts.
 
     `LLM("path/or/hub-id", dtype="float32", page_size=16, ...)`: keyword arguments are
-    `BatonConfig` fields; `LLM()` uses the built-in default model.
+    `BatonConfig` fields; `LLM()` uses the default model (see `BatonConfig.model`).
     """
 
     def __init__(self, model: str | None = None, **config: object) -> None:

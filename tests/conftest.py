@@ -1,4 +1,4 @@
-"""Suite-wide fixtures: tiny random HF checkpoints, the stories260K model, the default model."""
+"""Suite-wide fixtures: tiny random HF checkpoints, the stories260K model, the random model."""
 
 from __future__ import annotations
 

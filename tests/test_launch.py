@@ -229,3 +229,27 @@ def test_a_kv_cache_smaller_than_one_request_is_refused_in_one_line(
         "request of max_model_len 512: give --num-gpu-blocks-override at least 32, or "
         "--max-model-len 32 or less"
     )
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_ctrl_c_during_start_up_stops_at_once(stories260k_dir: Path) -> None:
+    """The children run in sessions of their own, so a terminal's Ctrl-C reaches only the
+    launcher: it must stop start-up itself, not wait for readiness first."""
+    command = [sys.executable, "-m", "baton.launch", "--model", str(stories260k_dir)]
+    launcher = subprocess.Popen([*command, "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while (
+            len(Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split()) < 4
+        ):
+            assert time.monotonic() < deadline, "the children never started"
+            time.sleep(0.05)
+        children = children_of(launcher.pid)
+        launcher.send_signal(signal.SIGINT)
+        stopped_at = time.monotonic()
+        assert launcher.wait(timeout=30) == 0
+        assert time.monotonic() - stopped_at < 10
+        assert "Baton ready" not in launcher.stdout.read()
+        assert wait_dead(children) == []
+    finally:
+        launcher.kill()

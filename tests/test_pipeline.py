@@ -103,6 +103,28 @@ def test_stream_abort_frees_pages_and_spares_others(server: Server, offline: LLM
     assert stats.free_pages + stats.cached_pages == stats.total_pages
 
 
+def test_failing_open_requests_aborts_them_on_the_server(server: Server) -> None:
+    """What the frontend does to requests still open when its shutdown drain times out."""
+    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+
+    async def main():
+        client = await connected(server)
+        try:
+            before = await wait_idle(client)
+            with pytest.raises(ServerError, match="unavailable: shutting down"):
+                async for delta in client.stream("Once upon a time", params):
+                    if delta.token_ids:
+                        assert client.fail_open_requests("unavailable", "shutting down") == 1
+            return before, await wait_idle(client)
+        finally:
+            await client.close()
+
+    before, after = run(main())
+    # Aborted: far fewer than the 400 tokens it would have run to.
+    assert after.generated_tokens - before.generated_tokens < 400
+    assert after.used_pages == 0 and after.running_requests == 0
+
+
 def test_explicit_abort_reports_abort(server: Server) -> None:
     async def main():
         client = await connected(server)

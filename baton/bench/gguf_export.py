@@ -21,7 +21,6 @@ from baton.engine.checkpoint import load_checkpoint
 from baton.engine.gguf_checkpoint import GGUF_ARCHITECTURES
 from baton.engine.gguf_names import gguf_tensor_name, permute_rows, permuted_heads
 
-_FILE_TYPES = {"float32": "ALL_F32", "bfloat16": "MOSTLY_BF16", "float16": "MOSTLY_F16"}
 _TENSOR_TYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
 
@@ -80,7 +79,9 @@ def export_gguf(model_dir: Path, dtype: str, target: Path, tensor_type: str | No
     writer.add_value_length(config.head_dim)
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_file_type(getattr(gguf.LlamaFileType, _FILE_TYPES[dtype]))
+    quant_name = tensor_type or _TENSOR_TYPES[dtype]
+    file_type = "ALL_F32" if quant_name == "F32" else f"MOSTLY_{quant_name}"
+    writer.add_file_type(getattr(gguf.LlamaFileType, file_type))
     tokenizer_json = json.loads((model_dir / "tokenizer.json").read_text())
     tokens, types, merges = gguf_vocabulary(tokenizer_json, config.vocab_size)
     writer.add_tokenizer_model("gpt2")
@@ -94,7 +95,7 @@ def export_gguf(model_dir: Path, dtype: str, target: Path, tensor_type: str | No
         writer.add_eos_token_id(config.eos_token_ids[0])
     tokenizer = checkpoint.tokenizer
     writer.add_add_bos_token(tokenizer.encode("a")[:1] == [tokenizer.bos_token_id])
-    quant = getattr(gguf.GGMLQuantizationType, tensor_type or _TENSOR_TYPES[dtype])
+    quant = getattr(gguf.GGMLQuantizationType, quant_name)
     for name, tensor in checkpoint.iter_weights():
         values = tensor.to(torch.float32).numpy()
         heads = permuted_heads(name, config.num_heads, config.num_kv_heads)

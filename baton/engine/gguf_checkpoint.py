@@ -36,6 +36,17 @@ GGUF_ARCHITECTURES = {
 }
 # Written into the converted folder: one whose files are all present is complete.
 CONVERTED_MARKER = "gguf_source.json"
+# Part of the cache key: a change to the conversion (here, or in transformers' tokenizer
+# converter) must not reuse folders an older one wrote.
+CONVERSION_VERSION = 1
+# Metadata keys (after "<architecture>.") without which no config can be built.
+REQUIRED_KEYS = (
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "attention.head_count",
+)
 
 
 def gguf_cache_root() -> Path:
@@ -51,23 +62,35 @@ def converted_folder(gguf_file: Path) -> Path:
         stat = gguf_file.stat()
     except OSError as error:
         raise CheckpointError(f"{gguf_file}: unreadable: {error}") from error
-    key = f"{gguf_file}:{stat.st_size}:{stat.st_mtime_ns}"
+    import transformers
+
+    source = (
+        gguf_file,
+        stat.st_size,
+        stat.st_mtime_ns,
+        CONVERSION_VERSION,
+        transformers.__version__,
+    )
+    key = ":".join(map(str, source))
     folder = gguf_cache_root() / hashlib.sha256(key.encode()).hexdigest()[:24]
     if (folder / CONVERTED_MARKER).is_file():
         return folder
     partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
     try:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
         _convert(gguf_file, partial)
         (partial / CONVERTED_MARKER).write_text(json.dumps({"gguf": key}))
         # Atomic: a process that finds the folder finds it whole.
         os.rename(partial, folder)
-    except OSError:
-        # Another process (a sibling server process) converted the same file meanwhile: its
-        # folder is as good as ours.
+    except OSError as error:
+        # Another process (a sibling server process) may have converted the same file meanwhile:
+        # its folder is as good as ours. Otherwise the cache is not writable.
         if not (folder / CONVERTED_MARKER).is_file():
-            raise
+            raise CheckpointError(
+                f"{gguf_file}: cannot write its converted metadata under {gguf_cache_root()} "
+                f"(set XDG_CACHE_HOME to a writable folder): {error}"
+            ) from error
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return folder
@@ -114,6 +137,9 @@ def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
     scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
     if scaling != "none":
         raise CheckpointError(f"{gguf_file}: RoPE scaling {scaling!r} is not supported")
+    missing = [f"{arch}.{key}" for key in REQUIRED_KEYS if _field(reader, f"{arch}.{key}") is None]
+    if missing:
+        raise CheckpointError(f"{gguf_file}: GGUF metadata lacks {', '.join(missing)}")
     names = {tensor.name for tensor in reader.tensors}
     if "rope_freqs.weight" in names:  # how llama.cpp stores Llama 3's RoPE scaling
         raise CheckpointError(f"{gguf_file}: RoPE frequency factors (rope_freqs) are not supported")

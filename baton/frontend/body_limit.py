@@ -12,19 +12,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from transformers import PreTrainedTokenizerBase
 
 from baton.frontend.errors import OpenAIError
-from baton.tokenizer_proc.tokenizer import max_chars_per_token
+from baton.tokenizer_proc.tokenizer import max_prompt_chars
 
 # JSON spells one character in at most 12 bytes (an escaped surrogate pair, "\ud83d\ude00").
 MAX_JSON_BYTES_PER_CHAR = 12
 # Room for every other field of a request: stop strings, logit_bias, tools...
 OTHER_FIELDS_BYTES = 1 << 20
+# Never more than this by default: the bound above is a worst case (every character escaped, every
+# token the longest), and for a long-context model it would let one request buffer hundreds of MB.
+MAX_DEFAULT_BODY_BYTES = 32 << 20
 
 
 def default_body_limit(max_model_len: int, tokenizer: PreTrainedTokenizerBase) -> int:
-    """A body limit that admits the longest prompt the context can hold, however it is escaped,
-    and refuses at once what could only be refused after reading and tokenizing it."""
-    longest_prompt_chars = max_model_len * max_chars_per_token(tokenizer)
-    return longest_prompt_chars * MAX_JSON_BYTES_PER_CHAR + OTHER_FIELDS_BYTES
+    """A body limit that admits the longest prompt the context can hold, however it is escaped
+    (up to 32 MiB), and refuses at once what could only be refused after reading and
+    tokenizing it."""
+    worst_case = max_prompt_chars(max_model_len, tokenizer) * MAX_JSON_BYTES_PER_CHAR
+    return min(worst_case + OTHER_FIELDS_BYTES, MAX_DEFAULT_BODY_BYTES)
 
 
 class BodySizeLimitMiddleware:

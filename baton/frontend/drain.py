@@ -59,6 +59,7 @@ class DrainingServer(uvicorn.Server):
         if not (drained.done() and drained.result()):
             drained.cancel()
             self._cut(state)
+        cut_now.set()  # from now on a signal is uvicorn's to handle
         super().handle_exit(self._signal, None)
 
     @staticmethod

@@ -13,11 +13,6 @@ from baton.frontend.errors import OpenAIError
 class OpenAIErrorHttpProtocol(HttpToolsProtocol):
     """HttpToolsProtocol whose parse-error 400 is `{"error": {...}}`."""
 
-    @property
-    def default_headers(self) -> list[tuple[bytes, bytes]]:
-        """uvicorn's `server` and `date` headers."""
-        return self.server_state.default_headers
-
     def send_400_response(self, msg: str) -> None:
         body = msgspec.json.encode(OpenAIError(400, msg).payload())
         head = [b"HTTP/1.1 400 Bad Request\r\n"]

@@ -48,13 +48,15 @@ class PromptOffload:
         """Readable when `completed()` has something."""
         return self._wake_read
 
-    def submit(self, rid: str, client_id: bytes, request: GenerateRequest) -> bool:
-        """Tokenize `request` on the worker; False if a request with this rid is already there."""
-        if rid in self._held:
-            return False
+    def holds(self, rid: str) -> bool:
+        """Whether request `rid` is on the worker (not yet forwarded)."""
+        return rid in self._held
+
+    def submit(self, rid: str, client_id: bytes, request: GenerateRequest) -> None:
+        """Tokenize `request` on the worker; its rid must not be held already."""
+        assert rid not in self._held, rid
         self._held[rid] = []
         self._executor.submit(self._run, rid, client_id, request)
-        return True
 
     def defer(self, rid: str, message: Outgoing) -> bool:
         """Hold `message` until request `rid` is forwarded; False if it is not on the worker."""

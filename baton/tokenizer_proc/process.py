@@ -34,7 +34,7 @@ from baton.messages import (
 )
 from baton.tokenizer_proc.chat import render_chat
 from baton.tokenizer_proc.offload import Outgoing, PromptOffload
-from baton.tokenizer_proc.tokenizer import max_chars_per_token
+from baton.tokenizer_proc.tokenizer import max_prompt_chars
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class TokenizerService:
         self.max_model_len = max_model_len
         # A text longer than this cannot fit the context: refused before tokenizing, which for
         # a multi-megabyte prompt took seconds while every other request waited.
-        self.max_prompt_chars = max_model_len * max_chars_per_token(tokenizer)
+        self.max_prompt_chars = max_prompt_chars(max_model_len, tokenizer)
         self._decoder = msgspec.msgpack.Decoder(ClientMessage)
         # Set by `serve`: large prompts go to a worker thread with a tokenizer of its own.
         self.offload: PromptOffload | None = None
@@ -111,12 +111,17 @@ class TokenizerService:
         if isinstance(message, StatsRequest):
             stats = ForwardedStatsRequest(client_id=client_id, request_id=message.request_id)
             return [("scheduler", stats)]
-        if self.offload is None or prompt_chars(message) < OFFLOAD_PROMPT_CHARS:
+        if self.offload is None:
             return [self.tokenize(client_id, message)]
-        if self.offload.submit(rid, client_id, message):
-            return []
-        text = f"request_id {message.request_id!r} is already running"
-        return [_failure(client_id, message.request_id, "invalid_request", text)]
+        if self.offload.holds(rid):
+            # Refused here, not by the scheduler: it has not seen the first request yet, and an
+            # abort held for the first would otherwise reach this one.
+            text = f"request_id {message.request_id!r} is already running"
+            return [_failure(client_id, message.request_id, "invalid_request", text)]
+        if prompt_chars(message) < OFFLOAD_PROMPT_CHARS:
+            return [self.tokenize(client_id, message)]
+        self.offload.submit(rid, client_id, message)
+        return []
 
     def tokenize(self, client_id: bytes, message: GenerateRequest) -> Outgoing:
         """The request, validated and tokenized for the scheduler, or its rejection."""

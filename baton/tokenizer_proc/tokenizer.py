@@ -36,6 +36,12 @@ def max_chars_per_token(tokenizer: PreTrainedTokenizerBase) -> int:
     return 2 * max(len(token) for token in tokenizer.get_vocab())
 
 
+def max_prompt_chars(max_model_len: int, tokenizer: PreTrainedTokenizerBase) -> int:
+    """The most characters a prompt of `max_model_len` tokens can have: a longer text cannot fit
+    the context, whatever its tokens."""
+    return max_model_len * max_chars_per_token(tokenizer)
+
+
 def build_byte_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
     """A byte-level tokenizer: byte b is token b; BOS, EOS and PAD follow at 256, 257, 258.
 

@@ -1,4 +1,4 @@
-"""Config parsing, checkpoint resolution and validation, and the built-in default model."""
+"""Config parsing, checkpoint resolution and validation, and the built-in random model."""
 
 from __future__ import annotations
 
@@ -243,7 +243,7 @@ def test_float16_checkpoint_is_cast_on_load(tmp_path: Path, tiny_llama_dir: Path
     torch.testing.assert_close(model.norm.weight, weights["model.norm.weight"].half().float())
 
 
-# --- the default model --------------------------------------------------------------------------
+# --- the built-in random model ------------------------------------------------------------------
 
 UTF8_SAMPLES = [
     "",

@@ -160,3 +160,31 @@ def test_what_baton_cannot_load_is_named_in_one_line(
         load_checkpoint(str(path))
     assert expected in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_missing_metadata_is_named_in_one_line(tmp_path: Path) -> None:
+    writer = gguf.GGUFWriter(str(tmp_path / "bare.gguf"), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((2, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(str(tmp_path / "bare.gguf"))
+    assert str(error.value).endswith(
+        "GGUF metadata lacks llama.context_length, llama.embedding_length, "
+        "llama.feed_forward_length, llama.attention.head_count"
+    )
+
+
+def test_an_unwritable_cache_is_named_in_one_line(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _write(_tiny(tiny_model_factory, "qwen2"), tmp_path / "tiny.gguf", "F32")
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(not_a_folder))
+    with pytest.raises(CheckpointError, match="cannot write its converted metadata") as error:
+        load_checkpoint(str(path))
+    assert "\n" not in str(error.value)

@@ -210,6 +210,8 @@ def test_the_default_body_limit_fits_the_longest_prompt_the_context_holds() -> N
     limit = default_body_limit(64, tokenizer)
     longest_fitting = 64 * max_chars_per_token(tokenizer)
     assert longest_fitting * 12 < limit < 2 << 20
+    # A long context's worst case would buffer hundreds of MB per request: capped.
+    assert default_body_limit(1 << 20, tokenizer) == 32 << 20
 
     async def statuses() -> tuple[int, int]:
         async with app_client() as client:

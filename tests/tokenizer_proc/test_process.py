@@ -376,7 +376,9 @@ def test_a_large_prompt_is_tokenized_beside_the_loop_and_its_abort_waits_for_it(
         service.offload.close()
 
 
-def test_a_second_large_request_with_a_running_id_is_refused() -> None:
+def test_a_request_reusing_the_id_of_one_on_the_worker_is_refused() -> None:
+    """Large or small: a small one would overtake the first to the scheduler, and an abort held
+    for the first would then reach it."""
     service = TokenizerService(_SlowTokenizer(), 100, MAX_MODEL_LEN)  # type: ignore[arg-type]
     service.start_offload()
     assert service.offload is not None
@@ -384,5 +386,6 @@ def test_a_second_large_request_with_a_running_id_is_refused() -> None:
         large = _generate(prompt="b" * OFFLOAD_PROMPT_CHARS)
         assert service.handle(CLIENT, large) == []
         assert "already running" in _failure(service.handle(CLIENT, large))
+        assert "already running" in _failure(service.handle(CLIENT, _generate(prompt="b")))
     finally:
         service.offload.close()
