@@ -24,21 +24,25 @@ import zmq.asyncio
 
 from baton.messages import (
     AbortRequest,
+    AggregateStats,
     ChatMessage,
     ClientMessage,
     ClientReply,
     Codec,
+    ErrorCode,
     ErrorReply,
+    FinishReason,
     GenerateDelta,
     GenerateRequest,
     Hello,
     HelloAck,
+    RequestStats,
     StatsReply,
     StatsRequest,
+    TokenLogprob,
     Usage,
 )
 from baton.sampling_params import SamplingParams
-from baton.scheduler_proc.outputs import AggregateStats, RequestStats, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +50,7 @@ logger = logging.getLogger(__name__)
 class ServerError(Exception):
     """A typed error from the server: `code` is invalid_request, prompt_too_long, overloaded..."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
@@ -59,7 +63,7 @@ class GenerateResult:
     request_id: str
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None
     usage: Usage | None = None
     stats: RequestStats | None = None
@@ -187,7 +191,7 @@ class BatonClient:
         assert result is not None  # a stream ends with a finished delta or raises
         return result
 
-    def fail_open_requests(self, code: str, message: str) -> int:
+    def fail_open_requests(self, code: ErrorCode, message: str) -> int:
         """End every open request of this client (stats round trips included) with
         ServerError(code, message) and abort it on the server. Returns how many there were."""
         for request_id, queue in self._queues.items():

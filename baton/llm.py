@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from baton.config import BatonConfig
 from baton.detokenizer_proc.incremental import IncrementalDetokenizer
+from baton.messages import RequestStats, StepOutput, TokenLogprob
 from baton.sampling_params import SamplingParams
-from baton.scheduler_proc.outputs import RequestStats, StepOutput, TokenLogprob
 from baton.scheduler_proc.scheduler import Scheduler
 
 Prompt = str | Sequence[int]

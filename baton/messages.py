@@ -9,14 +9,83 @@ union is logged and dropped (`decode_or_none`), it never kills a process.
 from __future__ import annotations
 
 import logging
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 import msgspec
 
+from baton.engine.compute_plan import ComputePlan, CpuCapabilities
 from baton.sampling_params import SamplingParams
-from baton.scheduler_proc.outputs import AggregateStats, RequestStats, StepOutput, TokenLogprob
 
 logger = logging.getLogger(__name__)
+
+# Why a request ended: EOS or a stop token/string, max_tokens or the context, an abort (client
+# gone, cancelled), or a failure of its own (its sampling failed). msgspec refuses any other.
+FinishReason = Literal["stop", "length", "abort", "error"]
+# A typed error's kind; the frontend maps each to its HTTP status (frontend/errors.py).
+ErrorCode = Literal["invalid_request", "prompt_too_long", "overloaded", "internal", "unavailable"]
+
+
+# --- what the scheduler reports (also the offline `LLM`'s outputs) ------------------------------
+class RequestStats(msgspec.Struct, kw_only=True):
+    """Per-request figures, returned with the final output. Times in seconds."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+    queue_time: float
+    time_to_first_token: float | None
+    decode_time: float
+    e2e_latency: float
+    decode_tokens_per_s: float
+    preemptions: int
+
+
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """The chosen token's log-probability and the top-n alternatives (id, logprob)."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+class StepOutput(msgspec.Struct, kw_only=True):
+    """New tokens of one request from one step; the last one carries finish reason and stats."""
+
+    request_id: str
+    new_token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    stats: RequestStats | None = None
+    # Prompt tokens served by the prefix cache, sent with the request's first tokens: a stop
+    # string can end the request downstream before the final output (and its stats) exists.
+    cached_tokens: int | None = None
+
+    @property
+    def ends_on_stop_token(self) -> bool:
+        """The scheduler finished the request on its last token: EOS or a stop_token_id (stop
+        strings are matched downstream, by the detokenizer)."""
+        return self.finished and self.finish_reason == "stop"
+
+
+class AggregateStats(msgspec.Struct, kw_only=True):
+    """Scheduler-wide state and totals, on request."""
+
+    running_requests: int
+    waiting_requests: int
+    total_pages: int
+    free_pages: int
+    cached_pages: int
+    used_pages: int  # held by requests: neither free nor merely cached
+    finished_requests: int
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    generated_tokens: int
+    preemptions: int
+    uptime: float
+    generation_throughput: float  # generated tokens per second of uptime
+    # The machine and how the engine computes on it: every figure read off this server names them.
+    cpu: CpuCapabilities
+    compute_plan: ComputePlan
 
 
 class ChatMessage(msgspec.Struct):
@@ -43,7 +112,7 @@ class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):
     """Stop a request early; its final reply has finish_reason "abort" (or `reason`)."""
 
     request_id: str
-    reason: str = "abort"
+    reason: FinishReason = "abort"
 
 
 class StatsRequest(msgspec.Struct, tag="stats", kw_only=True):
@@ -78,7 +147,7 @@ class AbortRid(msgspec.Struct, tag="abort_rid", kw_only=True):
     client (via the detokenizer)."""
 
     rid: str
-    reason: str = "abort"
+    reason: FinishReason = "abort"
 
 
 class ForwardedStatsRequest(msgspec.Struct, tag="stats_fwd", kw_only=True):
@@ -110,7 +179,7 @@ class RequestFailed(msgspec.Struct, tag="failed", kw_only=True):
 
     client_id: bytes
     request_id: str
-    code: str
+    code: ErrorCode
     message: str
 
 
@@ -149,7 +218,7 @@ class GenerateDelta(msgspec.Struct, tag="delta", kw_only=True):
     text: str
     logprobs: list[TokenLogprob] | None = None
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     usage: Usage | None = None
     stats: RequestStats | None = None
 
@@ -158,7 +227,7 @@ class ErrorReply(msgspec.Struct, tag="error", kw_only=True):
     """A typed error: invalid_request | prompt_too_long | overloaded | internal."""
 
     request_id: str
-    code: str
+    code: ErrorCode
     message: str
 
 

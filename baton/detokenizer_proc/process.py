@@ -36,9 +36,9 @@ from baton.messages import (
     SchedulerOutputs,
     Shutdown,
     StatsReply,
+    StepOutput,
     Usage,
 )
-from baton.scheduler_proc.outputs import StepOutput
 
 logger = logging.getLogger(__name__)
 

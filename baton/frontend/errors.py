@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from baton.client import ServerError
+from baton.messages import ErrorCode
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ ERROR_KINDS = {
     500: ("server_error", "internal"),
     503: ("server_error", "unavailable"),
 }
-SERVER_ERROR_STATUS = {
+SERVER_ERROR_STATUS: dict[ErrorCode, int] = {
     "invalid_request": 400,
     "prompt_too_long": 400,
     "overloaded": 429,

@@ -17,8 +17,7 @@ from starlette.requests import Request
 from baton.frontend.errors import ClientGone
 from baton.frontend.params import ChoiceRequest
 from baton.frontend.state import FrontendState
-from baton.messages import GenerateDelta, Usage
-from baton.scheduler_proc.outputs import TokenLogprob
+from baton.messages import GenerateDelta, TokenLogprob, Usage
 
 T = TypeVar("T")
 IndexedDelta = tuple[int, GenerateDelta]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerBase
 
-from baton.scheduler_proc.outputs import TokenLogprob
+from baton.messages import TokenLogprob
 
 # Enough context for a tokenizer's decoder to place spaces and merge byte pieces right.
 CONTEXT_TOKENS = 4

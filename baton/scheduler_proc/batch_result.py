@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
+from baton.messages import TokenLogprob
 from baton.scheduler_proc.batch_policy import ScheduledRow
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
-from baton.scheduler_proc.outputs import TokenLogprob
 from baton.scheduler_proc.sequence import Sequence
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from baton.messages import ErrorCode
+
 
 class ScheduleError(Exception):
     """A `schedule_*` call whose preconditions do not hold; nothing was changed."""
@@ -58,16 +60,16 @@ class MissingTokenOnFinalChunk(ApplyError):
 class RequestError(ValueError):
     """A request rejected at admission; `code` is the wire-level error kind."""
 
-    code = "invalid_request"
+    code: ErrorCode = "invalid_request"
 
 
 class PromptTooLongError(RequestError):
     """Prompt plus requested output longer than the context, or than the whole KV pool."""
 
-    code = "prompt_too_long"
+    code: ErrorCode = "prompt_too_long"
 
 
 class OverloadedError(RequestError):
     """The waiting queue is full; retry later."""
 
-    code = "overloaded"
+    code: ErrorCode = "overloaded"

@@ -22,12 +22,12 @@ from baton.engine.checkpoint import Checkpoint
 from baton.engine.engine import Engine
 from baton.engine.forward_batch import ForwardOutput
 from baton.engine.sampler import make_generator
+from baton.messages import AggregateStats, FinishReason, StepOutput, TokenLogprob
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.batch_policy import BatchPolicy, ScheduledRow
 from baton.scheduler_proc.batch_result import apply_results, build_forward_batch
 from baton.scheduler_proc.errors import OverloadedError, PromptTooLongError, RequestError
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
-from baton.scheduler_proc.outputs import AggregateStats, StepOutput, TokenLogprob
 from baton.scheduler_proc.sequence import Sequence
 from baton.scheduler_proc.sequence_state import SequenceStatus
 from baton.scheduler_proc.stats import StatsCollector
@@ -118,7 +118,7 @@ class Scheduler:
         self.requests[request_id] = seq
         self.waiting.append(seq)
 
-    def abort_request(self, request_id: str, reason: str = "abort") -> None:
+    def abort_request(self, request_id: str, reason: FinishReason = "abort") -> None:
         """Finish a request early (client abort, or a stop string found downstream).
 
         Its final output (no new tokens) comes with the next `step()`; unknown ids are ignored,
@@ -188,7 +188,7 @@ class Scheduler:
     def _finish(
         self,
         seq: Sequence,
-        reason: str,
+        reason: FinishReason,
         new_tokens: list[int] | None = None,
         logprobs: list[TokenLogprob] | None = None,
     ) -> StepOutput:

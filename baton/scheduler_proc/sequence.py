@@ -15,6 +15,7 @@ from collections import deque
 
 import torch
 
+from baton.messages import FinishReason
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.errors import (
     GenerationComplete,
@@ -70,7 +71,7 @@ class Sequence:
         self.prefix_node: RadixNode | None = None  # locked radix node covering page_table's head
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
         self.status = SequenceStatus.WAITING
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.slot: int | None = None  # row of the engine's sampled-token buffer while admitted
         self.in_flight_batches = 0  # batches launched but not yet processed that contain it
         self.num_preemptions = 0
@@ -277,7 +278,7 @@ class Sequence:
         self._record(EventKind.REACQUIRED, matched)
         return matched
 
-    def finish(self, reason: str) -> None:
+    def finish(self, reason: FinishReason) -> None:
         """Mark finished (stop, length, abort, error); pages are released separately, once."""
         self.status = SequenceStatus.FINISHED
         self.finish_reason = reason

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 from baton.engine.compute_plan import ComputePlan, CpuCapabilities
+from baton.messages import AggregateStats, RequestStats, StepOutput, TokenLogprob
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
-from baton.scheduler_proc.outputs import AggregateStats, RequestStats, StepOutput, TokenLogprob
 from baton.scheduler_proc.sequence import Sequence
 
 

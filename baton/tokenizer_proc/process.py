@@ -25,6 +25,7 @@ from baton.messages import (
     AbortRequest,
     AbortRid,
     ClientMessage,
+    ErrorCode,
     ForwardedStatsRequest,
     GenerateRequest,
     RequestFailed,
@@ -46,7 +47,7 @@ OFFLOAD_PROMPT_CHARS = 16_384
 class RejectedRequest(ValueError):
     """A request that fails validation; `code` is the wire-level error kind."""
 
-    def __init__(self, message: str, code: str = "invalid_request") -> None:
+    def __init__(self, message: str, code: ErrorCode = "invalid_request") -> None:
         super().__init__(message)
         self.code = code
 
@@ -226,7 +227,7 @@ def prompt_chars(request: GenerateRequest) -> int:
     return sum(len(text) for text in texts)
 
 
-def _failure(client_id: bytes, request_id: str, code: str, message: str) -> Outgoing:
+def _failure(client_id: bytes, request_id: str, code: ErrorCode, message: str) -> Outgoing:
     failed = RequestFailed(client_id=client_id, request_id=request_id, code=code, message=message)
     return ("detokenizer", failed)
 

@@ -21,6 +21,7 @@ from baton.engine.checkpoint import Checkpoint
 from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.messages import (
     AbortRid,
+    AggregateStats,
     ClientReply,
     Codec,
     DetokenizerMessage,
@@ -33,13 +34,15 @@ from baton.messages import (
     Replies,
     RequestFailed,
     RequestStarted,
+    RequestStats,
     SchedulerMessage,
     SchedulerOutputs,
     Shutdown,
     StatsReply,
+    StepOutput,
+    TokenLogprob,
     make_rid,
 )
-from baton.scheduler_proc.outputs import AggregateStats, RequestStats, StepOutput, TokenLogprob
 
 CLIENT_A = b"client-a"
 CLIENT_B = b"client-b"

@@ -23,8 +23,7 @@ from baton.frontend.logprobs import ChoiceLogprobs, TokenTextDecoder
 from baton.frontend.metrics import FrontendMetrics
 from baton.frontend.params import chat_choices, completion_choices
 from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
-from baton.messages import ChatMessage, GenerateDelta
-from baton.scheduler_proc.outputs import AggregateStats, TokenLogprob
+from baton.messages import AggregateStats, ChatMessage, GenerateDelta, TokenLogprob
 from baton.tokenizer_proc.tokenizer import build_byte_tokenizer, max_chars_per_token
 
 

@@ -210,9 +210,14 @@ def test_long_chat_is_measured_after_rendering(service: TokenizerService) -> Non
 
 
 def test_abort_stats_and_shutdown(service: TokenizerService) -> None:
-    abort = service.handle(CLIENT, _frame(AbortRequest(request_id="r9", reason="cancelled")))
+    abort = service.handle(CLIENT, _frame(AbortRequest(request_id="r9", reason="stop")))
     assert _single(abort, "scheduler", AbortRid) == AbortRid(
-        rid=make_rid(CLIENT, "r9"), reason="cancelled"
+        rid=make_rid(CLIENT, "r9"), reason="stop"
+    )
+    # A reason is a finish reason of the wire protocol: any other is a malformed frame.
+    bogus = _frame({"type": "abort", "request_id": "r9", "reason": "cancelled"})
+    assert "Invalid enum value 'cancelled'" in _failure(
+        service.handle(CLIENT, bogus), "invalid_request", "r9"
     )
     stats = _single(
         service.handle(CLIENT, _frame(StatsRequest(request_id="s1"))),
