@@ -25,7 +25,12 @@ import torch
 from safetensors import safe_open
 from transformers import PreTrainedTokenizerBase
 
-from baton.engine.gguf_checkpoint import converted_folder, iter_gguf_weights
+from baton.engine.compact_weights import CompactWeight
+from baton.engine.gguf_checkpoint import (
+    converted_folder,
+    iter_gguf_compact_weights,
+    iter_gguf_weights,
+)
 from baton.engine.model_config import CheckpointError, ModelConfig, token_id_tuple
 from baton.engine.random_model import (
     RANDOM_MODEL_NAME,
@@ -45,6 +50,7 @@ DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_SUFFIX = ".gguf"
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX_FILE = "model.safetensors.index.json"
+_COMPACT_SAFETENSORS_DTYPES = ("BF16", "F16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # What a hub download fetches: enough to serve, never other weight formats.
 HUB_ALLOW_PATTERNS = [
@@ -72,6 +78,11 @@ class Checkpoint:
     path: Path | None  # None for the built-in random model
     gguf_file: Path | None = None  # the weights of a GGUF checkpoint (`path` is its metadata)
 
+    @property
+    def stored_compactly(self) -> bool:
+        """Its matrices take fewer bytes than float32: a GGUF, or a bf16/f16 checkpoint."""
+        return self.gguf_file is not None or self.config.torch_dtype in ("bfloat16", "float16")
+
     def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor under its HF parameter name, read lazily one at a time."""
         if self.path is None:
@@ -92,6 +103,27 @@ class Checkpoint:
             with handle as tensors:
                 for name in tensors.keys():  # noqa: SIM118 - safe_open is not a mapping
                     yield name, tensors.get_tensor(name)
+
+    def iter_compact_weights(self) -> Iterator[tuple[str, CompactWeight]]:
+        """The matrices stored more compactly than float32 (bf16, f16, GGUF blocks), as stored,
+        under their HF names (see compact_weights.py). Call after `iter_weights` has loaded
+        the model: the files were checked then."""
+        if self.path is None:
+            return  # the random model is float32
+        if self.gguf_file is not None:
+            config = self.config
+            permuted_qk = config.architecture == "LlamaForCausalLM"
+            yield from iter_gguf_compact_weights(
+                self.gguf_file, config.num_heads, config.num_kv_heads, permuted_qk
+            )
+            return
+        for file in _safetensors_files(self.path):
+            with safe_open(str(file), framework="pt") as tensors:
+                for name in tensors.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    if tensors.get_slice(name).get_dtype() in _COMPACT_SAFETENSORS_DTYPES:
+                        compact = CompactWeight.from_tensor(tensors.get_tensor(name))
+                        if compact is not None:
+                            yield name, compact
 
 
 def default_model() -> str:

@@ -76,22 +76,32 @@ class ComputePlan(msgspec.Struct, frozen=True, kw_only=True):
     dtype: str
     pack_weights: bool
     reason: str
+    # Float32 linear layers multiply batches of a few rows by the weights as stored (bf16, f16,
+    # GGUF blocks) with the native kernel: see baton/engine/compact_weights.py.
+    compact_small_batches: bool = False
 
     def summary(self) -> str:
         """One line for logs and reports."""
         packed = ", packed weights" if self.pack_weights else ""
-        return f"{self.dtype}{packed}, because {self.reason}"
+        compact = ", small batches read the stored weights" if self.compact_small_batches else ""
+        return f"{self.dtype}{packed}{compact}, because {self.reason}"
 
 
 def choose_compute_plan(
-    requested: str, checkpoint_dtype: str | None, device_type: str, caps: CpuCapabilities
+    requested: str,
+    checkpoint_dtype: str | None,
+    device_type: str,
+    caps: CpuCapabilities,
+    stored_compactly: bool = False,
 ) -> ComputePlan:
     """The plan for `--dtype requested` on a checkpoint stored in `checkpoint_dtype`.
 
     `auto` keeps the checkpoint's dtype where this device computes it natively; on a CPU without
     native bf16 a half-precision checkpoint computes in float32 (EMULATED_BF16_COST). An explicit
     dtype is always honoured where the device has kernels for it. ValueError for a dtype the
-    device cannot compute.
+    device cannot compute. `stored_compactly`: the checkpoint holds its matrices in fewer bytes
+    than float32 (bf16, f16, GGUF blocks), which the native kernel reads on an AVX2 CPU (every
+    AVX2 CPU also has the FMA and F16C it needs).
     """
     if requested != "auto" and requested not in DTYPES:
         raise ValueError(f"unsupported dtype {requested!r}; choose auto, {', '.join(DTYPES)}")
@@ -118,4 +128,7 @@ def choose_compute_plan(
     pack = caps.can_pack(dtype)
     if not pack:
         reason += f"; {dtype} weights not packed (oneDNN cannot pack them here)"
-    return ComputePlan(dtype=dtype, pack_weights=pack, reason=reason)
+    compact = stored_compactly and isa_rank(caps.isa) >= isa_rank("avx2")
+    if compact:
+        reason += "; a decode step is bound by the bytes of weights it reads"
+    return ComputePlan(dtype=dtype, pack_weights=pack, reason=reason, compact_small_batches=compact)

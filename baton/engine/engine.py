@@ -11,11 +11,13 @@ from baton.cpu_binding import bind_engine_thread
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.select import make_attention_backend
 from baton.engine.checkpoint import Checkpoint, load_checkpoint
+from baton.engine.compact_weights import COMPACT_MAX_ROWS
 from baton.engine.compute_plan import choose_compute_plan
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
+from baton.engine.native.library import NativeBuildError, load_compact_gemv
 from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.engine.sampler import Sampler, SamplingBatch
 
@@ -53,7 +55,11 @@ class Engine:
         self.device = torch.device(config.device)
         self.cpu = detect_cpu_capabilities(config.max_cpu_isa)
         self.plan = choose_compute_plan(
-            config.dtype, model_config.torch_dtype, self.device.type, self.cpu
+            config.dtype,
+            model_config.torch_dtype,
+            self.device.type,
+            self.cpu,
+            stored_compactly=self.checkpoint.stored_compactly,
         )
         logger.info("CPU: %s", self.cpu.summary())
         logger.info("compute plan: %s", self.plan.summary())
@@ -64,6 +70,8 @@ class Engine:
         self._check_one_request_fits(config)
         self.model = CausalLM(model_config, self.dtype, self.device)
         self.model.load_weights(self.checkpoint.iter_weights())
+        if self.plan.compact_small_batches:
+            self._attach_compact_weights()
         if self.plan.pack_weights:
             self.model.pack_linear_weights()
         self.kv_pool = KVPool(
@@ -92,6 +100,19 @@ class Engine:
             self.num_pages,
             self.page_size,
             self.max_model_len,
+        )
+
+    def _attach_compact_weights(self) -> None:
+        try:
+            gemv = load_compact_gemv()
+        except NativeBuildError as error:
+            logger.warning("small batches read float32 weights: no native kernel here: %s", error)
+            return
+        attached = self.model.attach_compact_weights(self.checkpoint.iter_compact_weights(), gemv)
+        logger.info(
+            "%d linear layers read their stored weights in batches of up to %d rows",
+            attached,
+            COMPACT_MAX_ROWS,
         )
 
     def _bytes_per_page(self) -> int:

@@ -11,6 +11,7 @@ the weights come from the GGUF itself: dequantized in bulk (numpy, one call per 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from baton.engine.compact_weights import FORMATS, CompactWeight
 from baton.engine.gguf_names import hf_tensor_name, permuted_heads, unpermute_rows
 from baton.engine.model_config import CheckpointError
 
@@ -112,10 +114,19 @@ def _convert(gguf_file: Path, target: Path) -> None:
 
 
 def _open(gguf_file: Path) -> Any:
+    stat = gguf_file.stat()
+    return _cached_reader(str(gguf_file), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_reader(gguf_file: str, size: int, mtime_ns: int) -> Any:
+    """One parse per file version (seconds for a large vocabulary): the weights are read twice
+    at load, dequantized and as stored (`iter_gguf_compact_weights`). The reader memory-maps
+    the file, so keeping it costs address space, not memory."""
     import gguf
 
     try:
-        return gguf.GGUFReader(str(gguf_file))
+        return gguf.GGUFReader(gguf_file)
     except Exception as error:  # truncated or not GGUF: the reader raises several types
         raise CheckpointError(f"{gguf_file}: not a readable GGUF file: {error}") from error
 
@@ -223,3 +234,25 @@ def iter_gguf_weights(
             values = unpermute_rows(values, heads)
         # Copied only where numpy must: an F32 tensor is a read-only view of the file.
         yield name, torch.from_numpy(np.require(values, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
+
+
+def iter_gguf_compact_weights(
+    gguf_file: Path, num_heads: int, num_kv_heads: int, permuted_qk: bool
+) -> Iterator[tuple[str, CompactWeight]]:
+    """The matrices stored in a format the compact kernel reads (compact_weights.py), as
+    stored: the blocks of each row, rows in HF order (llama's q/k rows un-permuted)."""
+    reader = _open(gguf_file)
+    for tensor in reader.tensors:
+        compact_format = tensor.tensor_type.name.lower()
+        if compact_format not in FORMATS or len(tensor.shape) != 2:
+            continue
+        in_features, out_features = (int(n) for n in tensor.shape)
+        if in_features % FORMATS[compact_format].block:
+            continue
+        name = hf_tensor_name(tensor.name)
+        rows = np.asarray(tensor.data).view(np.uint8).reshape(out_features, -1)
+        heads = permuted_heads(name, num_heads, num_kv_heads) if permuted_qk else 0
+        if heads:
+            rows = unpermute_rows(rows, heads)
+        data = torch.from_numpy(np.array(rows, dtype=np.uint8, order="C"))
+        yield name, CompactWeight(compact_format, data, in_features)

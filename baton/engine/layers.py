@@ -13,6 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from baton.engine.compact_weights import COMPACT_MAX_ROWS, CompactWeight
+from baton.engine.native.library import CompactGemv
+
 
 def empty_parameter(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
     """An uninitialised, frozen parameter (inference only: no gradients)."""
@@ -34,6 +37,10 @@ class Linear(nn.Module):
         self.weight = empty_parameter(out_features, in_features, dtype=dtype, device=device)
         self.bias = empty_parameter(out_features, dtype=dtype, device=device) if bias else None
         self.packed = False
+        # The weight as the checkpoint stores it, for batches of up to COMPACT_MAX_ROWS rows
+        # (see compact_weights.py); set by CausalLM.attach_compact_weights.
+        self.compact: CompactWeight | None = None
+        self.compact_gemv: CompactGemv | None = None
 
     def pack_for_cpu(self) -> None:
         """Reorder the loaded weight, once, into oneDNN's blocked layout.
@@ -51,6 +58,8 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, in_features] -> [tokens, out_features]."""
+        if self.compact_gemv is not None and x.shape[0] <= COMPACT_MAX_ROWS:
+            return self.compact_gemv(x, self.compact, self.bias)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)

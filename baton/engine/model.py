@@ -16,6 +16,7 @@ from torch import nn
 
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
+from baton.engine.compact_weights import CompactWeight, concat_rows
 from baton.engine.kv_pool import KVPool
 from baton.engine.layers import (
     GatedMLP,
@@ -27,6 +28,7 @@ from baton.engine.layers import (
     rms_norm,
 )
 from baton.engine.model_config import CheckpointError, ModelConfig
+from baton.engine.native.library import CompactGemv
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16)
 _CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -191,6 +193,41 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear):
                 module.pack_for_cpu()
+
+    def attach_compact_weights(
+        self, weights: Iterable[tuple[str, CompactWeight]], gemv: CompactGemv
+    ) -> int:
+        """Give float32 linear layers their stored compact weights (compact_weights.py), to be
+        multiplied by `gemv` in small batches; returns how many layers got them.
+
+        Call after `load_weights`. A fused layer gets them only where all its parts came in
+        one format (else it keeps multiplying float32 weights at every batch size).
+        """
+        targets = self._weight_targets()
+        owners = {
+            id(module.weight): module
+            for module in self.modules()
+            if isinstance(module, Linear) and module.weight.dtype == torch.float32
+        }
+        if self.config.tie_word_embeddings:
+            owners[id(self.embed_tokens)] = self.lm_head  # the head multiplies by the embedding
+        parts: dict[Linear, dict[int, CompactWeight]] = {}
+        for name, compact in weights:
+            target = targets.get(name)
+            owner = owners.get(id(target.param)) if target is not None else None
+            if owner is None or (compact.out_features, compact.in_features) != target.shape:
+                continue
+            parts.setdefault(owner, {})[target.rows.start or 0] = compact
+        attached = 0
+        for linear, by_first_row in parts.items():
+            ordered = [by_first_row[row] for row in sorted(by_first_row)]
+            if sum(part.out_features for part in ordered) != linear.weight.shape[0]:
+                continue
+            combined = concat_rows(ordered)
+            if combined is not None:
+                linear.compact, linear.compact_gemv = combined, gemv
+                attached += 1
+        return attached
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

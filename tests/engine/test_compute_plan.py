@@ -198,3 +198,23 @@ def test_max_cpu_isa_only_lowers_the_detected_level() -> None:
     if isa_rank(detected.isa) > isa_rank("avx2"):
         assert capped.limited_by == "--max-cpu-isa" and not capped.native_bf16
     assert detect_cpu_capabilities("amx").isa == detected.isa
+
+
+@pytest.mark.parametrize("caps", [ZEN3, SKYLAKE, ZEN5, SAPPHIRE_RAPIDS, AMX_AS_AVX2])
+@pytest.mark.parametrize("checkpoint_dtype", ["bfloat16", "float32"])
+def test_compactly_stored_weights_serve_small_batches_on_every_avx2_cpu(
+    caps: CpuCapabilities, checkpoint_dtype: str
+) -> None:
+    """bf16 checkpoints, and GGUFs (whose config says float32), whatever dtype computes."""
+    plan = choose_compute_plan("auto", checkpoint_dtype, "cpu", caps, stored_compactly=True)
+    assert plan.compact_small_batches
+    assert "small batches read the stored weights" in plan.summary()
+    assert not choose_compute_plan("auto", checkpoint_dtype, "cpu", caps).compact_small_batches
+
+
+def test_below_avx2_or_on_cuda_small_batches_read_the_computed_weights() -> None:
+    below_avx2 = replace(ZEN3, isa="default", limited_by="--max-cpu-isa")
+    plan = choose_compute_plan("auto", "bfloat16", "cpu", below_avx2, stored_compactly=True)
+    assert not plan.compact_small_batches
+    plan = choose_compute_plan("auto", "bfloat16", "cuda", ZEN3, stored_compactly=True)
+    assert not plan.compact_small_batches

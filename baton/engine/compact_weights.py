@@ -1,0 +1,73 @@
+"""Weights kept as the checkpoint stores them (bf16, f16, GGUF blocks) for small batches.
+
+A decode step of a few rows reads every weight once and does little arithmetic on it: it is
+bound by memory bandwidth. A float32 plan (a CPU without native bf16, or any GGUF) holds 2-6x
+more bytes than the checkpoint stored, so besides the float32 weights that large batches and
+prefill multiply with (oneDNN, compute-bound), each linear layer keeps its stored bytes for
+batches of up to `COMPACT_MAX_ROWS` rows, multiplied by the native kernel
+(`baton/engine/native/compact_gemv.c`). The kernel widens each weight to exactly its float32
+value, so both paths multiply the same weights; only the order of the sums differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+
+# Rows up to which the compact kernel beats oneDNN's packed float32 GEMM. Measured on AMD EPYC
+# Zen 3 (2 threads, SmolLM2 and 0.5B layer shapes, weights out of cache): 2-4x faster at 1-4
+# rows, 1.2-1.4x at 16, 0.9-1.1x at 32 (docs/benchmarks.md).
+COMPACT_MAX_ROWS = 16
+
+
+@dataclass(frozen=True)
+class CompactFormat:
+    """One storage format: its id in the native kernel, and `block` weights per `block_bytes`."""
+
+    kernel_id: int
+    block: int
+    block_bytes: int
+
+
+FORMATS = {
+    "bf16": CompactFormat(0, 8, 16),
+    "f16": CompactFormat(1, 8, 16),
+    "q8_0": CompactFormat(2, 32, 34),  # f16 scale d, 32 int8: w = d * q
+    "q4_0": CompactFormat(3, 32, 18),  # f16 d, 16 bytes of nibbles: w = d * (q - 8)
+    "q4_1": CompactFormat(4, 32, 20),  # f16 d, f16 m, 16 bytes of nibbles: w = d * q + m
+}
+_TORCH_FORMATS = {torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+@dataclass(frozen=True)
+class CompactWeight:
+    """A [out_features, in_features] weight in a compact format: `data` is uint8
+    [out_features, row_bytes], each row its in_features / block blocks in order."""
+
+    format: str
+    data: torch.Tensor
+    in_features: int
+
+    @property
+    def out_features(self) -> int:
+        return self.data.shape[0]
+
+    @staticmethod
+    def from_tensor(tensor: torch.Tensor) -> CompactWeight | None:
+        """The stored bytes of a bf16/f16 matrix; None for another dtype or an unsupported width."""
+        name = _TORCH_FORMATS.get(tensor.dtype)
+        if name is None or tensor.dim() != 2 or tensor.shape[1] % FORMATS[name].block:
+            return None
+        return CompactWeight(name, tensor.contiguous().view(torch.uint8), tensor.shape[1])
+
+
+def concat_rows(parts: Iterable[CompactWeight]) -> CompactWeight | None:
+    """The parts stacked row-wise (a fused q/k/v or gate/up weight), or None where their
+    formats or widths differ (e.g. a GGUF storing v in another type than q and k)."""
+    parts = list(parts)
+    first = parts[0]
+    if any((part.format, part.in_features) != (first.format, first.in_features) for part in parts):
+        return None
+    return CompactWeight(first.format, torch.cat([part.data for part in parts]), first.in_features)

@@ -1,0 +1,141 @@
+/* Small-batch matrix products over compact weights, computing in float32 (AVX2 + FMA + F16C).
+ *
+ * y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]) for a few rows m, where W is stored as bf16,
+ * f16 or one of GGUF's block formats (Q8_0, Q4_0, Q4_1: 32 weights per block sharing an f16
+ * scale). Each weight is dequantized to exactly the float32 value the float32 weights hold (bf16
+ * and f16 widen exactly; d * q is exact in float32, and Q4_1's d * q + m is one FMA: the same
+ * single rounding as gguf's `d * q + m`), so the result differs from a float32 GEMM only in the
+ * order of the sum. A decode step reads every weight once per step: reading 2-6x fewer bytes
+ * than float32 is the whole point.
+ *
+ * Rows of W are split across the OpenMP team of the calling thread. The library is loaded after
+ * torch, so its libgomp is torch's own (same soname) and the team is the engine's.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+
+enum { FMT_BF16 = 0, FMT_F16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4 };
+
+#define ROWS_PER_PASS 4 /* rows of x per sweep over W: 4 accumulators + loads fit 16 ymm */
+
+static inline float f16_scalar(const uint8_t *p) { return _cvtsh_ss(*(const uint16_t *)p); }
+
+static inline __m256 bytes_to_ps(__m128i bytes) { /* low 8 unsigned bytes -> 8 floats */
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+}
+
+/* Each dequantizer turns one block (VECS vectors of 8 weights) into float32 vectors. */
+static inline void dq_bf16(const uint8_t *b, __m256 *w) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)b));
+    w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+static inline void dq_f16(const uint8_t *b, __m256 *w) {
+    w[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b));
+}
+
+static inline void dq_q8_0(const uint8_t *b, __m256 *w) {
+    __m256 d = _mm256_set1_ps(f16_scalar(b));
+    for (int j = 0; j < 4; j++) {
+        __m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * j));
+        w[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    }
+}
+
+/* Q4_0 / Q4_1: byte j holds weight j in its low nibble and weight j + 16 in its high one. */
+static inline void nibbles(const uint8_t *qs, __m128i *lo, __m128i *hi) {
+    __m128i packed = _mm_loadu_si128((const __m128i *)qs);
+    __m128i mask = _mm_set1_epi8(0x0F);
+    *lo = _mm_and_si128(packed, mask);
+    *hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);
+}
+
+static inline void dq_q4_0(const uint8_t *b, __m256 *w) {
+    __m256 d = _mm256_set1_ps(f16_scalar(b));
+    __m256 eight = _mm256_set1_ps(8.0f);
+    __m128i lo, hi;
+    nibbles(b + 2, &lo, &hi);
+    w[0] = _mm256_mul_ps(d, _mm256_sub_ps(bytes_to_ps(lo), eight));
+    w[1] = _mm256_mul_ps(d, _mm256_sub_ps(bytes_to_ps(_mm_srli_si128(lo, 8)), eight));
+    w[2] = _mm256_mul_ps(d, _mm256_sub_ps(bytes_to_ps(hi), eight));
+    w[3] = _mm256_mul_ps(d, _mm256_sub_ps(bytes_to_ps(_mm_srli_si128(hi, 8)), eight));
+}
+
+static inline void dq_q4_1(const uint8_t *b, __m256 *w) {
+    __m256 d = _mm256_set1_ps(f16_scalar(b));
+    __m256 m = _mm256_set1_ps(f16_scalar(b + 2));
+    __m128i lo, hi;
+    nibbles(b + 4, &lo, &hi);
+    w[0] = _mm256_fmadd_ps(d, bytes_to_ps(lo), m);
+    w[1] = _mm256_fmadd_ps(d, bytes_to_ps(_mm_srli_si128(lo, 8)), m);
+    w[2] = _mm256_fmadd_ps(d, bytes_to_ps(hi), m);
+    w[3] = _mm256_fmadd_ps(d, bytes_to_ps(_mm_srli_si128(hi, 8)), m);
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One weight row against `rows` (a compile-time constant after inlining) rows of x. */
+#define DEFINE_ROW_DOT(FMT, DEQUANT, VECS, BLOCK_BYTES)                                          \
+    static inline __attribute__((always_inline)) void dot_##FMT(                                \
+        const float *x, int64_t k_dim, const uint8_t *row, int rows, float *out) {              \
+        __m256 acc[ROWS_PER_PASS];                                                              \
+        for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();                            \
+        const int64_t blocks = k_dim / (8 * VECS);                                              \
+        for (int64_t blk = 0; blk < blocks; blk++) {                                            \
+            __m256 w[VECS];                                                                     \
+            DEQUANT(row + blk * (BLOCK_BYTES), w);                                              \
+            for (int j = 0; j < VECS; j++) {                                                    \
+                const float *xk = x + blk * 8 * VECS + 8 * j;                                   \
+                for (int r = 0; r < rows; r++)                                                  \
+                    acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xk + r * k_dim), w[j], acc[r]);    \
+            }                                                                                   \
+        }                                                                                       \
+        for (int r = 0; r < rows; r++) out[r] = hsum(acc[r]);                                   \
+    }                                                                                           \
+                                                                                                \
+    static void gemv_##FMT(const float *x, int64_t m_dim, int64_t k_dim, const uint8_t *w,     \
+                           int64_t n_dim, int64_t row_bytes, const float *bias, float *y) {     \
+        _Pragma("omp parallel for schedule(static)")                                            \
+        for (int64_t n = 0; n < n_dim; n++) {                                                   \
+            const uint8_t *row = w + n * row_bytes;                                             \
+            float add = bias ? bias[n] : 0.0f;                                                  \
+            for (int64_t m0 = 0; m0 < m_dim; m0 += ROWS_PER_PASS) {                             \
+                float out[ROWS_PER_PASS];                                                       \
+                const float *xm = x + m0 * k_dim;                                               \
+                switch (m_dim - m0 < ROWS_PER_PASS ? m_dim - m0 : ROWS_PER_PASS) {              \
+                case 1: dot_##FMT(xm, k_dim, row, 1, out); break;                               \
+                case 2: dot_##FMT(xm, k_dim, row, 2, out); break;                               \
+                case 3: dot_##FMT(xm, k_dim, row, 3, out); break;                               \
+                default: dot_##FMT(xm, k_dim, row, 4, out); break;                              \
+                }                                                                               \
+                for (int r = 0; r < ROWS_PER_PASS && m0 + r < m_dim; r++)                       \
+                    y[(m0 + r) * n_dim + n] = out[r] + add;                                     \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
+DEFINE_ROW_DOT(bf16, dq_bf16, 1, 16)
+DEFINE_ROW_DOT(f16, dq_f16, 1, 16)
+DEFINE_ROW_DOT(q8_0, dq_q8_0, 4, 34)
+DEFINE_ROW_DOT(q4_0, dq_q4_0, 4, 18)
+DEFINE_ROW_DOT(q4_1, dq_q4_1, 4, 20)
+
+/* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias). Returns 0, or -1 for an unknown format.
+ * The caller guarantees contiguous float32 x and y, and k_dim a multiple of the block (8 for
+ * bf16/f16, 32 for the GGUF formats). */
+int baton_compact_gemv(int fmt, const float *x, int64_t m_dim, int64_t k_dim, const uint8_t *w,
+                       int64_t n_dim, int64_t row_bytes, const float *bias, float *y) {
+    switch (fmt) {
+    case FMT_BF16: gemv_bf16(x, m_dim, k_dim, w, n_dim, row_bytes, bias, y); return 0;
+    case FMT_F16: gemv_f16(x, m_dim, k_dim, w, n_dim, row_bytes, bias, y); return 0;
+    case FMT_Q8_0: gemv_q8_0(x, m_dim, k_dim, w, n_dim, row_bytes, bias, y); return 0;
+    case FMT_Q4_0: gemv_q4_0(x, m_dim, k_dim, w, n_dim, row_bytes, bias, y); return 0;
+    case FMT_Q4_1: gemv_q4_1(x, m_dim, k_dim, w, n_dim, row_bytes, bias, y); return 0;
+    default: return -1;
+    }
+}

@@ -1,0 +1,205 @@
+"""Small batches multiply the weights as stored (bf16, f16, GGUF blocks) with the native kernel:
+its arithmetic, which layers get compact weights, and greedy tokens end to end."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers.hf_reference import hf_greedy_generate
+
+from baton import LLM, SamplingParams
+from baton.bench.gguf_export import export_gguf
+from baton.engine.checkpoint import load_checkpoint
+from baton.engine.compact_weights import COMPACT_MAX_ROWS, FORMATS, CompactWeight
+from baton.engine.compute_plan import isa_rank
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.layers import Linear
+from baton.engine.model import CausalLM
+from baton.engine.native.library import CompactGemv, NativeBuildError, load_compact_gemv
+
+pytestmark = pytest.mark.skipif(
+    isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2") or shutil.which("cc") is None,
+    reason="the native kernel needs an AVX2 CPU and a C compiler",
+)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel and converted GGUF metadata go to a cache of the tests' own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "compact-cache"))
+
+
+@pytest.fixture
+def gemv() -> CompactGemv:
+    return load_compact_gemv()
+
+
+def _stored(weight: np.ndarray, compact_format: str) -> tuple[CompactWeight, torch.Tensor]:
+    """`weight` stored in `compact_format`, and the float32 values the stored bytes stand for
+    (as gguf dequantizes them, or as bf16/f16 widen)."""
+    if compact_format in ("bf16", "f16"):
+        dtype = torch.bfloat16 if compact_format == "bf16" else torch.float16
+        stored = torch.from_numpy(weight).to(dtype)
+        compact = CompactWeight.from_tensor(stored)
+        assert compact is not None
+        return compact, stored.float()
+    quant = getattr(gguf.GGMLQuantizationType, compact_format.upper())
+    blocks = gguf.quants.quantize(weight, quant)
+    values = gguf.quants.dequantize(blocks, quant).reshape(weight.shape)
+    return CompactWeight(compact_format, torch.from_numpy(blocks), weight.shape[1]), (
+        torch.from_numpy(values)
+    )
+
+
+@pytest.mark.parametrize("compact_format", sorted(FORMATS))
+def test_the_kernel_reads_each_weight_as_exactly_its_float32_value(
+    gemv: CompactGemv, compact_format: str
+) -> None:
+    weight = np.random.default_rng(0).normal(size=(40, 96)).astype(np.float32)
+    compact, values = _stored(weight, compact_format)
+    # One-hot rows pick single weights: no sum, so any difference is in the dequantization.
+    assert torch.equal(gemv(torch.eye(96), compact, None), values.T)
+
+
+@pytest.mark.parametrize("compact_format", sorted(FORMATS))
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
+    gemv: CompactGemv, compact_format: str, rows: int
+) -> None:
+    rng = np.random.default_rng(rows)
+    compact, values = _stored(rng.normal(size=(72, 160)).astype(np.float32), compact_format)
+    x = torch.from_numpy(rng.normal(size=(rows, 160)).astype(np.float32))
+    bias = torch.from_numpy(rng.normal(size=72).astype(np.float32))
+    expected = (x.double() @ values.double().T + bias.double()).float()
+    torch.testing.assert_close(gemv(x, compact, bias), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_a_linear_uses_compact_weights_up_to_the_row_limit_only(gemv: CompactGemv) -> None:
+    calls = []
+
+    def counting_gemv(x, weight, bias):
+        calls.append(x.shape[0])
+        return gemv(x, weight, bias)
+
+    linear = Linear(64, 48, True, torch.float32, "cpu")
+    stored = torch.randn(48, 64).to(torch.bfloat16)
+    linear.weight.data.copy_(stored)
+    linear.bias.data.normal_()
+    linear.compact, linear.compact_gemv = CompactWeight.from_tensor(stored), counting_gemv
+    for rows in (1, COMPACT_MAX_ROWS, COMPACT_MAX_ROWS + 1):
+        x = torch.randn(rows, 64)
+        expected = F.linear(x, stored.float(), linear.bias)
+        torch.testing.assert_close(linear(x), expected, rtol=1e-5, atol=1e-5)
+    assert calls == [1, COMPACT_MAX_ROWS]
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen2"])
+def test_every_linear_of_a_bf16_checkpoint_gets_its_stored_weights(
+    tiny_model_factory: Callable[..., Path], gemv: CompactGemv, variant: str
+) -> None:
+    """Fused q/k/v and gate/up are assembled from their parts; a tied head reads the
+    embedding's stored bytes."""
+    checkpoint = load_checkpoint(str(tiny_model_factory(variant, weights_dtype=torch.bfloat16)))
+    model = CausalLM(checkpoint.config, torch.float32, "cpu")
+    model.load_weights(checkpoint.iter_weights())
+    attached = model.attach_compact_weights(checkpoint.iter_compact_weights(), gemv)
+    linears = [module for module in model.modules() if isinstance(module, Linear)]
+    assert attached == len(linears) == 4 * checkpoint.config.num_layers + 1
+    for linear in linears:
+        assert torch.equal(linear.compact.data.view(torch.bfloat16).float(), linear.weight)
+
+
+def test_a_fused_layer_whose_parts_differ_in_format_keeps_float32_weights(
+    tiny_model_factory: Callable[..., Path], gemv: CompactGemv
+) -> None:
+    checkpoint = load_checkpoint(str(tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)))
+    model = CausalLM(checkpoint.config, torch.float32, "cpu")
+    model.load_weights(checkpoint.iter_weights())
+    odd_one = "model.layers.0.self_attn.k_proj.weight"
+
+    def weights():
+        for name, compact in checkpoint.iter_compact_weights():
+            if name == odd_one:
+                stored = compact.data.view(torch.bfloat16).to(torch.float16)
+                compact = CompactWeight.from_tensor(stored)
+            yield name, compact
+
+    attached = model.attach_compact_weights(weights(), gemv)
+    assert attached == 4 * checkpoint.config.num_layers  # all but layer 0's q/k/v
+    assert model.layers[0].self_attn.qkv_proj.compact is None
+    assert model.layers[1].self_attn.qkv_proj.compact is not None
+
+
+@pytest.mark.parametrize("tensor_type", ["Q4_0", "Q4_1", "Q8_0", "BF16"])
+@pytest.mark.parametrize("variant", ["llama", "qwen3"])
+def test_greedy_tokens_from_a_quantized_gguf_equal_transformers_on_its_weights(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, variant: str, tensor_type: str
+) -> None:
+    """transformers gets the GGUF's weights dequantized to float32; Baton multiplies the stored
+    blocks in decode batches and the dequantized weights in prefill: same tokens. (transformers
+    cannot load these GGUFs itself: it ignores a llama head_dim other than hidden / heads.)"""
+    from transformers import AutoModelForCausalLM
+
+    plain_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    model_dir = tiny_model_factory(variant, vocab_size=300, **plain_rope)
+    path = export_gguf(model_dir, "float32", tmp_path / f"tiny-{tensor_type}.gguf", tensor_type)
+    llm = LLM(str(path))
+    linears = [m for m in llm.engine.model.modules() if isinstance(m, Linear)]
+    assert all(linear.compact is not None for linear in linears)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    dequantized = dict(load_checkpoint(str(path)).iter_weights())
+    assert not reference.load_state_dict(dequantized, strict=False).unexpected_keys
+    prompts = [[1, 2, 3, 4, 5], [40, 41, 42], [7] * 20]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outputs = llm.generate(prompts, params)
+    for prompt, output in zip(prompts, outputs):
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + output.token_ids])).logits[0]
+        # Teacher-forced: each of Baton's tokens is transformers' argmax after the same prefix.
+        assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == output.token_ids
+
+
+def test_a_bf16_checkpoint_computed_in_float32_matches_transformers(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    model_dir = tiny_model_factory("llama", weights_dtype=torch.bfloat16)
+    llm = LLM(str(model_dir), dtype="float32")
+    assert llm.engine.plan.compact_small_batches
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    [output] = llm.generate([prompt], params)
+    assert output.token_ids == hf_greedy_generate(model_dir, prompt, 20)
+
+
+def test_without_a_compiler_the_engine_says_so_and_multiplies_float32_weights(
+    tiny_model_factory: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built here yet
+    monkeypatch.setenv("CC", "no-such-compiler")
+    with pytest.raises(NativeBuildError, match="no C compiler"):
+        load_compact_gemv()
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    with pytest.raises(NativeBuildError, match=r"false failed on compact_gemv\.c"):
+        load_compact_gemv()
+    model_dir = tiny_model_factory("llama", weights_dtype=torch.bfloat16)
+    with caplog.at_level(logging.WARNING):
+        llm = LLM(str(model_dir), dtype="float32")
+    assert "no native kernel here" in caplog.text
+    assert llm.engine.model.lm_head.compact is None
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    [output] = llm.generate([prompt], params)
+    assert output.token_ids == hf_greedy_generate(model_dir, prompt, 8)
