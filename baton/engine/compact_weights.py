@@ -32,8 +32,8 @@ class CompactFormat:
 
 
 FORMATS = {
-    "bf16": CompactFormat(0, 8, 16),
-    "f16": CompactFormat(1, 8, 16),
+    "bf16": CompactFormat(0, 32, 64),  # read 32 weights at a time, like the GGUF blocks
+    "f16": CompactFormat(1, 32, 64),
     "q8_0": CompactFormat(2, 32, 34),  # f16 scale d, 32 int8: w = d * q
     "q4_0": CompactFormat(3, 32, 18),  # f16 d, 16 bytes of nibbles: w = d * (q - 8)
     "q4_1": CompactFormat(4, 32, 20),  # f16 d, f16 m, 16 bytes of nibbles: w = d * q + m

@@ -12,12 +12,12 @@ from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.select import make_attention_backend
 from baton.engine.checkpoint import Checkpoint, load_checkpoint
 from baton.engine.compact_weights import COMPACT_MAX_ROWS
-from baton.engine.compute_plan import choose_compute_plan
+from baton.engine.compute_plan import choose_compute_plan, isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
-from baton.engine.native.library import NativeBuildError, load_compact_gemv
+from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
 from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.engine.sampler import Sampler, SamplingBatch
 
@@ -70,8 +70,22 @@ class Engine:
         self._check_one_request_fits(config)
         self.model = CausalLM(model_config, self.dtype, self.device)
         self.model.load_weights(self.checkpoint.iter_weights())
-        if self.plan.compact_small_batches:
-            self._attach_compact_weights()
+        # The native kernels: compact weights where the plan says, and where the computation is
+        # float32, RoPE + K/V store and decode attention reading the pages in place.
+        native = self._native_kernels()
+        if native is not None and self.plan.compact_small_batches:
+            attached = self.model.attach_compact_weights(
+                self.checkpoint.iter_compact_weights(), native
+            )
+            logger.info(
+                "%d linear layers read their stored weights in batches of up to %d rows",
+                attached,
+                COMPACT_MAX_ROWS,
+            )
+        float32_kernels = self.dtype == torch.float32 and model_config.head_dim % 8 == 0
+        attention_kernels = native if float32_kernels else None
+        if attention_kernels is not None:
+            self.model.use_native_kernels(attention_kernels)
         if self.plan.pack_weights:
             self.model.pack_linear_weights()
         self.kv_pool = KVPool(
@@ -90,6 +104,7 @@ class Engine:
             model_config.num_kv_heads,
             model_config.head_dim,
             self.dtype,
+            native=attention_kernels,
         )
         self.sampler = Sampler()
         self._last_sampled = torch.zeros(config.max_running_requests, dtype=torch.long)
@@ -102,18 +117,15 @@ class Engine:
             self.max_model_len,
         )
 
-    def _attach_compact_weights(self) -> None:
+    def _native_kernels(self) -> NativeKernels | None:
+        """The native CPU kernels where this CPU runs them (AVX2) and they build, else None."""
+        if self.device.type != "cpu" or isa_rank(self.cpu.isa) < isa_rank("avx2"):
+            return None
         try:
-            gemv = load_compact_gemv()
+            return load_native_kernels()
         except NativeBuildError as error:
-            logger.warning("small batches read float32 weights: no native kernel here: %s", error)
-            return
-        attached = self.model.attach_compact_weights(self.checkpoint.iter_compact_weights(), gemv)
-        logger.info(
-            "%d linear layers read their stored weights in batches of up to %d rows",
-            attached,
-            COMPACT_MAX_ROWS,
-        )
+            logger.warning("computing with torch alone: no native kernels here: %s", error)
+            return None
 
     def _bytes_per_page(self) -> int:
         mc = self.model_config

@@ -7,6 +7,7 @@ Parameters are allocated uninitialised (`torch.empty`): every one is overwritten
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from baton.engine.compact_weights import COMPACT_MAX_ROWS, CompactWeight
-from baton.engine.native.library import CompactGemv
+from baton.engine.native.library import NativeKernels
 
 
 def empty_parameter(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
@@ -40,7 +41,7 @@ class Linear(nn.Module):
         # The weight as the checkpoint stores it, for batches of up to COMPACT_MAX_ROWS rows
         # (see compact_weights.py); set by CausalLM.attach_compact_weights.
         self.compact: CompactWeight | None = None
-        self.compact_gemv: CompactGemv | None = None
+        self.native: NativeKernels | None = None
 
     def pack_for_cpu(self) -> None:
         """Reorder the loaded weight, once, into oneDNN's blocked layout.
@@ -58,8 +59,8 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, in_features] -> [tokens, out_features]."""
-        if self.compact_gemv is not None and x.shape[0] <= COMPACT_MAX_ROWS:
-            return self.compact_gemv(x, self.compact, self.bias)
+        if self.compact is not None and x.shape[0] <= COMPACT_MAX_ROWS:
+            return self.native.gemv(x, self.compact, self.bias)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -132,9 +133,22 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().to(dtype=dtype, device=device), persistent=False)
         self.register_buffer("sin", angles.sin().to(dtype=dtype, device=device), persistent=False)
 
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of each token's angles, [tokens, 1, head_dim / 2] (broadcast over heads)."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+    def angles(self, positions: torch.Tensor) -> TokenAngles:
+        """The rotary angles of a batch's tokens at `positions`."""
+        return TokenAngles(
+            positions, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1), self
+        )
+
+
+@dataclass(frozen=True)
+class TokenAngles:
+    """A batch's rotary angles: cos/sin gathered per token, [tokens, 1, head_dim / 2] (broadcast
+    over heads), for `apply_rope`; the positions and the tables, for the native kernel."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    tables: RotaryEmbedding
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

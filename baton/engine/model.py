@@ -23,12 +23,13 @@ from baton.engine.layers import (
     Linear,
     RMSNorm,
     RotaryEmbedding,
+    TokenAngles,
     apply_rope,
     empty_parameter,
     rms_norm,
 )
 from baton.engine.model_config import CheckpointError, ModelConfig
-from baton.engine.native.library import CompactGemv
+from baton.engine.native.library import NativeKernels
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16)
 _CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -60,12 +61,13 @@ class Attention(nn.Module):
             if config.qk_norm
             else None
         )
+        # Rotates q/k and stores K/V in one native call (CausalLM.use_native_kernels).
+        self.native: NativeKernels | None = None
 
     def forward(
         self,
         hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        angles: TokenAngles,
         kv_pool: KVPool,
         attn: AttentionBackend,
         meta: AttentionMetadata,
@@ -77,10 +79,23 @@ class Attention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm is not None:
             qk = rms_norm(qk, self.qk_norm, self.eps)
-        # q and k are rotated together: one set of elementwise kernels instead of two.
-        qk = apply_rope(qk, cos, sin)
-        q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
-        kv_pool.write(self.layer, k, v, meta.slot_mapping)
+        if self.native is not None:
+            self.native.rope_and_store(
+                qk,
+                v,
+                angles.tables.cos,
+                angles.tables.sin,
+                angles.positions,
+                meta.slot_mapping,
+                kv_pool.k_cache(self.layer),
+                kv_pool.v_cache(self.layer),
+            )
+            q = qk[:, : self.num_heads]
+        else:
+            # q and k are rotated together: one set of elementwise kernels instead of two.
+            qk = apply_rope(qk, angles.cos, angles.sin)
+            q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
+            kv_pool.write(self.layer, k, v, meta.slot_mapping)
         out = attn.forward(
             q, kv_pool.k_cache(self.layer), kv_pool.v_cache(self.layer), meta, self.scale
         )
@@ -105,14 +120,13 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        angles: TokenAngles,
         kv_pool: KVPool,
         attn: AttentionBackend,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         """[tokens, hidden] -> [tokens, hidden] (the input tensor is not modified)."""
-        attn_out = self.self_attn(self.input_layernorm(hidden), cos, sin, kv_pool, attn, meta)
+        attn_out = self.self_attn(self.input_layernorm(hidden), angles, kv_pool, attn, meta)
         # In-place residual adds reuse the freshly allocated projection outputs.
         hidden = attn_out.add_(hidden)
         return self.mlp(self.post_attention_layernorm(hidden)).add_(hidden)
@@ -175,13 +189,19 @@ class CausalLM(nn.Module):
         batch; every layer's new K/V are written to `kv_pool` at `meta.slot_mapping`.
         """
         hidden = F.embedding(input_ids, self.embed_tokens)
-        cos, sin = self.rotary.cos_sin(positions)
+        angles = self.rotary.angles(positions)
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, kv_pool, attn, meta)
+            hidden = layer(hidden, angles, kv_pool, attn, meta)
         # Norm and LM head only where a token is sampled: the head is the largest matmul. Both
         # in float32 (see __init__), so no rounding to the model's dtype comes between them.
         hidden = hidden[logits_indices].float()
         return self.lm_head(rms_norm(hidden, self.norm.weight.float(), self.norm.eps))
+
+    def use_native_kernels(self, native: NativeKernels) -> None:
+        """Rotate q/k and store K/V with the native kernel: float32 CPU models whose head_dim is
+        a multiple of 8 (the caller checks)."""
+        for layer in self.layers:
+            layer.self_attn.native = native
 
     def pack_linear_weights(self) -> None:
         """Pack every linear layer's weight for oneDNN (see Linear.pack_for_cpu).
@@ -195,10 +215,10 @@ class CausalLM(nn.Module):
                 module.pack_for_cpu()
 
     def attach_compact_weights(
-        self, weights: Iterable[tuple[str, CompactWeight]], gemv: CompactGemv
+        self, weights: Iterable[tuple[str, CompactWeight]], native: NativeKernels
     ) -> int:
         """Give float32 linear layers their stored compact weights (compact_weights.py), to be
-        multiplied by `gemv` in small batches; returns how many layers got them.
+        multiplied by `native.gemv` in small batches; returns how many layers got them.
 
         Call after `load_weights`. A fused layer gets them only where all its parts came in
         one format (else it keeps multiplying float32 weights at every batch size).
@@ -225,7 +245,7 @@ class CausalLM(nn.Module):
                 continue
             combined = concat_rows(ordered)
             if combined is not None:
-                linear.compact, linear.compact_gemv = combined, gemv
+                linear.compact, linear.native = combined, native
                 attached += 1
         return attached
 

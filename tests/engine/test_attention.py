@@ -11,7 +11,10 @@ import torch
 from baton.engine.attention.metadata import AttentionMetadata, build_attention_metadata
 from baton.engine.attention.select import make_attention_backend
 from baton.engine.attention.torch_backend import TorchPagedAttention
+from baton.engine.compute_plan import isa_rank
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.kv_pool import KVPool
+from baton.engine.native.library import NativeKernels, load_native_kernels
 
 # (cached prefix, new tokens) per row: prefill chunks with and without a prefix, decode rows
 # interleaved with them (so decode queries are not contiguous), a row whose kv length is a multiple
@@ -73,6 +76,16 @@ def _dense_reference(
     return torch.cat(outputs)
 
 
+@pytest.fixture(params=["torch", "native"])
+def decode_kernels(request: pytest.FixtureRequest) -> NativeKernels | None:
+    """Decode rows in torch, or in the native kernel (float32 CPU caches, AVX2)."""
+    if request.param == "torch":
+        return None
+    if isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2"):
+        pytest.skip("the native kernels need AVX2")
+    return load_native_kernels()
+
+
 def _run_case(
     rows: list[tuple[int, int]],
     page_size: int,
@@ -81,12 +94,13 @@ def _run_case(
     head_dim: int,
     dtype: torch.dtype,
     query_block: int = 512,
+    native: NativeKernels | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1234 + page_size + 7 * q_heads + head_dim)
     pool, meta, keys, values = _build_batch(rows, page_size, kv_heads, head_dim, dtype, generator)
     q = torch.randn(meta.num_tokens, q_heads, head_dim, generator=generator).to(dtype)
     scale = 1.0 / math.sqrt(head_dim)
-    backend = TorchPagedAttention(q_heads, kv_heads, query_block=query_block)
+    backend = TorchPagedAttention(q_heads, kv_heads, query_block=query_block, native=native)
     backend.plan(meta)
     out = backend.forward(q, pool.k_cache(0), pool.v_cache(0), meta, scale)
     assert out.shape == q.shape and out.dtype == dtype
@@ -98,9 +112,16 @@ def _run_case(
 @pytest.mark.parametrize("head_dim", [64, 24])
 @pytest.mark.parametrize("rows", [MIXED_ROWS, DECODE_ROWS], ids=["mixed", "decode"])
 def test_matches_dense_reference_float32(
-    rows: list[tuple[int, int]], page_size: int, q_heads: int, kv_heads: int, head_dim: int
+    rows: list[tuple[int, int]],
+    page_size: int,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    decode_kernels: NativeKernels | None,
 ) -> None:
-    out, expected = _run_case(rows, page_size, q_heads, kv_heads, head_dim, torch.float32)
+    out, expected = _run_case(
+        rows, page_size, q_heads, kv_heads, head_dim, torch.float32, native=decode_kernels
+    )
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -121,18 +142,22 @@ def test_long_rows_split_into_query_blocks() -> None:
 @pytest.mark.parametrize(
     "rows", [[(19, 1)] * 4, [(0, 7), (12, 3)]], ids=["equal-decode", "prefill-only"]
 )
-def test_uniform_batches(rows: list[tuple[int, int]]) -> None:
-    out, expected = _run_case(rows, 4, 4, 2, 16, torch.float32)
+def test_uniform_batches(rows: list[tuple[int, int]], decode_kernels: NativeKernels | None) -> None:
+    out, expected = _run_case(rows, 4, 4, 2, 16, torch.float32, native=decode_kernels)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_query_sliced_from_fused_qkv() -> None:
+@pytest.mark.parametrize("rows", [MIXED_ROWS, DECODE_ROWS], ids=["mixed", "decode"])
+def test_query_sliced_from_fused_qkv(
+    rows: list[tuple[int, int]], decode_kernels: NativeKernels | None
+) -> None:
     """Models slice q out of a fused QKV projection, so q arrives non-contiguous."""
     generator = torch.Generator().manual_seed(11)
-    pool, meta, keys, values = _build_batch(MIXED_ROWS, 16, 2, 32, torch.float32, generator)
+    pool, meta, keys, values = _build_batch(rows, 16, 2, 32, torch.float32, generator)
     qkv = torch.randn(meta.num_tokens, 8 + 2 * 2, 32, generator=generator)
     q = qkv[:, :8]
-    out = TorchPagedAttention(8, 2).forward(q, pool.k_cache(0), pool.v_cache(0), meta, 0.2)
+    backend = TorchPagedAttention(8, 2, native=decode_kernels)
+    out = backend.forward(q, pool.k_cache(0), pool.v_cache(0), meta, 0.2)
     expected = _dense_reference(q, meta, keys, values, 0.2)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
 

@@ -23,7 +23,7 @@ from baton.engine.compute_plan import isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.layers import Linear
 from baton.engine.model import CausalLM
-from baton.engine.native.library import CompactGemv, NativeBuildError, load_compact_gemv
+from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
 
 pytestmark = pytest.mark.skipif(
     isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2") or shutil.which("cc") is None,
@@ -40,8 +40,8 @@ def private_cache(
 
 
 @pytest.fixture
-def gemv() -> CompactGemv:
-    return load_compact_gemv()
+def native() -> NativeKernels:
+    return load_native_kernels()
 
 
 def _stored(weight: np.ndarray, compact_format: str) -> tuple[CompactWeight, torch.Tensor]:
@@ -63,39 +63,40 @@ def _stored(weight: np.ndarray, compact_format: str) -> tuple[CompactWeight, tor
 
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
 def test_the_kernel_reads_each_weight_as_exactly_its_float32_value(
-    gemv: CompactGemv, compact_format: str
+    native: NativeKernels, compact_format: str
 ) -> None:
     weight = np.random.default_rng(0).normal(size=(40, 96)).astype(np.float32)
     compact, values = _stored(weight, compact_format)
     # One-hot rows pick single weights: no sum, so any difference is in the dequantization.
-    assert torch.equal(gemv(torch.eye(96), compact, None), values.T)
+    assert torch.equal(native.gemv(torch.eye(96), compact, None), values.T)
 
 
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
 def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
-    gemv: CompactGemv, compact_format: str, rows: int
+    native: NativeKernels, compact_format: str, rows: int
 ) -> None:
     rng = np.random.default_rng(rows)
     compact, values = _stored(rng.normal(size=(72, 160)).astype(np.float32), compact_format)
     x = torch.from_numpy(rng.normal(size=(rows, 160)).astype(np.float32))
     bias = torch.from_numpy(rng.normal(size=72).astype(np.float32))
     expected = (x.double() @ values.double().T + bias.double()).float()
-    torch.testing.assert_close(gemv(x, compact, bias), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(native.gemv(x, compact, bias), expected, rtol=1e-5, atol=1e-4)
 
 
-def test_a_linear_uses_compact_weights_up_to_the_row_limit_only(gemv: CompactGemv) -> None:
+def test_a_linear_uses_compact_weights_up_to_the_row_limit_only(native: NativeKernels) -> None:
     calls = []
 
-    def counting_gemv(x, weight, bias):
-        calls.append(x.shape[0])
-        return gemv(x, weight, bias)
+    class CountingKernels:
+        def gemv(self, x, weight, bias):
+            calls.append(x.shape[0])
+            return native.gemv(x, weight, bias)
 
     linear = Linear(64, 48, True, torch.float32, "cpu")
     stored = torch.randn(48, 64).to(torch.bfloat16)
     linear.weight.data.copy_(stored)
     linear.bias.data.normal_()
-    linear.compact, linear.compact_gemv = CompactWeight.from_tensor(stored), counting_gemv
+    linear.compact, linear.native = CompactWeight.from_tensor(stored), CountingKernels()
     for rows in (1, COMPACT_MAX_ROWS, COMPACT_MAX_ROWS + 1):
         x = torch.randn(rows, 64)
         expected = F.linear(x, stored.float(), linear.bias)
@@ -105,14 +106,14 @@ def test_a_linear_uses_compact_weights_up_to_the_row_limit_only(gemv: CompactGem
 
 @pytest.mark.parametrize("variant", ["llama", "qwen2"])
 def test_every_linear_of_a_bf16_checkpoint_gets_its_stored_weights(
-    tiny_model_factory: Callable[..., Path], gemv: CompactGemv, variant: str
+    tiny_model_factory: Callable[..., Path], native: NativeKernels, variant: str
 ) -> None:
     """Fused q/k/v and gate/up are assembled from their parts; a tied head reads the
     embedding's stored bytes."""
     checkpoint = load_checkpoint(str(tiny_model_factory(variant, weights_dtype=torch.bfloat16)))
     model = CausalLM(checkpoint.config, torch.float32, "cpu")
     model.load_weights(checkpoint.iter_weights())
-    attached = model.attach_compact_weights(checkpoint.iter_compact_weights(), gemv)
+    attached = model.attach_compact_weights(checkpoint.iter_compact_weights(), native)
     linears = [module for module in model.modules() if isinstance(module, Linear)]
     assert attached == len(linears) == 4 * checkpoint.config.num_layers + 1
     for linear in linears:
@@ -120,7 +121,7 @@ def test_every_linear_of_a_bf16_checkpoint_gets_its_stored_weights(
 
 
 def test_a_fused_layer_whose_parts_differ_in_format_keeps_float32_weights(
-    tiny_model_factory: Callable[..., Path], gemv: CompactGemv
+    tiny_model_factory: Callable[..., Path], native: NativeKernels
 ) -> None:
     checkpoint = load_checkpoint(str(tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)))
     model = CausalLM(checkpoint.config, torch.float32, "cpu")
@@ -134,7 +135,7 @@ def test_a_fused_layer_whose_parts_differ_in_format_keeps_float32_weights(
                 compact = CompactWeight.from_tensor(stored)
             yield name, compact
 
-    attached = model.attach_compact_weights(weights(), gemv)
+    attached = model.attach_compact_weights(weights(), native)
     assert attached == 4 * checkpoint.config.num_layers  # all but layer 0's q/k/v
     assert model.layers[0].self_attn.qkv_proj.compact is None
     assert model.layers[1].self_attn.qkv_proj.compact is not None
@@ -181,7 +182,7 @@ def test_a_bf16_checkpoint_computed_in_float32_matches_transformers(
     assert output.token_ids == hf_greedy_generate(model_dir, prompt, 20)
 
 
-def test_without_a_compiler_the_engine_says_so_and_multiplies_float32_weights(
+def test_without_a_compiler_the_engine_says_so_and_computes_with_torch_alone(
     tiny_model_factory: Callable[..., Path],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -190,15 +191,17 @@ def test_without_a_compiler_the_engine_says_so_and_multiplies_float32_weights(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built here yet
     monkeypatch.setenv("CC", "no-such-compiler")
     with pytest.raises(NativeBuildError, match="no C compiler"):
-        load_compact_gemv()
+        load_native_kernels()
     monkeypatch.setenv("CC", "false")  # a compiler that fails
-    with pytest.raises(NativeBuildError, match=r"false failed on compact_gemv\.c"):
-        load_compact_gemv()
+    with pytest.raises(NativeBuildError, match="false failed on the native kernels"):
+        load_native_kernels()
     model_dir = tiny_model_factory("llama", weights_dtype=torch.bfloat16)
     with caplog.at_level(logging.WARNING):
         llm = LLM(str(model_dir), dtype="float32")
-    assert "no native kernel here" in caplog.text
+    assert "no native kernels here" in caplog.text
     assert llm.engine.model.lm_head.compact is None
+    assert llm.engine.attention.native is None
+    assert llm.engine.model.layers[0].self_attn.native is None
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     [output] = llm.generate([prompt], params)

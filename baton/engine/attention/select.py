@@ -7,6 +7,7 @@ import torch
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.flashinfer_backend import FlashInferAttention, flashinfer_available
 from baton.engine.attention.torch_backend import TorchPagedAttention
+from baton.engine.native.library import NativeKernels
 
 BACKEND_NAMES = ("auto", "torch", "flashinfer")
 
@@ -18,8 +19,10 @@ def make_attention_backend(
     num_kv_heads: int,
     head_dim: int,
     dtype: torch.dtype,
+    native: NativeKernels | None = None,
 ) -> AttentionBackend:
-    """Build backend `name` ("auto" | "torch" | "flashinfer") for the given model shape."""
+    """Build backend `name` ("auto" | "torch" | "flashinfer") for the given model shape;
+    `native`: the torch backend's decode rows run the native kernel (float32 CPU caches)."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; expected one of {BACKEND_NAMES}")
     device = torch.device(device)
@@ -28,4 +31,4 @@ def make_attention_backend(
         raise ValueError(f"the flashinfer backend needs a CUDA device, got {device}")
     if name == "flashinfer" or (name == "auto" and on_cuda and flashinfer_available()):
         return FlashInferAttention(num_q_heads, num_kv_heads, head_dim, dtype, device)
-    return TorchPagedAttention(num_q_heads, num_kv_heads)
+    return TorchPagedAttention(num_q_heads, num_kv_heads, native=native)

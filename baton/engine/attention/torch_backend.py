@@ -15,6 +15,7 @@ import torch
 
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
+from baton.engine.native.library import NativeKernels
 
 # Score elements of one prefill query block. Cache-sized blocks measured 1.5-2x faster than
 # 512-query blocks on long rows (the scores stay in cache through softmax and the V matmul), and
@@ -34,6 +35,15 @@ class _DecodePlan:
 
 
 @dataclass(frozen=True)
+class _NativeDecodePlan:
+    """Decode rows for the native kernel, which reads each row's pages in place."""
+
+    tokens: slice | torch.Tensor  # which rows of q/out belong to these sequences
+    rows: torch.Tensor  # [decode rows] int32: each one's row in the batch metadata
+    kv_lens: torch.Tensor  # [batch] int32
+
+
+@dataclass(frozen=True)
 class _PrefillRow:
     """One row with several queries, attended with a causal mask offset by its cached prefix."""
 
@@ -47,15 +57,24 @@ class _PrefillRow:
 class TorchPagedAttention(AttentionBackend):
     """Grouped-query attention over the paged cache for ragged prefill + decode batches."""
 
-    def __init__(self, num_q_heads: int, num_kv_heads: int, query_block: int = 512) -> None:
+    def __init__(
+        self,
+        num_q_heads: int,
+        num_kv_heads: int,
+        query_block: int = 512,
+        native: NativeKernels | None = None,
+    ) -> None:
+        """`native`: decode rows run the native kernel (float32 CPU caches, head_dim a
+        multiple of 8: the caller checks); prefill rows always run in torch."""
         if num_q_heads % num_kv_heads:
             raise ValueError(f"{num_q_heads} query heads do not group over {num_kv_heads} KV heads")
         self.num_q_heads = num_q_heads
         self.num_kv_heads = num_kv_heads
         self.group = num_q_heads // num_kv_heads
         self.query_block = query_block
+        self.native = native
         self._meta: AttentionMetadata | None = None
-        self._decode: _DecodePlan | None = None
+        self._decode: _DecodePlan | _NativeDecodePlan | None = None
         self._prefill: list[_PrefillRow] = []
         self._causal = torch.zeros(0, 0)  # float32 bias, -inf above the diagonal: future keys
 
@@ -66,7 +85,15 @@ class TorchPagedAttention(AttentionBackend):
         for n in meta.q_lens:
             q_starts.append(q_starts[-1] + n)
         decode_rows = [i for i, n in enumerate(meta.q_lens) if n == 1]
-        self._decode = self._plan_decode(meta, decode_rows, q_starts) if decode_rows else None
+        self._decode = None
+        if decode_rows and self.native is not None:
+            self._decode = _NativeDecodePlan(
+                _token_selector([q_starts[i] for i in decode_rows], device),
+                torch.tensor(decode_rows, dtype=torch.int32, device=device),
+                torch.tensor(meta.kv_lens, dtype=torch.int32, device=device),
+            )
+        elif decode_rows:
+            self._decode = self._plan_decode(meta, decode_rows, q_starts)
         self._prefill = []
         for i, n in enumerate(meta.q_lens):
             if n == 1:
@@ -99,12 +126,7 @@ class TorchPagedAttention(AttentionBackend):
         kv_rows = self._kv_rows(meta, torch.tensor(rows, device=device), clamped)
         padding = (positions >= kv_lens).repeat_interleave(self.num_kv_heads, dim=0).unsqueeze(1)
         bias = torch.zeros(padding.shape, device=device).masked_fill_(padding, float("-inf"))
-        token_ids = [q_starts[i] for i in rows]
-        tokens: slice | torch.Tensor
-        if token_ids == list(range(token_ids[0], token_ids[0] + len(rows))):
-            tokens = slice(token_ids[0], token_ids[0] + len(rows))
-        else:
-            tokens = torch.tensor(token_ids, device=device)
+        tokens = _token_selector([q_starts[i] for i in rows], device)
         return _DecodePlan(tokens, kv_rows, max_kv_len, bias)
 
     def _kv_rows(
@@ -154,9 +176,16 @@ class TorchPagedAttention(AttentionBackend):
         q: torch.Tensor,
         k_rows: torch.Tensor,
         v_rows: torch.Tensor,
-        plan: _DecodePlan,
+        plan: _DecodePlan | _NativeDecodePlan,
         scale: float,
     ) -> torch.Tensor:
+        if isinstance(plan, _NativeDecodePlan):
+            meta = self._meta
+            k_cache = k_rows.view(-1, meta.page_size, self.num_kv_heads, q.shape[-1])
+            v_cache = v_rows.view(k_cache.shape)
+            return self.native.decode_attention(
+                q, plan.rows, k_cache, v_cache, meta.kv_indptr, meta.kv_indices, plan.kv_lens, scale
+            )
         batch, head_dim = q.shape[0], q.shape[-1]
         groups = batch * self.num_kv_heads  # one [group, head_dim] query matrix per (row, KV head)
         kv_shape = (groups, plan.max_kv_len, head_dim)
@@ -200,3 +229,11 @@ class TorchPagedAttention(AttentionBackend):
             probs = torch.softmax(scores, dim=-1)
             block_out = torch.bmm(probs, v[:, :key_end]).view(kv_heads, size, group, head_dim)
             out[tokens].view(size, kv_heads, group, head_dim).copy_(block_out.transpose(0, 1))
+
+
+def _token_selector(token_ids: list[int], device: torch.device) -> slice | torch.Tensor:
+    """The rows of q holding these tokens: a slice where they are consecutive (a view, no copy)."""
+    first = token_ids[0]
+    if token_ids == list(range(first, first + len(token_ids))):
+        return slice(first, first + len(token_ids))
+    return torch.tensor(token_ids, device=device)

@@ -1,10 +1,10 @@
-"""Builds and loads Baton's native CPU kernel, once per machine, with the C compiler present.
+"""Builds and loads Baton's native CPU kernels, once per machine, with the C compiler present.
 
-The source (`compact_gemv.c`, plain C with AVX2 intrinsics and OpenMP) compiles in about a
-second into `$XDG_CACHE_HOME/baton/native/<hash>/`, keyed by the source, the flags and the
-compiler's version, and loads with ctypes: no torch headers, no build step at install. Where it
-cannot be built (no compiler, no AVX2) the caller gets None and a one-line reason, and the
-engine computes without it.
+The sources (plain C with AVX2 intrinsics and OpenMP) compile in about two seconds into
+`$XDG_CACHE_HOME/baton/native/<hash>/`, keyed by the sources, the flags and the compiler's
+version, and load with ctypes: no torch headers, no build step at install. Where they cannot be
+built (no compiler) the caller gets a `NativeBuildError` with a one-line reason, and the engine
+computes with torch alone.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,11 +25,22 @@ from baton.engine.compact_weights import FORMATS, CompactWeight
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("compact_gemv.c")
-LIBRARY_NAME = "libbaton_compact_gemv.so"
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("compact_gemv.c", "decode_attention.c"))
+LIBRARY_NAME = "libbaton_native.so"
 # -fopenmp links libgomp by soname: loaded after torch, the library shares torch's OpenMP runtime
-# (one thread team, sized by torch.set_num_threads on the calling thread).
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+# (one thread team, sized by torch.set_num_threads on the calling thread). -ffp-contract=off: a
+# C expression rounds as torch's elementwise ops do (RoPE is then bit-identical to the torch
+# path); the kernels' explicit FMAs are unaffected.
+FLAGS = (
+    "-O3",
+    "-mavx2",
+    "-mfma",
+    "-mf16c",
+    "-ffp-contract=off",
+    "-fopenmp",
+    "-shared",
+    "-fPIC",
+)
 
 
 class NativeBuildError(RuntimeError):
@@ -40,33 +52,37 @@ def native_cache_root() -> Path:
     return Path(base) / "baton" / "native"
 
 
-class CompactGemv:
-    """`y = x @ W^T (+ bias)` for float32 x of a few rows and a `CompactWeight` W."""
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+
+
+class NativeKernels:
+    """The loaded library's kernels, each taking and returning torch tensors."""
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._gemv = library.baton_compact_gemv
-        self._gemv.restype = ctypes.c_int
-        self._gemv.argtypes = [
-            ctypes.c_int,  # format
-            ctypes.c_void_p,  # x
-            ctypes.c_int64,  # rows of x
-            ctypes.c_int64,  # in_features
-            ctypes.c_void_p,  # weight bytes
-            ctypes.c_int64,  # out_features
-            ctypes.c_int64,  # bytes per weight row
-            ctypes.c_void_p,  # bias or NULL
-            ctypes.c_void_p,  # y
-        ]
+        # Argument types as the C signatures declare them (see the .c files).
+        self._gemv = _declare(
+            library.baton_compact_gemv,
+            ctypes.c_int,
+            [ctypes.c_int, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr],
+        )
+        self._rope = _declare(
+            library.baton_rope_and_store, None, [_ptr, _i64, _ptr, _i64, *[_i64] * 4, *[_ptr] * 6]
+        )
+        self._attention = _declare(
+            library.baton_decode_attention,
+            ctypes.c_int,
+            [_ptr, _i64, _ptr, _i64, *[_ptr] * 5, *[_i64] * 4, ctypes.c_float, _ptr],
+        )
 
-    def __call__(
+    def gemv(
         self, x: torch.Tensor, weight: CompactWeight, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """x: float32 [rows, in_features] -> float32 [rows, out_features]."""
+        """`x @ W^T (+ bias)`: float32 x [rows, in_features] -> [rows, out_features]."""
         x = x.contiguous()
         rows, out_features = x.shape[0], weight.out_features
         y = torch.empty(rows, out_features, dtype=torch.float32)
         data = weight.data
-        # ctypes releases the GIL for the call: the scheduler thread runs meanwhile.
+        # ctypes releases the GIL for each call: the scheduler thread runs meanwhile.
         self._gemv(
             FORMATS[weight.format].kernel_id,
             x.data_ptr(),
@@ -80,12 +96,91 @@ class CompactGemv:
         )
         return y
 
+    def rope_and_store(
+        self,
+        qk: torch.Tensor,
+        v: torch.Tensor,
+        cos_table: torch.Tensor,
+        sin_table: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> None:
+        """Rotate qk ([tokens, q_heads + kv_heads, head_dim], float32, rows may be strided;
+        each head contiguous) in place by `positions` (int64) and store its k heads and v
+        ([tokens, kv_heads, head_dim]) at `slots` (int64) of the float32 caches."""
+        tokens, heads, head_dim = qk.shape
+        kv_heads = v.shape[1]
+        self._rope(
+            qk.data_ptr(),
+            qk.stride(0),
+            v.data_ptr(),
+            v.stride(0),
+            tokens,
+            heads - kv_heads,
+            kv_heads,
+            head_dim,
+            cos_table.data_ptr(),
+            sin_table.data_ptr(),
+            positions.data_ptr(),
+            slots.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+        )
 
-def load_compact_gemv(cache_root: Path | None = None) -> CompactGemv:
-    """The kernel, compiled on first use; NativeBuildError where that is impossible here."""
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        rows: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        kv_indices: torch.Tensor,
+        kv_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """One query per row of `rows` (int32 batch rows) over its pages of the float32 caches
+        ([pages, page_size, kv_heads, head_dim]); q: [n, q_heads, head_dim], rows may be
+        strided. Returns [n, q_heads, head_dim]."""
+        n, q_heads, head_dim = q.shape
+        if q.stride(2) != 1 or q.stride(1) != head_dim:
+            q = q.contiguous()  # the kernel steps over rows by stride, within them densely
+        _, page_size, kv_heads, _ = k_cache.shape
+        out = torch.empty(n, q_heads, head_dim, dtype=torch.float32)
+        status = self._attention(
+            q.data_ptr(),
+            q.stride(0),
+            rows.data_ptr(),
+            n,
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            kv_indptr.data_ptr(),
+            kv_indices.data_ptr(),
+            kv_lens.data_ptr(),
+            q_heads,
+            kv_heads,
+            head_dim,
+            page_size,
+            scale,
+            out.data_ptr(),
+        )
+        if status:
+            raise MemoryError("decode attention could not allocate its scores")
+        return out
+
+
+def _declare(function: Any, restype: Any, argtypes: list[Any]) -> Any:
+    function.restype = restype
+    function.argtypes = argtypes
+    return function
+
+
+def load_native_kernels(cache_root: Path | None = None) -> NativeKernels:
+    """The kernels, compiled on first use; NativeBuildError where that is impossible here."""
     library = _build(cache_root or native_cache_root())
     try:
-        return CompactGemv(ctypes.CDLL(str(library)))
+        return NativeKernels(ctypes.CDLL(str(library)))
     except OSError as error:
         raise NativeBuildError(f"cannot load {library}: {error}") from error
 
@@ -97,7 +192,8 @@ def _build(cache_root: Path) -> Path:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
     ).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, version]).encode()).hexdigest()[:16]
+    sources = [source.read_text() for source in SOURCES]
+    key = hashlib.sha256("\0".join([*sources, *FLAGS, version]).encode()).hexdigest()[:16]
     target = cache_root / key / LIBRARY_NAME
     if target.exists():
         return target
@@ -107,14 +203,14 @@ def _build(cache_root: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         built = Path(scratch) / LIBRARY_NAME
         result = subprocess.run(
-            [compiler, *FLAGS, "-o", str(built), str(SOURCE)],
+            [compiler, *FLAGS, "-o", str(built), *map(str, SOURCES), "-lm"],
             capture_output=True,
             text=True,
             check=False,
         )
         if result.returncode != 0:
             first_error = (result.stderr.strip().splitlines() or ["no output"])[0]
-            raise NativeBuildError(f"{compiler} failed on {SOURCE.name}: {first_error}")
+            raise NativeBuildError(f"{compiler} failed on the native kernels: {first_error}")
         built.replace(target)
-    logger.info("built the native kernel into %s", target)
+    logger.info("built the native kernels into %s", target)
     return target

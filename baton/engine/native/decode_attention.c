@@ -1,0 +1,154 @@
+/* Decode-step attention and RoPE for float32 paged KV caches (AVX2 + FMA).
+ *
+ * Both read the page table in place: no K/V gather, no padding to the longest row, no mask.
+ * Cache layout (KVPool): [pages, page_size, kv_heads, head_dim], a token's K at flat slot
+ * page * page_size + offset. head_dim must be a multiple of 8 (the caller checks).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* e^x for x <= 0 (scores minus their maximum), within 2 ulp: x = n ln2 + r with |r| <= ln2 / 2,
+ * e^r by its degree-7 Taylor-like polynomial (Cephes' coefficients), times 2^n. */
+static inline __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f)); /* e^-87 ~ 1.6e-38: still a normal float */
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                               _mm256_set1_ps(0.5f)));
+    /* r = x - n ln2, with ln2 split in two so the product is exact enough. */
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i two_n = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
+/* Softmax of s[0 .. len) in place. */
+static void softmax(float *s, int64_t len) {
+    float top = s[0];
+    for (int64_t t = 1; t < len; t++) top = s[t] > top ? s[t] : top;
+    __m256 top_v = _mm256_set1_ps(top), sum_v = _mm256_setzero_ps();
+    int64_t t = 0;
+    for (; t + 8 <= len; t += 8) {
+        __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), top_v));
+        _mm256_storeu_ps(s + t, e);
+        sum_v = _mm256_add_ps(sum_v, e);
+    }
+    float total = hsum8(sum_v);
+    for (; t < len; t++) {
+        s[t] = expf(s[t] - top);
+        total += s[t];
+    }
+    for (t = 0; t < len; t++) s[t] /= total;
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    return hsum8(acc);
+}
+
+/* Rotate each token's q and k heads by its position (rotate-half RoPE, as layers.apply_rope)
+ * in place, and store its K and V at its slot. qk: [tokens, q_heads + kv_heads, head_dim] with
+ * token stride qk_stride; v: [tokens, kv_heads, head_dim] with token stride v_stride; cos/sin:
+ * [positions, head_dim / 2]. */
+void baton_rope_and_store(float *qk, int64_t qk_stride, const float *v, int64_t v_stride,
+                          int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                          const float *cos_table, const float *sin_table,
+                          const int64_t *positions, const int64_t *slots, float *k_cache,
+                          float *v_cache) {
+    const int64_t half = head_dim / 2, heads = q_heads + kv_heads;
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *cos_row = cos_table + positions[t] * half;
+        const float *sin_row = sin_table + positions[t] * half;
+        for (int64_t h = 0; h < heads; h++) {
+            float *x = qk + t * qk_stride + h * head_dim;
+            for (int64_t i = 0; i < half; i++) {
+                float x1 = x[i], x2 = x[i + half];
+                x[i] = x1 * cos_row[i] - x2 * sin_row[i];
+                x[i + half] = x2 * cos_row[i] + x1 * sin_row[i];
+            }
+        }
+        float *k_out = k_cache + slots[t] * kv_heads * head_dim;
+        float *v_out = v_cache + slots[t] * kv_heads * head_dim;
+        const float *k_in = qk + t * qk_stride + q_heads * head_dim;
+        const float *v_in = v + t * v_stride;
+        for (int64_t i = 0; i < kv_heads * head_dim; i++) {
+            k_out[i] = k_in[i];
+            v_out[i] = v_in[i];
+        }
+    }
+}
+
+/* One query per row: out[i, h] = softmax(scale * q[i, h] . K_row) V_row over the row's
+ * kv_lens[rows[i]] cached tokens. q: [n, q_heads, head_dim] with row stride q_stride; rows: the
+ * batch row of each query (its pages are kv_indices[kv_indptr[row] : kv_indptr[row + 1]]);
+ * out: [n, q_heads, head_dim], contiguous. Returns 0, or -1 if memory ran out. */
+int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows, int64_t n,
+                           const float *k_cache, const float *v_cache, const int32_t *kv_indptr,
+                           const int32_t *kv_indices, const int32_t *kv_lens, int64_t q_heads,
+                           int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale,
+                           float *out) {
+    const int64_t group = q_heads / kv_heads, token_stride = kv_heads * head_dim;
+    int failed = 0;
+#pragma omp parallel for collapse(2) schedule(static) reduction(| : failed)
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t kvh = 0; kvh < kv_heads; kvh++) {
+            const int32_t row = rows[i];
+            const int64_t len = kv_lens[row];
+            const int32_t *pages = kv_indices + kv_indptr[row];
+            float *scores = malloc(sizeof(float) * group * len);
+            if (!scores) {
+                failed = 1;
+                continue;
+            }
+            const float *qh = q + i * q_stride + kvh * group * head_dim;
+            float *oh = out + (i * q_heads + kvh * group) * head_dim;
+            /* Scores: each key is loaded once for the group's query heads. Keys are walked
+             * page by page (no division per key). */
+            for (int64_t t0 = 0; t0 < len; t0 += page_size) {
+                const float *page = k_cache + (int64_t)pages[t0 / page_size] * page_size *
+                                                  token_stride + kvh * head_dim;
+                const int64_t in_page = len - t0 < page_size ? len - t0 : page_size;
+                for (int64_t o = 0; o < in_page; o++)
+                    for (int64_t g = 0; g < group; g++)
+                        scores[g * len + t0 + o] =
+                            dot(qh + g * head_dim, page + o * token_stride, head_dim) * scale;
+            }
+            for (int64_t g = 0; g < group; g++) {
+                softmax(scores + g * len, len);
+                for (int64_t d = 0; d < head_dim; d++) oh[g * head_dim + d] = 0.0f;
+            }
+            for (int64_t t = 0; t < len; t++) {
+                if (t % page_size == 0)
+                    page_values = v_cache + (int64_t)pages[t / page_size] * page_size *
+                                                token_stride + kvh * head_dim;
+                const float *value = page_values + (t % page_size) * token_stride;
+                for (int64_t g = 0; g < group; g++) {
+                    __m256 p = _mm256_set1_ps(scores[g * len + t]);
+                    float *o = oh + g * head_dim;
+                    for (int64_t d = 0; d < head_dim; d += 8)
+                        _mm256_storeu_ps(o + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(value + d),
+                                                                _mm256_loadu_ps(o + d)));
+                }
+            }
+            free(scores);
+        }
+    }
+    return failed ? -1 : 0;
+}
