@@ -86,9 +86,14 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = empty_parameter(size, dtype=dtype, device=device)
         self.eps = eps
+        # Float32 CPU models normalise with the native kernel (CausalLM.use_native_kernels):
+        # one call where torch's rms_norm dispatches several ops.
+        self.native: NativeKernels | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalise x's last dimension."""
+        """Normalise x's last dimension ([tokens, size])."""
+        if self.native is not None:
+            return self.native.rms_norm(x, self.weight, self.eps)
         return rms_norm(x, self.weight, self.eps)
 
 

@@ -198,10 +198,12 @@ class CausalLM(nn.Module):
         return self.lm_head(rms_norm(hidden, self.norm.weight.float(), self.norm.eps))
 
     def use_native_kernels(self, native: NativeKernels) -> None:
-        """Rotate q/k and store K/V with the native kernel: float32 CPU models whose head_dim is
-        a multiple of 8 (the caller checks)."""
+        """Normalise, rotate q/k and store K/V with the native kernels: float32 CPU models whose
+        head_dim is a multiple of 8 (the caller checks)."""
         for layer in self.layers:
             layer.self_attn.native = native
+            layer.input_layernorm.native = native
+            layer.post_attention_layernorm.native = native
 
     def pack_linear_weights(self) -> None:
         """Pack every linear layer's weight for oneDNN (see Linear.pack_for_cpu).

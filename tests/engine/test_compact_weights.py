@@ -202,6 +202,7 @@ def test_without_a_compiler_the_engine_says_so_and_computes_with_torch_alone(
     assert llm.engine.model.lm_head.compact is None
     assert llm.engine.attention.native is None
     assert llm.engine.model.layers[0].self_attn.native is None
+    assert llm.engine.model.layers[0].input_layernorm.native is None
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     [output] = llm.generate([prompt], params)

@@ -73,3 +73,13 @@ def test_decode_attention_matches_torch_at_every_softmax_length(
     out = TorchPagedAttention(6, 2, native=native).forward(*args)
     expected = TorchPagedAttention(6, 2).forward(*args)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dim", [64, 576, 67])
+def test_rms_norm_matches_torch(native: NativeKernels, dim: int) -> None:
+    """Widths with and without a tail past the last 8 floats."""
+    generator = torch.Generator().manual_seed(dim)
+    x = torch.randn(5, dim, generator=generator) * 3
+    weight = torch.randn(dim, generator=generator)
+    expected = torch.nn.functional.rms_norm(x, (dim,), weight, 1e-6)
+    torch.testing.assert_close(native.rms_norm(x, weight, 1e-6), expected, rtol=1e-6, atol=1e-6)

@@ -1,4 +1,4 @@
-/* Decode-step attention and RoPE for float32 paged KV caches (AVX2 + FMA).
+/* Decode-step attention, RoPE and RMSNorm for float32 activations and paged KV caches (AVX2 + FMA).
  *
  * Both read the page table in place: no K/V gather, no padding to the longest row, no mask.
  * Cache layout (KVPool): [pages, page_size, kv_heads, head_dim], a token's K at flat slot
@@ -63,6 +63,45 @@ static inline float dot(const float *a, const float *b, int64_t n) {
     return hsum8(acc);
 }
 
+/* q . key for 8 keys (token_stride apart) at once, written to s[0..8): the 8 accumulators are
+ * reduced together by a horizontal-add tree, a fraction of eight separate reductions. */
+static inline void dot_8_keys(const float *q, const float *keys, int64_t token_stride,
+                              int64_t head_dim, float scale, float *s) {
+    __m256 acc[8];
+    for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < head_dim; d += 8) {
+        __m256 qd = _mm256_loadu_ps(q + d);
+        for (int k = 0; k < 8; k++)
+            acc[k] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys + k * token_stride + d), acc[k]);
+    }
+    __m256 pair01 = _mm256_hadd_ps(acc[0], acc[1]), pair23 = _mm256_hadd_ps(acc[2], acc[3]);
+    __m256 pair45 = _mm256_hadd_ps(acc[4], acc[5]), pair67 = _mm256_hadd_ps(acc[6], acc[7]);
+    __m256 quad0 = _mm256_hadd_ps(pair01, pair23), quad1 = _mm256_hadd_ps(pair45, pair67);
+    __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(quad0, quad1, 0x20),
+                                _mm256_permute2f128_ps(quad0, quad1, 0x31));
+    _mm256_storeu_ps(s, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
+}
+
+/* out = x / sqrt(mean(x^2) + eps) * weight for each of `rows` rows of `dim` (contiguous),
+ * the order of operations of torch's float32 rms_norm. */
+void baton_rms_norm(const float *x, int64_t rows, int64_t dim, const float *weight, float eps,
+                    float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float *outr = out + r * dim;
+        __m256 squares = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= dim; i += 8) {
+            __m256 v = _mm256_loadu_ps(xr + i);
+            squares = _mm256_fmadd_ps(v, v, squares);
+        }
+        float total = hsum8(squares);
+        for (; i < dim; i++) total += xr[i] * xr[i];
+        float inv = 1.0f / sqrtf(total / (float)dim + eps);
+        for (i = 0; i < dim; i++) outr[i] = xr[i] * inv * weight[i];
+    }
+}
+
 /* Rotate each token's q and k heads by its position (rotate-half RoPE, as layers.apply_rope)
  * in place, and store its K and V at its slot. qk: [tokens, q_heads + kv_heads, head_dim] with
  * token stride qk_stride; v: [tokens, kv_heads, head_dim] with token stride v_stride; cos/sin:
@@ -125,7 +164,12 @@ int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows
                 const float *page = k_cache + (int64_t)pages[t0 / page_size] * page_size *
                                                   token_stride + kvh * head_dim;
                 const int64_t in_page = len - t0 < page_size ? len - t0 : page_size;
-                for (int64_t o = 0; o < in_page; o++)
+                int64_t o = 0;
+                for (; o + 8 <= in_page; o += 8)
+                    for (int64_t g = 0; g < group; g++)
+                        dot_8_keys(qh + g * head_dim, page + o * token_stride, token_stride,
+                                   head_dim, scale, scores + g * len + t0 + o);
+                for (; o < in_page; o++)
                     for (int64_t g = 0; g < group; g++)
                         scores[g * len + t0 + o] =
                             dot(qh + g * head_dim, page + o * token_stride, head_dim) * scale;
@@ -134,17 +178,20 @@ int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows
                 softmax(scores + g * len, len);
                 for (int64_t d = 0; d < head_dim; d++) oh[g * head_dim + d] = 0.0f;
             }
-            for (int64_t t = 0; t < len; t++) {
-                if (t % page_size == 0)
-                    page_values = v_cache + (int64_t)pages[t / page_size] * page_size *
-                                                token_stride + kvh * head_dim;
-                const float *value = page_values + (t % page_size) * token_stride;
-                for (int64_t g = 0; g < group; g++) {
-                    __m256 p = _mm256_set1_ps(scores[g * len + t]);
-                    float *o = oh + g * head_dim;
-                    for (int64_t d = 0; d < head_dim; d += 8)
-                        _mm256_storeu_ps(o + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(value + d),
-                                                                _mm256_loadu_ps(o + d)));
+            for (int64_t t0 = 0; t0 < len; t0 += page_size) {
+                const float *page = v_cache + (int64_t)pages[t0 / page_size] * page_size *
+                                                  token_stride + kvh * head_dim;
+                const int64_t in_page = len - t0 < page_size ? len - t0 : page_size;
+                for (int64_t o = 0; o < in_page; o++) {
+                    const float *value = page + o * token_stride;
+                    for (int64_t g = 0; g < group; g++) {
+                        __m256 p = _mm256_set1_ps(scores[g * len + t0 + o]);
+                        float *out_g = oh + g * head_dim;
+                        for (int64_t d = 0; d < head_dim; d += 8)
+                            _mm256_storeu_ps(out_g + d,
+                                             _mm256_fmadd_ps(p, _mm256_loadu_ps(value + d),
+                                                             _mm256_loadu_ps(out_g + d)));
+                    }
                 }
             }
             free(scores);

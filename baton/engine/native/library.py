@@ -68,6 +68,9 @@ class NativeKernels:
         self._rope = _declare(
             library.baton_rope_and_store, None, [_ptr, _i64, _ptr, _i64, *[_i64] * 4, *[_ptr] * 6]
         )
+        self._rms_norm = _declare(
+            library.baton_rms_norm, None, [_ptr, _i64, _i64, _ptr, ctypes.c_float, _ptr]
+        )
         self._attention = _declare(
             library.baton_decode_attention,
             ctypes.c_int,
@@ -95,6 +98,13 @@ class NativeKernels:
             y.data_ptr(),
         )
         return y
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm of float32 x [rows, dim] over its last dimension, scaled by `weight`."""
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        self._rms_norm(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), eps, out.data_ptr())
+        return out
 
     def rope_and_store(
         self,
