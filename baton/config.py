@@ -42,6 +42,9 @@ class BatonConfig:
     # the CPU has. It can only lower the detected level: a CPU never gains instructions.
     max_cpu_isa: str | None = None
     seed: int = 0
+    # Run every step through the model's forward op by op: no native decode step
+    # (engine/decode_step.py), as vLLM's --enforce-eager turns off CUDA graphs.
+    enforce_eager: bool = False
     # Paged KV cache: `num_pages=None` sizes the pool from `kv_cache_memory_bytes`, capped at what
     # `max_running_requests` sequences of `max_model_len` tokens could ever use.
     page_size: int = 16
@@ -117,6 +120,11 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         choices=["auto", "torch", "flashinfer"],
     )
     group.add_argument("--seed", type=int, default=defaults.seed)
+    group.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step op by op through the model (no native decode step)",
+    )
     group.add_argument(
         "--num-threads", type=int, default=None, help="engine CPU threads (default: its cores)"
     )

@@ -14,6 +14,7 @@ from baton.engine.checkpoint import Checkpoint, load_checkpoint
 from baton.engine.compact_weights import COMPACT_MAX_ROWS
 from baton.engine.compute_plan import choose_compute_plan, isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.decode_step import NativeDecodeStep
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
@@ -106,6 +107,18 @@ class Engine:
             self.dtype,
             native=attention_kernels,
         )
+        self.decode_step: NativeDecodeStep | None = None
+        if (
+            attention_kernels is not None
+            and not config.enforce_eager
+            and NativeDecodeStep.supports(self.model)
+        ):
+            self.decode_step = NativeDecodeStep(self.model, self.kv_pool, attention_kernels)
+        logger.info(
+            "decode steps of up to %d rows: %s",
+            COMPACT_MAX_ROWS,
+            "native, a C call per layer" if self.decode_step else "the model's forward, op by op",
+        )
         self.sampler = Sampler()
         self._last_sampled = torch.zeros(config.max_running_requests, dtype=torch.long)
         logger.info(
@@ -174,17 +187,20 @@ class Engine:
         meta = build_attention_metadata(
             batch.kv_starts, batch.q_lens, batch.page_tables, self.page_size, self.device
         )
-        self.attention.plan(meta)
         ends = torch.tensor(batch.q_lens).cumsum(0) - 1
         logits_indices = ends[torch.tensor(batch.sample_rows, dtype=torch.long)]
-        logits = self.model(
-            input_ids.to(self.device),
-            meta.positions,
-            self.kv_pool,
-            self.attention,
-            meta,
-            logits_indices.to(self.device),
-        )
+        if self.decode_step is not None and self.decode_step.handles(meta):
+            logits = self.decode_step(input_ids, meta, logits_indices)
+        else:
+            self.attention.plan(meta)
+            logits = self.model(
+                input_ids.to(self.device),
+                meta.positions,
+                self.kv_pool,
+                self.attention,
+                meta,
+                logits_indices.to(self.device),
+            )
         _suppress(logits, batch.suppressed_token_ids)
         sampling = SamplingBatch.from_params(batch.sampling_params, batch.generators, self.device)
         sampled = self.sampler.sample(logits, sampling)

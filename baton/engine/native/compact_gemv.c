@@ -14,6 +14,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "vector_math.h"
+
 enum { FMT_BF16 = 0, FMT_F16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4 };
 
 #define ROWS_PER_PASS 4 /* rows of x per sweep over W: 4 accumulators + loads fit 16 ymm */
@@ -74,13 +76,6 @@ static inline void dq_q4_1(const uint8_t *b, __m256 *w) {
     w[3] = _mm256_fmadd_ps(d, bytes_to_ps(_mm_srli_si128(hi, 8)), m);
 }
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* One weight row against `rows` (a compile-time constant after inlining) rows of x. A row gets
  * 4 / rows accumulators, so at least four FMA chains run at once: one chain would wait out the
  * FMA latency on every vector (measured 2.5x slower at one row). */
@@ -105,7 +100,7 @@ static inline float hsum(__m256 v) {
         for (int r = 0; r < rows; r++) {                                                        \
             __m256 sum = acc[r * chains];                                                       \
             for (int c = 1; c < chains; c++) sum = _mm256_add_ps(sum, acc[r * chains + c]);     \
-            out[r] = hsum(sum);                                                                 \
+            out[r] = hsum8(sum);                                                                 \
         }                                                                                       \
     }                                                                                           \
                                                                                                 \

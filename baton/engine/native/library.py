@@ -25,7 +25,9 @@ from baton.engine.compact_weights import FORMATS, CompactWeight
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("compact_gemv.c", "decode_attention.c"))
+_HERE = Path(__file__).parent
+SOURCES = tuple(_HERE / name for name in ("compact_gemv.c", "decode_attention.c", "decode_layer.c"))
+HEADERS = (_HERE / "vector_math.h",)
 LIBRARY_NAME = "libbaton_native.so"
 # -fopenmp links libgomp by soname: loaded after torch, the library shares torch's OpenMP runtime
 # (one thread team, sized by torch.set_num_threads on the calling thread). -ffp-contract=off: a
@@ -55,6 +57,70 @@ def native_cache_root() -> Path:
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
+class Matrix(ctypes.Structure):
+    """A compact weight and its bias, as decode_layer.c reads them."""
+
+    _fields_ = (
+        ("format", _i64),
+        ("in_features", _i64),
+        ("out_features", _i64),
+        ("row_bytes", _i64),
+        ("data", _ptr),
+        ("bias", _ptr),
+    )
+
+    @staticmethod
+    def of(weight: CompactWeight, bias: torch.Tensor | None) -> Matrix:
+        """Pointers into `weight` and `bias`: the caller keeps both alive."""
+        return Matrix(
+            FORMATS[weight.format].kernel_id,
+            weight.in_features,
+            weight.out_features,
+            weight.data.shape[1],
+            weight.data.data_ptr(),
+            None if bias is None else bias.data_ptr(),
+        )
+
+
+class DecoderLayerArgs(ctypes.Structure):
+    """One decoder layer's weights, caches and shape (decode_layer.c's DecoderLayer)."""
+
+    _fields_ = (
+        ("qkv", Matrix),
+        ("o", Matrix),
+        ("gate_up", Matrix),
+        ("down", Matrix),
+        ("input_norm", _ptr),
+        ("post_norm", _ptr),
+        ("qk_norm", _ptr),
+        ("k_cache", _ptr),
+        ("v_cache", _ptr),
+        ("q_heads", _i64),
+        ("kv_heads", _i64),
+        ("head_dim", _i64),
+        ("page_size", _i64),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+    )
+
+
+class DecodeStepArgs(ctypes.Structure):
+    """What every layer of one decode step shares (decode_layer.c's DecodeStep)."""
+
+    _fields_ = (
+        ("rows", _i64),
+        ("positions", _ptr),
+        ("slots", _ptr),
+        ("batch_rows", _ptr),
+        ("kv_indptr", _ptr),
+        ("kv_indices", _ptr),
+        ("kv_lens", _ptr),
+        ("cos_table", _ptr),
+        ("sin_table", _ptr),
+        ("scratch", _ptr),
+    )
+
+
 class NativeKernels:
     """The loaded library's kernels, each taking and returning torch tensors."""
 
@@ -70,6 +136,11 @@ class NativeKernels:
         )
         self._rms_norm = _declare(
             library.baton_rms_norm, None, [_ptr, _i64, _i64, _ptr, ctypes.c_float, _ptr]
+        )
+        self.decode_layer = _declare(
+            library.baton_decode_layer,
+            None,
+            [ctypes.POINTER(DecoderLayerArgs), ctypes.POINTER(DecodeStepArgs), _ptr],
         )
         self._attention = _declare(
             library.baton_decode_attention,
@@ -202,7 +273,7 @@ def _build(cache_root: Path) -> Path:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
     ).stdout
-    sources = [source.read_text() for source in SOURCES]
+    sources = [source.read_text() for source in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\0".join([*sources, *FLAGS, version]).encode()).hexdigest()[:16]
     target = cache_root / key / LIBRARY_NAME
     if target.exists():

@@ -1,0 +1,45 @@
+/* Small AVX2 helpers shared by the native kernels. */
+#ifndef BATON_VECTOR_MATH_H
+#define BATON_VECTOR_MATH_H
+
+#include <immintrin.h>
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* e^x for x <= 0 (scores minus their maximum), within 2 ulp: x = n ln2 + r with |r| <= ln2 / 2,
+ * e^r by its degree-7 Taylor-like polynomial (Cephes' coefficients), times 2^n. */
+static inline __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f)); /* e^-87 ~ 1.6e-38: still a normal float */
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                               _mm256_set1_ps(0.5f)));
+    /* r = x - n ln2, with ln2 split in two so the product is exact enough. */
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i two_n = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
+/* silu(x) = x / (1 + e^-x) for 8 floats, through e^-|x| (never overflows). */
+static inline __m256 silu8(__m256 x) {
+    __m256 abs_x = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_setzero_ps(), abs_x));
+    __m256 one = _mm256_set1_ps(1.0f);
+    /* sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below. */
+    __m256 numerator = _mm256_blendv_ps(one, e, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+    return _mm256_mul_ps(x, _mm256_div_ps(numerator, _mm256_add_ps(one, e)));
+}
+
+#endif

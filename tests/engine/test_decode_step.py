@@ -1,0 +1,108 @@
+"""The native decode step (a C call per layer) against the model's forward, op by op."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from baton import LLM, SamplingParams
+from baton.bench.gguf_export import export_gguf
+from baton.engine.attention.metadata import build_attention_metadata
+from baton.engine.compact_weights import COMPACT_MAX_ROWS
+from baton.engine.compute_plan import isa_rank
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.forward_batch import ForwardBatch
+
+pytestmark = pytest.mark.skipif(
+    isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2") or shutil.which("cc") is None,
+    reason="the native kernels need an AVX2 CPU and a C compiler",
+)
+
+PLAIN_ROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
+
+class CountingStep:
+    """Wraps the engine's decode step, counting the batches it ran."""
+
+    def __init__(self, step) -> None:
+        self.step, self.batches = step, 0
+
+    def handles(self, meta) -> bool:
+        return self.step.handles(meta)
+
+    def __call__(self, *args):
+        self.batches += 1
+        return self.step(*args)
+
+
+def _checkpoint(factory: Callable[..., Path], tmp_path: Path, variant: str, storage: str) -> Path:
+    if storage == "bf16":
+        return factory(variant, weights_dtype=torch.bfloat16)
+    model_dir = factory(variant, vocab_size=300, **PLAIN_ROPE)
+    return export_gguf(model_dir, "float32", tmp_path / f"{variant}-{storage}.gguf", storage)
+
+
+@pytest.mark.parametrize("storage", ["bf16", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "qwen3"])
+def test_greedy_tokens_equal_the_eager_forward_at_every_batch_size(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, variant: str, storage: str
+) -> None:
+    """Batches of 1, 5 and COMPACT_MAX_ROWS rows run natively; one row more runs the model's
+    forward; prompts of different lengths make each row's page table and length differ."""
+    path = _checkpoint(tiny_model_factory, tmp_path, variant, storage)
+    native = LLM(str(path), dtype="float32")
+    eager = LLM(str(path), dtype="float32", enforce_eager=True)
+    assert native.engine.decode_step is not None and eager.engine.decode_step is None
+    counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for batch in (1, 5, COMPACT_MAX_ROWS, COMPACT_MAX_ROWS + 1):
+        prompts = [[(7 * i + j) % 250 for j in range(3 + 5 * i)] for i in range(batch)]
+        before = counting.batches
+        got = [output.token_ids for output in native.generate(prompts, params)]
+        want = [output.token_ids for output in eager.generate(prompts, params)]
+        assert got == want, f"batch of {batch}"
+        ran_natively = counting.batches - before
+        # Each step decodes every row at once (the prompts all prefill in the first batch).
+        assert ran_natively == (0 if batch > COMPACT_MAX_ROWS else 11)
+
+
+def test_logits_match_the_eager_forward_on_the_same_batch(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """Same cache, same batch, both paths: logits equal to float32 rounding."""
+    llm = LLM(str(tiny_model_factory("qwen3", weights_dtype=torch.bfloat16)), dtype="float32")
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=1)
+    lengths = [9, 20, 33]
+    tables = [list(range(4 * row, 4 * row + 4)) for row in range(len(lengths))]
+
+    def batch(kv_starts: list[int], q_lens: list[int], ids: list[int]) -> ForwardBatch:
+        rows = range(len(q_lens))
+        return ForwardBatch(
+            ids, kv_starts, q_lens, tables, list(rows), list(rows), [params] * len(q_lens),
+            [None] * len(q_lens), [[] for _ in rows],
+        )  # fmt: skip
+
+    prompt_ids = [token % 250 for n in lengths for token in range(n)]
+    engine.forward(batch([0] * 3, lengths, prompt_ids))  # prefill: the model's forward
+    decode = batch(lengths, [1, 1, 1], [5, 6, 7])
+    meta_args = (decode.kv_starts, decode.q_lens, decode.page_tables, engine.page_size)
+    meta = build_attention_metadata(*meta_args)
+    ids, rows = torch.tensor([5, 6, 7]), torch.arange(3)
+    assert engine.decode_step.handles(meta)
+    native_logits = engine.decode_step(ids, meta, rows)
+    engine.attention.plan(meta)
+    eager_logits = engine.model(ids, meta.positions, engine.kv_pool, engine.attention, meta, rows)
+    torch.testing.assert_close(native_logits, eager_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_without_compact_weights_decodes_op_by_op(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """float32 safetensors: nothing compact to read, so no native decode step."""
+    llm = LLM(str(tiny_model_factory("llama")), dtype="float32")
+    assert llm.engine.decode_step is None
