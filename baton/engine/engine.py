@@ -14,7 +14,7 @@ from baton.engine.checkpoint import Checkpoint, load_checkpoint
 from baton.engine.compact_weights import COMPACT_MAX_ROWS
 from baton.engine.compute_plan import choose_compute_plan, isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
-from baton.engine.decode_step import NativeDecodeStep
+from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS, NativeDecodeStep
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
@@ -116,7 +116,7 @@ class Engine:
             self.decode_step = NativeDecodeStep(self.model, self.kv_pool, attention_kernels)
         logger.info(
             "decode steps of up to %d rows: %s",
-            COMPACT_MAX_ROWS,
+            NATIVE_STEP_MAX_ROWS,
             "native, a C call per layer" if self.decode_step else "the model's forward, op by op",
         )
         self.sampler = Sampler()
