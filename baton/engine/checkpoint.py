@@ -89,11 +89,7 @@ class Checkpoint:
             yield from iter_random_weights(self.config)
             return
         if self.gguf_file is not None:
-            config = self.config
-            permuted_qk = config.architecture == "LlamaForCausalLM"
-            yield from iter_gguf_weights(
-                self.gguf_file, config.num_heads, config.num_kv_heads, permuted_qk
-            )
+            yield from iter_gguf_weights(self.gguf_file, self.config)
             return
         for file in _safetensors_files(self.path):
             try:
@@ -111,11 +107,7 @@ class Checkpoint:
         if self.path is None:
             return  # the random model is float32
         if self.gguf_file is not None:
-            config = self.config
-            permuted_qk = config.architecture == "LlamaForCausalLM"
-            yield from iter_gguf_compact_weights(
-                self.gguf_file, config.num_heads, config.num_kv_heads, permuted_qk
-            )
+            yield from iter_gguf_compact_weights(self.gguf_file, self.config)
             return
         for file in _safetensors_files(self.path):
             with safe_open(str(file), framework="pt") as tensors:

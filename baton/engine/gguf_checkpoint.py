@@ -27,7 +27,7 @@ import torch
 
 from baton.engine.compact_weights import FORMATS, CompactWeight
 from baton.engine.gguf_names import hf_tensor_name, permuted_heads, unpermute_rows
-from baton.engine.model_config import CheckpointError
+from baton.engine.model_config import CheckpointError, ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -205,12 +205,9 @@ def _check_tensor_types(reader: Any, gguf_file: Path) -> None:
             ) from error
 
 
-def iter_gguf_weights(
-    gguf_file: Path, num_heads: int, num_kv_heads: int, permuted_qk: bool
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of `gguf_file` under its HF name, dequantized to float32. `permuted_qk`
-    (llama): llama.cpp's converter interleaved q and k rows (and biases) for its RoPE; undone
-    here."""
+def iter_gguf_weights(gguf_file: Path, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of `gguf_file` under its HF name, dequantized to float32, in HF's row order
+    (see `_unpermute`)."""
     import gguf
     from tqdm import tqdm
 
@@ -228,19 +225,16 @@ def iter_gguf_weights(
         except KeyError:
             raise CheckpointError(f"{gguf_file}: unexpected tensor {tensor.name!r}") from None
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        values = values.reshape([int(n) for n in reversed(tensor.shape)])
-        heads = permuted_heads(name, num_heads, num_kv_heads) if permuted_qk else 0
-        if heads:
-            values = unpermute_rows(values, heads)
+        values = _unpermute(values.reshape([int(n) for n in reversed(tensor.shape)]), name, config)
         # Copied only where numpy must: an F32 tensor is a read-only view of the file.
         yield name, torch.from_numpy(np.require(values, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
 
 
 def iter_gguf_compact_weights(
-    gguf_file: Path, num_heads: int, num_kv_heads: int, permuted_qk: bool
+    gguf_file: Path, config: ModelConfig
 ) -> Iterator[tuple[str, CompactWeight]]:
     """The matrices stored in a format the compact kernel reads (compact_weights.py), as
-    stored: the blocks of each row, rows in HF order (llama's q/k rows un-permuted)."""
+    stored: the blocks of each row, rows in HF order (see `_unpermute`)."""
     reader = _open(gguf_file)
     for tensor in reader.tensors:
         compact_format = tensor.tensor_type.name.lower()
@@ -250,9 +244,17 @@ def iter_gguf_compact_weights(
         if in_features % FORMATS[compact_format].block:
             continue
         name = hf_tensor_name(tensor.name)
-        rows = np.asarray(tensor.data).view(np.uint8).reshape(out_features, -1)
-        heads = permuted_heads(name, num_heads, num_kv_heads) if permuted_qk else 0
-        if heads:
-            rows = unpermute_rows(rows, heads)
+        rows = _unpermute(
+            np.asarray(tensor.data).view(np.uint8).reshape(out_features, -1), name, config
+        )
         data = torch.from_numpy(np.array(rows, dtype=np.uint8, order="C"))
         yield name, CompactWeight(compact_format, data, in_features)
+
+
+def _unpermute(rows: np.ndarray, hf_name: str, config: ModelConfig) -> np.ndarray:
+    """A tensor's rows in HF's order: llama.cpp's converter interleaved a llama's q and k rows
+    (weights and biases) for its RoPE; every other tensor is stored in HF's order."""
+    if config.architecture != "LlamaForCausalLM":
+        return rows
+    heads = permuted_heads(hf_name, config.num_heads, config.num_kv_heads)
+    return unpermute_rows(rows, heads) if heads else rows
