@@ -108,3 +108,36 @@ def test_a_model_without_compact_weights_decodes_op_by_op(
     """float32 safetensors: nothing compact to read, so no native decode step."""
     llm = LLM(str(tiny_model_factory("llama")), dtype="float32")
     assert llm.engine.decode_step is None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"chunk_size": 7},  # prompts prefill in chunks between decode steps
+        {"page_size": 1},
+        {"disable_overlap": True},
+        {"enable_prefix_caching": False},
+        # 14 pages of 16 tokens for six requests growing to ~100 tokens each: preemption.
+        {"num_pages": 14, "max_model_len": 224},
+    ],
+    ids=repr,
+)
+def test_scheduling_around_the_native_step_keeps_the_eager_tokens(
+    tiny_model_factory: Callable[..., Path], options: dict
+) -> None:
+    """Prefix hits (the prompts share a 24-token prefix), chunked prefill, page sizes and
+    preemption change which batches run natively, never the tokens; pages all come back."""
+    model_dir = tiny_model_factory("llama", weights_dtype=torch.bfloat16)
+    shared = [(5 * j) % 250 for j in range(24)]
+    prompts = [shared + [(11 * i + j) % 250 for j in range(3 + 4 * i)] for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    eager = LLM(str(model_dir), dtype="float32", enforce_eager=True, **options)
+    want = [output.token_ids for output in eager.generate(prompts, params)]
+    native = LLM(str(model_dir), dtype="float32", **options)
+    assert native.engine.decode_step is not None
+    got = [output.token_ids for output in native.generate(prompts, params)]
+    assert got == want
+    stats = native.scheduler.aggregate_stats()
+    assert stats.used_pages == 0 and stats.running_requests == stats.waiting_requests == 0
+    if "num_pages" in options:
+        assert stats.preemptions > 0
