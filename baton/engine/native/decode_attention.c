@@ -6,6 +6,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -108,68 +109,80 @@ void baton_rope_and_store(float *qk, int64_t qk_stride, const float *v, int64_t 
     }
 }
 
+/* Attention of one row's query heads of KV heads [h0, h1) over its `len` cached tokens. Tokens
+ * are walked page by page (no division per key) and, within a page, token by token across the
+ * heads, so each token's K and V (all heads side by side) are read front to back. */
+static int attend_row(const float *q, const float *k_cache, const float *v_cache,
+                      const int32_t *pages, int64_t len, int64_t h0, int64_t h1, int64_t group,
+                      int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale,
+                      float *out) {
+    const int64_t token_stride = kv_heads * head_dim, queries = (h1 - h0) * group;
+    float *scores = malloc(sizeof(float) * queries * len);
+    if (!scores) return -1;
+    /* scores[(h - h0) * group + g][t]: query head h * group + g against token t. */
+    for (int64_t t0 = 0; t0 < len; t0 += page_size) {
+        const float *page = k_cache + (int64_t)pages[t0 / page_size] * page_size * token_stride;
+        const int64_t in_page = len - t0 < page_size ? len - t0 : page_size;
+        int64_t o = 0;
+        for (; o + 8 <= in_page; o += 8)
+            for (int64_t h = h0; h < h1; h++)
+                for (int64_t g = 0; g < group; g++)
+                    dot_8_keys(q + (h * group + g) * head_dim,
+                               page + o * token_stride + h * head_dim, token_stride, head_dim,
+                               scale, scores + ((h - h0) * group + g) * len + t0 + o);
+        for (; o < in_page; o++)
+            for (int64_t h = h0; h < h1; h++)
+                for (int64_t g = 0; g < group; g++)
+                    scores[((h - h0) * group + g) * len + t0 + o] =
+                        dot(q + (h * group + g) * head_dim, page + o * token_stride + h * head_dim,
+                            head_dim) * scale;
+    }
+    float *out_h0 = out + h0 * group * head_dim;
+    for (int64_t j = 0; j < queries; j++) {
+        softmax(scores + j * len, len);
+        for (int64_t d = 0; d < head_dim; d++) out_h0[j * head_dim + d] = 0.0f;
+    }
+    for (int64_t t0 = 0; t0 < len; t0 += page_size) {
+        const float *page = v_cache + (int64_t)pages[t0 / page_size] * page_size * token_stride;
+        const int64_t in_page = len - t0 < page_size ? len - t0 : page_size;
+        for (int64_t o = 0; o < in_page; o++)
+            for (int64_t h = h0; h < h1; h++) {
+                const float *value = page + o * token_stride + h * head_dim;
+                for (int64_t g = 0; g < group; g++) {
+                    const int64_t j = (h - h0) * group + g;
+                    __m256 p = _mm256_set1_ps(scores[j * len + t0 + o]);
+                    float *out_j = out_h0 + j * head_dim;
+                    for (int64_t d = 0; d < head_dim; d += 8)
+                        _mm256_storeu_ps(out_j + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(value + d),
+                                                                    _mm256_loadu_ps(out_j + d)));
+                }
+            }
+    }
+    free(scores);
+    return 0;
+}
+
 /* One query per row: out[i, h] = softmax(scale * q[i, h] . K_row) V_row over the row's
  * kv_lens[rows[i]] cached tokens. q: [n, q_heads, head_dim] with row stride q_stride; rows: the
  * batch row of each query (its pages are kv_indices[kv_indptr[row] : kv_indptr[row + 1]]);
- * out: [n, q_heads, head_dim], contiguous. Returns 0, or -1 if memory ran out. */
+ * out: [n, q_heads, head_dim], contiguous. Returns 0, or -1 if memory ran out. A row is one
+ * task while there are rows for every thread; fewer rows split by KV head instead. */
 int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows, int64_t n,
                            const float *k_cache, const float *v_cache, const int32_t *kv_indptr,
                            const int32_t *kv_indices, const int32_t *kv_lens, int64_t q_heads,
                            int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale,
                            float *out) {
-    const int64_t group = q_heads / kv_heads, token_stride = kv_heads * head_dim;
+    const int64_t group = q_heads / kv_heads;
+    const int64_t heads_per_task = n >= omp_get_max_threads() ? kv_heads : 1;
+    const int64_t tasks_per_row = kv_heads / heads_per_task;
     int failed = 0;
-#pragma omp parallel for collapse(2) schedule(static) reduction(| : failed)
-    for (int64_t i = 0; i < n; i++) {
-        for (int64_t kvh = 0; kvh < kv_heads; kvh++) {
-            const int32_t row = rows[i];
-            const int64_t len = kv_lens[row];
-            const int32_t *pages = kv_indices + kv_indptr[row];
-            float *scores = malloc(sizeof(float) * group * len);
-            if (!scores) {
-                failed = 1;
-                continue;
-            }
-            const float *qh = q + i * q_stride + kvh * group * head_dim;
-            float *oh = out + (i * q_heads + kvh * group) * head_dim;
-            /* Scores: each key is loaded once for the group's query heads. Keys are walked
-             * page by page (no division per key). */
-            for (int64_t t0 = 0; t0 < len; t0 += page_size) {
-                const float *page = k_cache + (int64_t)pages[t0 / page_size] * page_size *
-                                                  token_stride + kvh * head_dim;
-                const int64_t in_page = len - t0 < page_size ? len - t0 : page_size;
-                int64_t o = 0;
-                for (; o + 8 <= in_page; o += 8)
-                    for (int64_t g = 0; g < group; g++)
-                        dot_8_keys(qh + g * head_dim, page + o * token_stride, token_stride,
-                                   head_dim, scale, scores + g * len + t0 + o);
-                for (; o < in_page; o++)
-                    for (int64_t g = 0; g < group; g++)
-                        scores[g * len + t0 + o] =
-                            dot(qh + g * head_dim, page + o * token_stride, head_dim) * scale;
-            }
-            for (int64_t g = 0; g < group; g++) {
-                softmax(scores + g * len, len);
-                for (int64_t d = 0; d < head_dim; d++) oh[g * head_dim + d] = 0.0f;
-            }
-            for (int64_t t0 = 0; t0 < len; t0 += page_size) {
-                const float *page = v_cache + (int64_t)pages[t0 / page_size] * page_size *
-                                                  token_stride + kvh * head_dim;
-                const int64_t in_page = len - t0 < page_size ? len - t0 : page_size;
-                for (int64_t o = 0; o < in_page; o++) {
-                    const float *value = page + o * token_stride;
-                    for (int64_t g = 0; g < group; g++) {
-                        __m256 p = _mm256_set1_ps(scores[g * len + t0 + o]);
-                        float *out_g = oh + g * head_dim;
-                        for (int64_t d = 0; d < head_dim; d += 8)
-                            _mm256_storeu_ps(out_g + d,
-                                             _mm256_fmadd_ps(p, _mm256_loadu_ps(value + d),
-                                                             _mm256_loadu_ps(out_g + d)));
-                    }
-                }
-            }
-            free(scores);
-        }
+#pragma omp parallel for schedule(static) reduction(| : failed)
+    for (int64_t task = 0; task < n * tasks_per_row; task++) {
+        const int64_t i = task / tasks_per_row, h0 = task % tasks_per_row * heads_per_task;
+        const int32_t row = rows[i];
+        failed |= attend_row(q + i * q_stride, k_cache, v_cache, kv_indices + kv_indptr[row],
+                             kv_lens[row], h0, h0 + heads_per_task, group, kv_heads, head_dim,
+                             page_size, scale, out + i * q_heads * head_dim);
     }
     return failed ? -1 : 0;
 }
