@@ -189,6 +189,10 @@ def test_without_a_compiler_the_engine_says_so_and_computes_with_torch_alone(
     tmp_path: Path,
 ) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built here yet
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    with pytest.raises(NativeBuildError, match="cannot write under"):
+        load_native_kernels(blocker / "native")  # an unwritable cache
     monkeypatch.setenv("CC", "no-such-compiler")
     with pytest.raises(NativeBuildError, match="no C compiler"):
         load_native_kernels()
