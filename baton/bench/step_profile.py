@@ -59,7 +59,9 @@ def profile_decode(engine: Engine, eager: Engine, rows: int, context: int, repea
     figures["linear_layers_ms"] = _ms(
         lambda: [linear(x) for linear, x in zip(linears, inputs)], repeats
     )
-    meta = build_attention_metadata(batch.kv_starts, batch.q_lens, batch.page_tables, 16)
+    meta = build_attention_metadata(
+        batch.kv_starts, batch.q_lens, batch.page_tables, eager.page_size
+    )
     eager.attention.plan(meta)
     config = eager.model_config
     q = torch.randn(rows, config.num_heads, config.head_dim, dtype=eager.dtype)

@@ -156,16 +156,16 @@ class TorchPagedAttention(AttentionBackend):
         q_cache = q.to(k_cache.dtype)
         decode = self._decode
         if decode is not None and not self._prefill and isinstance(decode.tokens, slice):
-            return self._attend_decode(q_cache, k_rows, v_rows, decode, scale).to(q.dtype)
+            return self._attend_decode(q_cache, k_cache, v_cache, decode, scale).to(q.dtype)
         out = torch.empty_like(q_cache)
         if decode is not None:
             if isinstance(decode.tokens, slice):
                 out[decode.tokens] = self._attend_decode(
-                    q_cache[decode.tokens], k_rows, v_rows, decode, scale
+                    q_cache[decode.tokens], k_cache, v_cache, decode, scale
                 )
             else:
                 decode_q = q_cache.index_select(0, decode.tokens)
-                decode_out = self._attend_decode(decode_q, k_rows, v_rows, decode, scale)
+                decode_out = self._attend_decode(decode_q, k_cache, v_cache, decode, scale)
                 out.index_copy_(0, decode.tokens, decode_out)
         for row in self._prefill:
             self._attend_prefill_row(q_cache, k_rows, v_rows, row, scale, out)
@@ -174,23 +174,21 @@ class TorchPagedAttention(AttentionBackend):
     def _attend_decode(
         self,
         q: torch.Tensor,
-        k_rows: torch.Tensor,
-        v_rows: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
         plan: _DecodePlan | _NativeDecodePlan,
         scale: float,
     ) -> torch.Tensor:
         if isinstance(plan, _NativeDecodePlan):
             meta = self._meta
-            k_cache = k_rows.view(-1, meta.page_size, self.num_kv_heads, q.shape[-1])
-            v_cache = v_rows.view(k_cache.shape)
             return self.native.decode_attention(
                 q, plan.rows, k_cache, v_cache, meta.kv_indptr, meta.kv_indices, plan.kv_lens, scale
             )
         batch, head_dim = q.shape[0], q.shape[-1]
         groups = batch * self.num_kv_heads  # one [group, head_dim] query matrix per (row, KV head)
         kv_shape = (groups, plan.max_kv_len, head_dim)
-        k = k_rows.index_select(0, plan.kv_rows).view(kv_shape)
-        v = v_rows.index_select(0, plan.kv_rows).view(kv_shape)
+        k = k_cache.view(-1, head_dim).index_select(0, plan.kv_rows).view(kv_shape)
+        v = v_cache.view(-1, head_dim).index_select(0, plan.kv_rows).view(kv_shape)
         grouped_q = q.reshape(groups, self.group, head_dim)
         # baddbmm folds scale and padding bias into the GEMM: one rounding, no extra passes.
         bias = plan.bias.to(q.dtype)
