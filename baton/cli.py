@@ -7,9 +7,9 @@ import dataclasses
 import logging
 import sys
 
-from baton.bench.serving import add_serving_args
-from baton.bench.serving import run_from_args as run_serving_benchmark
 from baton.config import add_config_args, config_from_args
+
+BENCH_SERVING = ["bench", "serving"]
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -68,19 +68,23 @@ def build_parser() -> argparse.ArgumentParser:
     launch = commands.add_parser("launch", help="start the server (all processes) and supervise it")
     add_config_args(launch)
     launch.set_defaults(handler=_launch)
-    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
-        dest="bench", required=True
+    # Dispatched by `main` before parsing: the benchmark's imports stay off the serving path.
+    bench = commands.add_parser(
+        "bench",
+        help="benchmarks: `baton bench serving --help` (online serving benchmark of an "
+        "OpenAI-compatible server; needs the `bench` extra)",
     )
-    serving = bench.add_parser(
-        "serving", help="online serving benchmark of an OpenAI-compatible server"
-    )
-    add_serving_args(serving)
-    serving.set_defaults(handler=run_serving_benchmark)
+    bench.set_defaults(handler=lambda _: bench.error("the benchmark to run: `baton bench serving`"))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `baton` console script."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[: len(BENCH_SERVING)] == BENCH_SERVING:
+        from baton.bench.serving import main as bench_serving
+
+        return bench_serving(argv[len(BENCH_SERVING) :], prog="baton bench serving")
     args = build_parser().parse_args(argv)
     # The benchmark client has no engine flags, --log-level among them.
     level = getattr(args, "log_level", "info")

@@ -36,10 +36,10 @@ from baton.messages import (
     GenerateRequest,
     Hello,
     HelloAck,
+    LogprobEntry,
     RequestStats,
     StatsReply,
     StatsRequest,
-    TokenLogprob,
     Usage,
 )
 from baton.sampling_params import SamplingParams
@@ -64,7 +64,7 @@ class GenerateResult:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: FinishReason | None = None
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: list[LogprobEntry] | None = None
     usage: Usage | None = None
     stats: RequestStats | None = None
 

@@ -21,10 +21,11 @@ from types import FrameType
 import zmq
 
 from baton.addresses import ServerAddresses
+from baton.checkpoint.model_config import CheckpointError
+from baton.checkpoint.source import load_model_config
 from baton.child_process import start_child
 from baton.config import BatonConfig, add_config_args, config_from_args
 from baton.cpu_binding import AUTO, NOBIND, resolve_binding
-from baton.engine.checkpoint import CheckpointError, load_model_config
 from baton.messages import Codec, LauncherMessage, Shutdown
 
 logger = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ from baton.detokenizer_proc.incremental import IncrementalDetokenizer
 from baton.messages import RequestStats, StepOutput, TokenLogprob
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.scheduler import Scheduler
+from baton.validation import validate_params, validate_prompt
 
 Prompt = str | Sequence[int]
 
@@ -59,6 +60,10 @@ class LLM:
         for prompt, params in zip(prompts, sampling_params):
             request_id = str(next(self._ids))
             prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            validate_params(params, self.engine.vocab_size)
+            validate_prompt(
+                prompt_ids, params.max_tokens, self.engine.vocab_size, self.engine.max_model_len
+            )
             self.scheduler.add_request(request_id, prompt_ids, params)
             outputs[request_id] = RequestOutput(request_id, prompt_ids)
             detokenizers[request_id] = IncrementalDetokenizer(
@@ -71,10 +76,10 @@ class LLM:
         pending = set(outputs)
         while pending:
             for step in self.scheduler.step():
-                if step.request_id in pending:
-                    self._absorb(step, outputs[step.request_id], detokenizers[step.request_id])
+                if step.rid in pending:
+                    self._absorb(step, outputs[step.rid], detokenizers[step.rid])
                     if step.finished:
-                        pending.discard(step.request_id)
+                        pending.discard(step.rid)
         return list(outputs.values())
 
     def _absorb(
@@ -89,7 +94,7 @@ class LLM:
             output.text += delta.text
             if delta.stop_string is not None:
                 output.finish_reason = "stop"
-                self.scheduler.abort_request(step.request_id, reason="stop")
+                self.scheduler.abort_request(step.rid, reason="stop")
         if step.finished:
             if output.finish_reason is None:
                 output.text += detok.flush()

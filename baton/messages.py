@@ -50,7 +50,7 @@ class TokenLogprob(msgspec.Struct, array_like=True):
 class StepOutput(msgspec.Struct, kw_only=True):
     """New tokens of one request from one step; the last one carries finish reason and stats."""
 
-    request_id: str
+    rid: str
     new_token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
     finished: bool = False
@@ -130,16 +130,40 @@ ClientMessage = GenerateRequest | AbortRequest | StatsRequest
 
 
 # --- tokenizer_proc / detokenizer_proc -> scheduler_proc ----------------------------------------
-class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True):
-    """A validated request with its prompt as token ids; `rid` is unique server-wide."""
+# The prompt tokens the detokenizer gets: enough left context to decode the first generated
+# tokens right (incremental.py looks this far back for a clean cut between characters).
+PROMPT_TAIL_TOKENS = 24
+
+
+class RequestStarted(msgspec.Struct, tag="started", kw_only=True):
+    """Registers a request with the detokenizer before any of its outputs (same socket: FIFO):
+    whom to reply to, under the client's own `request_id`, and how to turn its tokens into
+    text. Of the prompt, only its length and last few tokens (the context the first generated
+    token is decoded in) cross the wire."""
 
     rid: str
     client_id: bytes
     request_id: str
+    prompt_tokens: int
+    prompt_tail: list[int]
+    stop: list[str]
+    skip_special_tokens: bool
+    min_tokens: int = 0  # stop strings are ignored until this many tokens are generated
+    include_stop_str_in_output: bool = False
+
+
+class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True):
+    """A validated request with its prompt as token ids; `rid` is unique server-wide and the one
+    id below the tokenizer. `started` is the tokenizer's registration of the request with the
+    detokenizer: the scheduler passes it on, unread, once it admits the request (and routes a
+    refusal by it), so what only the detokenizer needs (stop strings, the client's own id)
+    never rides through the scheduler's state."""
+
+    rid: str
     prompt_token_ids: list[int]
-    params: SamplingParams
-    skip_special_tokens: bool = True
+    params: SamplingParams  # without `stop`: stop strings are matched by the detokenizer
     arrival_time: float
+    started: RequestStarted
 
 
 class AbortRid(msgspec.Struct, tag="abort_rid", kw_only=True):
@@ -161,19 +185,6 @@ SchedulerMessage = TokenizedRequest | AbortRid | ForwardedStatsRequest | Shutdow
 
 
 # --- scheduler_proc / tokenizer_proc -> detokenizer_proc ----------------------------------------
-class RequestStarted(msgspec.Struct, tag="started", kw_only=True):
-    """Registers a request with the detokenizer before any of its outputs (same socket: FIFO)."""
-
-    rid: str
-    client_id: bytes
-    request_id: str
-    prompt_token_ids: list[int]
-    stop: list[str]
-    skip_special_tokens: bool
-    min_tokens: int = 0  # stop strings are ignored until this many tokens are generated
-    include_stop_str_in_output: bool = False
-
-
 class RequestFailed(msgspec.Struct, tag="failed", kw_only=True):
     """A request rejected before it started; relayed to its client as an ErrorReply."""
 
@@ -210,13 +221,30 @@ class Usage(msgspec.Struct, kw_only=True):
     cached_tokens: int
 
 
+class TokenText(msgspec.Struct, array_like=True):
+    """A token as a client sees it in logprobs: the text it adds in context, its bytes (a token
+    holding part of a character has bytes but no text of its own) and its log-probability."""
+
+    token_id: int
+    text: str
+    bytes: list[int]
+    logprob: float
+
+
+class LogprobEntry(msgspec.Struct, array_like=True):
+    """A generated token and its top alternatives (most likely first)."""
+
+    token: TokenText
+    top: list[TokenText]
+
+
 class GenerateDelta(msgspec.Struct, tag="delta", kw_only=True):
     """New output of one request; the last one has `finished`, `finish_reason`, usage and stats."""
 
     request_id: str
     token_ids: list[int]
     text: str
-    logprobs: list[TokenLogprob] | None = None
+    logprobs: list[LogprobEntry] | None = None
     finished: bool = False
     finish_reason: FinishReason | None = None
     usage: Usage | None = None

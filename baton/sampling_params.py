@@ -21,6 +21,14 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 1024
 
 
+class InvalidSamplingParam(ValueError):
+    """A sampling parameter out of range; `param` names it (OpenAI's error `param`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     """How to sample one request. A msgspec Struct so it travels over ZMQ as it is.
 
@@ -53,42 +61,61 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError naming the first out-of-range field."""
+        """Raise InvalidSamplingParam naming the first out-of-range field: the one check of
+        these ranges, for HTTP (frontend/params.py) and ZMQ clients (baton/validation.py) alike."""
         for name in ("temperature", "top_p", "min_p"):
             if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name} must be a finite number")
+                raise InvalidSamplingParam(name, f"{name} must be a finite number")
         if not 0 <= self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(
-                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}"
+            raise InvalidSamplingParam(
+                "temperature",
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}",
             )
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidSamplingParam("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if not -1 <= self.top_k <= MAX_TOP_K:
-            raise ValueError(
-                f"top_k must be in [1, {MAX_TOP_K}], or 0 or -1 to disable it, got {self.top_k}"
+            raise InvalidSamplingParam(
+                "top_k",
+                f"top_k must be in [1, {MAX_TOP_K}], or 0 or -1 to disable it, got {self.top_k}",
             )
         if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise InvalidSamplingParam("min_p", f"min_p must be in [0, 1], got {self.min_p}")
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+            raise InvalidSamplingParam(
+                "max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}"
+            )
         if self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be >= 0, got {self.min_tokens}")
+            raise InvalidSamplingParam(
+                "min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}"
+            )
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})"
+            raise InvalidSamplingParam(
+                "min_tokens",
+                f"min_tokens ({self.min_tokens}) exceeds max_tokens ({self.max_tokens})",
             )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+            raise InvalidSamplingParam(
+                "logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
+            )
         if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+            raise InvalidSamplingParam("seed", f"seed must be in [0, 2**63), got {self.seed}")
         stops = self.stop or ()
         if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+            raise InvalidSamplingParam(
+                "stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}"
+            )
         if any(len(stop) > MAX_STOP_STRING_CHARS for stop in stops):
-            raise ValueError(f"stop strings must be at most {MAX_STOP_STRING_CHARS} characters")
+            raise InvalidSamplingParam(
+                "stop", f"stop strings must be at most {MAX_STOP_STRING_CHARS} characters"
+            )
         if len(self.stop_token_ids or ()) > MAX_STOP_TOKEN_IDS:
-            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids")
+            raise InvalidSamplingParam(
+                "stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids"
+            )
         if vocab_size is not None:
             for token_id in self.stop_token_ids or ():
                 if not 0 <= token_id < vocab_size:
-                    raise ValueError(f"stop_token_ids entry {token_id} is outside the vocabulary")
+                    raise InvalidSamplingParam(
+                        "stop_token_ids",
+                        f"stop_token_ids entry {token_id} is outside the vocabulary",
+                    )

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from helpers import TINY_VARIANTS, write_tiny_checkpoint
 
-from baton.engine.checkpoint import Checkpoint, load_checkpoint
-from baton.engine.random_model import RANDOM_MODEL_NAME
+from baton.checkpoint.load import Checkpoint, load_checkpoint
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STORIES260K_DIR = REPO_ROOT / ".." / "shared" / "models" / "stories260K"

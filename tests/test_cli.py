@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from bench.fake_openai_server import FakeOpenAIServer, FakeServerConfig
 
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
+from baton.checkpoint.source import default_model
 from baton.cli import build_parser, main
 from baton.config import config_from_args
-from baton.engine.checkpoint import default_model
-from baton.engine.random_model import RANDOM_MODEL_NAME
 
 
 def test_generate_prints_a_completion(stories260k_dir: Path, capsys: pytest.CaptureFixture) -> None:

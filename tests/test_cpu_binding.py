@@ -11,6 +11,7 @@ import pytest
 from helpers import free_port
 
 from baton import launch
+from baton.checkpoint.load import load_checkpoint
 from baton.config import BatonConfig
 from baton.cpu_binding import (
     NOBIND,
@@ -19,7 +20,7 @@ from baton.cpu_binding import (
     parse_cpu_list,
     resolve_binding,
 )
-from baton.engine.checkpoint import load_checkpoint
+from baton.engine.weights import iter_weights
 from baton.launch import Server, resolve_cpu_binding
 
 linux_with_two_cores = pytest.mark.skipif(
@@ -88,7 +89,7 @@ def test_the_launcher_resolves_auto_from_the_model(tiny_qwen2_dir: Path) -> None
 
 def test_num_parameters_counts_the_linear_and_embedding_weights(tiny_qwen2_dir: Path) -> None:
     checkpoint = load_checkpoint(str(tiny_qwen2_dir))
-    matrices = sum(w.numel() for _, w in checkpoint.iter_weights() if w.dim() == 2)
+    matrices = sum(w.numel() for _, w in iter_weights(checkpoint) if w.dim() == 2)
     assert checkpoint.config.num_parameters == matrices
 
 

@@ -21,9 +21,9 @@ from helpers import free_port
 from helpers.pipeline import wait_idle
 
 from baton import SamplingParams
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.client import BatonClient
 from baton.config import BatonConfig
-from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.launch import Server
 from baton.messages import AbortRequest, GenerateRequest, Hello, StatsRequest
 

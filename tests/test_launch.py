@@ -85,6 +85,45 @@ def test_killing_the_scheduler_stops_the_server(stories260k_dir: Path) -> None:
         launcher.kill()
 
 
+def mapped_libraries(pid: int) -> set[str]:
+    """The file names of the shared libraries mapped into `pid` (Linux /proc)."""
+    lines = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {Path(line.split()[-1]).name for line in lines if ".so" in line}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_only_the_scheduler_loads_torch(stories260k_dir: Path) -> None:
+    """The launcher, tokenizer, detokenizer and frontend resolve the model without torch (a
+    process that imported it maps libtorch), and the frontend needs no tokenizer at all."""
+    launcher, children = start_launcher(stories260k_dir)
+    try:
+        libraries = {
+            cmd.split(" -m ")[-1].strip(): mapped_libraries(pid) for pid, cmd in children.items()
+        }
+        libraries["launcher"] = mapped_libraries(launcher.pid)
+        assert set(libraries) == {
+            "baton.scheduler_proc",
+            "baton.tokenizer_proc",
+            "baton.detokenizer_proc",
+            "baton.frontend",
+            "launcher",
+        }
+        with_torch = {
+            name for name, libs in libraries.items() if any("libtorch" in lib for lib in libs)
+        }
+        assert with_torch == {"baton.scheduler_proc"}
+        with_tokenizers = {
+            name
+            for name, libs in libraries.items()
+            if any(lib.startswith("tokenizers") for lib in libs)
+        }
+        assert "baton.frontend" not in with_tokenizers
+        assert "baton.tokenizer_proc" in with_tokenizers  # the check sees the library when loaded
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=30)
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_sigterm_stops_everything_cleanly(stories260k_dir: Path) -> None:
     launcher, children = start_launcher(stories260k_dir)

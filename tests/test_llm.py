@@ -17,10 +17,10 @@ from helpers import (
 )
 
 from baton import LLM, SamplingParams
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.config import ConfigurationError
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
-from baton.engine.random_model import RANDOM_MODEL_NAME
-from baton.scheduler_proc.errors import PromptTooLongError, RequestError
+from baton.validation import PromptTooLongError, RequestError
 
 PROMPT_LENGTHS = (1, 5, 17, 40, 64, 100, 200, 300)
 NEW_TOKENS = 32
@@ -253,7 +253,7 @@ def test_invalid_requests_raise_typed_errors(default_llm: LLM) -> None:
         default_llm.generate([[1] * max_len], SamplingParams(max_tokens=1))
     with pytest.raises(ValueError, match="temperature"):
         default_llm.generate("x", SamplingParams(temperature=-1))
-    with pytest.raises(RequestError, match="token ids"):
+    with pytest.raises(RequestError, match="outside the vocabulary"):  # the tokenizer's wording
         default_llm.generate([[10**9]], SamplingParams())
     # The engine keeps serving after rejected requests.
     assert default_llm.generate("ok", SamplingParams(max_tokens=3, ignore_eos=True))[0].token_ids

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from baton.engine.random_model import RANDOM_MODEL_NAME
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.sampling_params import (
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,

@@ -49,16 +49,12 @@ from baton.bench.serving import (
     workload_from_args,
 )
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
+from baton.checkpoint.load import load_checkpoint
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
+from baton.checkpoint.source import GGUF_SUFFIX, default_model, load_model_config
 from baton.cpu_binding import default_num_threads
-from baton.engine.checkpoint import (
-    GGUF_SUFFIX,
-    default_model,
-    load_checkpoint,
-    load_model_config,
-)
 from baton.engine.compute_plan import DTYPES, choose_compute_plan
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
-from baton.engine.random_model import RANDOM_MODEL_NAME
 
 # The default model (SmolLM2-135M-Instruct) from its GGUF: 30 thin layers, a real model.
 SMOLLM2_SHAPE = "smollm2-135m"

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import torch
 
-from baton.engine.checkpoint import load_checkpoint
-from baton.engine.gguf_checkpoint import GGUF_ARCHITECTURES
+from baton.checkpoint.gguf_metadata import GGUF_ARCHITECTURES
+from baton.checkpoint.load import load_checkpoint
 from baton.engine.gguf_names import gguf_tensor_name, permute_rows, permuted_heads
+from baton.engine.weights import iter_weights
 
 _TENSOR_TYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
@@ -96,7 +97,7 @@ def export_gguf(model_dir: Path, dtype: str, target: Path, tensor_type: str | No
     tokenizer = checkpoint.tokenizer
     writer.add_add_bos_token(tokenizer.encode("a")[:1] == [tokenizer.bos_token_id])
     quant = getattr(gguf.GGMLQuantizationType, quant_name)
-    for name, tensor in checkpoint.iter_weights():
+    for name, tensor in iter_weights(checkpoint):
         values = tensor.to(torch.float32).numpy()
         heads = permuted_heads(name, config.num_heads, config.num_kv_heads)
         if arch == "llama" and heads:

@@ -25,8 +25,9 @@ import msgspec
 import torch
 
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
+from baton.checkpoint.load import load_checkpoint
+from baton.checkpoint.source import GGUF_SUFFIX
 from baton.config import BatonConfig, add_config_args, config_from_args
-from baton.engine.checkpoint import GGUF_SUFFIX, load_checkpoint
 from baton.llm import LLM
 from baton.sampling_params import SamplingParams
 

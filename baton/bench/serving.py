@@ -314,10 +314,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m baton.bench.serving`."""
+def main(argv: list[str] | None = None, prog: str = "python -m baton.bench.serving") -> int:
+    """Entry point of `python -m baton.bench.serving` (and of `baton bench serving`)."""
     parser = argparse.ArgumentParser(
-        prog="python -m baton.bench.serving",
+        prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-from baton.tokenizer_proc.tokenizer import (
+from baton.checkpoint.byte_tokenizer import (
     BOS_TOKEN,
     BYTE_SPECIAL_TOKENS,
     BYTE_VOCAB_SIZE,
@@ -145,7 +145,7 @@ def materialize_shape(name: str, cache_dir: Path, dtype: str) -> Path:
 def _write_checkpoint(shape: ModelShape, directory: Path, dtype: torch.dtype) -> None:
     model = random_model(shape, dtype)
     model.save_pretrained(directory)
-    build_byte_tokenizer(shape.config_kwargs["vocab_size"]).save_pretrained(directory)
+    build_byte_tokenizer(shape.config_kwargs["vocab_size"]).save(directory)
     GenerationConfig(bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID).save_pretrained(
         directory
     )

@@ -14,15 +14,14 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from transformers import PreTrainedTokenizerBase
+from baton.checkpoint.tokenizer import Tokenizer
+from baton.messages import PROMPT_TAIL_TOKENS
 
 logger = logging.getLogger(__name__)
 
 REPLACEMENT_CHAR = "\ufffd"
 # Tokens of left context kept in the decode window (vLLM uses 5 as well).
 CONTEXT_TOKENS = 5
-# How far back into the prompt to look for a context that decodes without a broken character.
-MAX_PROMPT_CONTEXT_TOKENS = 24
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ class IncrementalDetokenizer:
 
     def __init__(
         self,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: Tokenizer,
         prompt_ids: Sequence[int],
         stop: Sequence[str] = (),
         skip_special_tokens: bool = True,
@@ -114,7 +113,9 @@ class IncrementalDetokenizer:
     def _prompt_context(self, prompt_ids: Sequence[int]) -> list[int]:
         """The prompt's last few tokens, avoiding a cut through a multi-byte character."""
         prompt_len = len(prompt_ids)
-        longest = min(prompt_len, MAX_PROMPT_CONTEXT_TOKENS)
+        # How far back to look for a context that decodes without a broken character: all
+        # the detokenizer process is sent of a prompt.
+        longest = min(prompt_len, PROMPT_TAIL_TOKENS)
         for length in range(min(prompt_len, CONTEXT_TOKENS), longest + 1):
             context = [int(token) for token in prompt_ids[prompt_len - length :]]
             # A cut through a character shows up as U+FFFD at either end of the decoded text.

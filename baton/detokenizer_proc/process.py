@@ -8,17 +8,18 @@ final delta at once and the scheduler is told to abort the request.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import zmq
-from transformers import PreTrainedTokenizerBase
 
 from baton.addresses import ServerAddresses
+from baton.checkpoint.load import load_checkpoint
+from baton.checkpoint.tokenizer import Tokenizer
 from baton.child_process import ReadyReporter
 from baton.config import BatonConfig
 from baton.detokenizer_proc.incremental import IncrementalDetokenizer
-from baton.engine.checkpoint import load_checkpoint
+from baton.detokenizer_proc.logprob_text import LogprobTexts
 from baton.messages import (
     AbortRid,
     ClientReply,
@@ -57,6 +58,8 @@ class _RequestState:
     prompt_tokens: int
     completion_tokens: int = 0
     cached_tokens: int = 0  # from the scheduler's first output of the request
+    # The last few generated tokens: the context each logprob token's text is decoded in.
+    logprob_context: list[int] = field(default_factory=list)
     # A stop string matched: the client has its final delta; only the scheduler's own final
     # output (which deletes this state) is still to come.
     stopped: bool = False
@@ -72,8 +75,9 @@ class Handled(NamedTuple):
 class DetokenizerService:
     """The socket-free core: per-request detokenizer state and message -> replies translation."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, tokenizer: Tokenizer) -> None:
         self._tokenizer = tokenizer
+        self._logprob_texts = LogprobTexts(tokenizer)
         self._requests: dict[str, _RequestState] = {}
 
     @property
@@ -113,7 +117,7 @@ class DetokenizerService:
         try:
             detokenizer = IncrementalDetokenizer(
                 self._tokenizer,
-                started.prompt_token_ids,
+                started.prompt_tail,
                 started.stop,
                 started.skip_special_tokens,
                 started.min_tokens,
@@ -130,35 +134,35 @@ class DetokenizerService:
             client_id=started.client_id,
             request_id=started.request_id,
             detokenizer=detokenizer,
-            prompt_tokens=len(started.prompt_token_ids),
+            prompt_tokens=started.prompt_tokens,
         )
 
     def _apply_step(self, step: StepOutput, handled: Handled) -> None:
-        state = self._requests.get(step.request_id)
+        state = self._requests.get(step.rid)
         if state is None:
             return  # never registered, failed, or its client vanished
         if state.stopped:
             if step.finished:
-                del self._requests[step.request_id]
+                del self._requests[step.rid]
             return
         try:
             delta = self._delta(state, step)
         except Exception as error:  # a bad token id must not take down every other request
-            logger.exception("detokenizing request %s failed", step.request_id)
-            del self._requests[step.request_id]
+            logger.exception("detokenizing request %s failed", step.rid)
+            del self._requests[step.rid]
             message = f"detokenization failed: {error}"
             _add_reply(handled, state.client_id, _internal_error(state.request_id, message))
             if not step.finished:
-                handled.to_scheduler.append(AbortRid(rid=step.request_id))
+                handled.to_scheduler.append(AbortRid(rid=step.rid))
             return
         if delta is None:
             return
         _add_reply(handled, state.client_id, delta)
         if step.finished:
-            del self._requests[step.request_id]
+            del self._requests[step.rid]
         elif delta.finished:
             state.stopped = True
-            handled.to_scheduler.append(AbortRid(rid=step.request_id, reason="stop"))
+            handled.to_scheduler.append(AbortRid(rid=step.rid, reason="stop"))
 
     def _delta(self, state: _RequestState, step: StepOutput) -> GenerateDelta | None:
         """The client's delta for one step (None if there is nothing to tell)."""
@@ -173,11 +177,16 @@ class DetokenizerService:
         if not (step.finished or stopped_by_string or step.new_token_ids):
             return None
         finished = step.finished or stopped_by_string
+        logprobs = None
+        if step.logprobs is not None:
+            logprobs, state.logprob_context = self._logprob_texts.entries(
+                state.logprob_context, step.new_token_ids, step.logprobs
+            )
         delta = GenerateDelta(
             request_id=state.request_id,
             token_ids=step.new_token_ids,
             text=text,
-            logprobs=step.logprobs,
+            logprobs=logprobs,
             finished=finished,
         )
         if finished:

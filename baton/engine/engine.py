@@ -6,11 +6,12 @@ import logging
 
 import torch
 
+from baton.checkpoint.load import Checkpoint, load_checkpoint
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.config import BatonConfig, ConfigurationError
 from baton.cpu_binding import bind_engine_thread
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.select import make_attention_backend
-from baton.engine.checkpoint import Checkpoint, load_checkpoint
 from baton.engine.compact_weights import COMPACT_MAX_ROWS
 from baton.engine.compute_plan import choose_compute_plan, isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
@@ -19,8 +20,8 @@ from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardO
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
-from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.engine.sampler import Sampler, SamplingBatch
+from baton.engine.weights import iter_compact_weights, iter_weights
 
 logger = logging.getLogger(__name__)
 
@@ -70,13 +71,13 @@ class Engine:
         self.num_pages = config.num_pages or self._pages_from_budget(config)
         self._check_one_request_fits(config)
         self.model = CausalLM(model_config, self.dtype, self.device)
-        self.model.load_weights(self.checkpoint.iter_weights())
+        self.model.load_weights(iter_weights(self.checkpoint))
         # The native kernels: compact weights where the plan says, and where the computation is
         # float32, RoPE + K/V store and decode attention reading the pages in place.
         native = self._native_kernels()
         if native is not None and self.plan.compact_small_batches:
             attached = self.model.attach_compact_weights(
-                self.checkpoint.iter_compact_weights(), native
+                iter_compact_weights(self.checkpoint), native
             )
             logger.info(
                 "%d linear layers read their stored weights in batches of up to %d rows",

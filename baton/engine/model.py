@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from baton.checkpoint.model_config import CheckpointError, ModelConfig
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
 from baton.engine.compact_weights import CompactWeight, concat_rows
@@ -28,7 +29,6 @@ from baton.engine.layers import (
     empty_parameter,
     rms_norm,
 )
-from baton.engine.model_config import CheckpointError, ModelConfig
 from baton.engine.native.library import NativeKernels
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16)

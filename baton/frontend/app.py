@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from transformers import PreTrainedTokenizerBase
 
 from baton.client import BatonClient
 from baton.config import BatonConfig
@@ -16,7 +15,6 @@ from baton.frontend import chat, completions, info
 from baton.frontend.auth import ApiKeyMiddleware
 from baton.frontend.body_limit import BodySizeLimitMiddleware, default_body_limit
 from baton.frontend.errors import install_error_handlers
-from baton.frontend.logprobs import TokenTextDecoder
 from baton.frontend.metrics import FrontendMetrics
 from baton.frontend.state import FrontendState
 
@@ -35,13 +33,12 @@ def served_model_name(config: BatonConfig, checkpoint_name: str) -> str:
 def create_app(
     config: BatonConfig,
     connect: ClientFactory,
-    tokenizer: PreTrainedTokenizerBase,
     max_model_len: int,
     checkpoint_name: str,
 ) -> FastAPI:
     """The app; its lifespan connects the pipeline client with `connect` and closes it after.
 
-    `tokenizer` turns logprob token ids into text; `max_model_len` is reported by /v1/models.
+    `max_model_len` is reported by /v1/models and bounds the default body size.
     """
     name = served_model_name(config, checkpoint_name)
     state = FrontendState(
@@ -49,7 +46,6 @@ def create_app(
         model_root=config.model or name,
         max_model_len=max_model_len,
         created=int(time.time()),
-        decoder=TokenTextDecoder(tokenizer),
         metrics=FrontendMetrics(name),
     )
 
@@ -73,7 +69,7 @@ def create_app(
         app.include_router(router)
     install_error_handlers(app)
     # The last middleware added runs first: the key is checked before the body is read.
-    body_limit = config.max_request_body_bytes or default_body_limit(max_model_len, tokenizer)
+    body_limit = config.max_request_body_bytes or default_body_limit(max_model_len)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=body_limit)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)

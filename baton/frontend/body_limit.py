@@ -9,13 +9,15 @@ the client's disconnect.
 from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from transformers import PreTrainedTokenizerBase
 
 from baton.frontend.errors import OpenAIError
-from baton.tokenizer_proc.tokenizer import max_prompt_chars
 
 # JSON spells one character in at most 12 bytes (an escaped surrogate pair, "\ud83d\ude00").
 MAX_JSON_BYTES_PER_CHAR = 12
+# More characters than one token of any vocabulary covers. The tokenizer process refuses a prompt
+# by its own tokenizer's bound (Tokenizer.max_chars_per_token: 14 for the byte tokenizer, 162 for
+# SmolLM2's); the frontend does not load the tokenizer, so it admits the worst case of any.
+MAX_CHARS_PER_TOKEN = 1024
 # Room for every other field of a request: stop strings, logit_bias, tools...
 OTHER_FIELDS_BYTES = 1 << 20
 # Never more than this by default: the bound above is a worst case (every character escaped, every
@@ -23,11 +25,11 @@ OTHER_FIELDS_BYTES = 1 << 20
 MAX_DEFAULT_BODY_BYTES = 32 << 20
 
 
-def default_body_limit(max_model_len: int, tokenizer: PreTrainedTokenizerBase) -> int:
+def default_body_limit(max_model_len: int) -> int:
     """A body limit that admits the longest prompt the context can hold, however it is escaped
     (up to 32 MiB), and refuses at once what could only be refused after reading and
     tokenizing it."""
-    worst_case = max_prompt_chars(max_model_len, tokenizer) * MAX_JSON_BYTES_PER_CHAR
+    worst_case = max_model_len * MAX_CHARS_PER_TOKEN * MAX_JSON_BYTES_PER_CHAR
     return min(worst_case + OTHER_FIELDS_BYTES, MAX_DEFAULT_BODY_BYTES)
 
 

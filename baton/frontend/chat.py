@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request, Response
 
 from baton.frontend.choices_response import respond_with_choices, response_body, response_envelope
 from baton.frontend.generation import ChoiceOutput
-from baton.frontend.logprobs import ChoiceLogprobs, TokenTextDecoder
+from baton.frontend.logprobs import ChoiceLogprobs
 from baton.frontend.params import chat_choices
 from baton.frontend.protocol import ChatCompletionRequest
 from baton.frontend.state import frontend_state
@@ -33,7 +33,7 @@ async def create_chat_completion(request: Request) -> Response:
     choices = chat_choices(body)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    decoder = state.decoder if body.logprobs else None
+    with_logprobs = bool(body.logprobs)
     chunk_envelope = response_envelope(
         response_id, "chat.completion.chunk", created, state.model_name
     )
@@ -44,20 +44,18 @@ async def create_chat_completion(request: Request) -> Response:
         response_id,
         choices,
         body.stream,
-        lambda: ChatChunkWriter(chunk_envelope, choices, body.include_usage, decoder),
-        lambda outputs: chat_body(body_envelope, outputs, decoder),
+        lambda: ChatChunkWriter(chunk_envelope, choices, body.include_usage, with_logprobs),
+        lambda outputs: chat_body(body_envelope, outputs, with_logprobs),
     )
 
 
 def chat_body(
-    envelope: dict[str, object], outputs: list[ChoiceOutput], decoder: TokenTextDecoder | None
+    envelope: dict[str, object], outputs: list[ChoiceOutput], with_logprobs: bool
 ) -> dict[str, object]:
-    """A non-streamed response; `decoder` is given when logprobs were asked for."""
+    """A non-streamed response; `with_logprobs` when logprobs were asked for."""
 
     def choice_body(output: ChoiceOutput) -> dict[str, object]:
-        logprobs = None
-        if decoder is not None:
-            logprobs = ChoiceLogprobs(decoder).chat(output.token_ids, output.logprobs)
+        logprobs = ChoiceLogprobs().chat(output.logprobs) if with_logprobs else None
         return {
             "index": output.index,
             "message": {"role": ROLE, "content": output.text},
@@ -85,7 +83,7 @@ class ChatChunkWriter(ChunkWriterBase):
             chunks.append(self._chunk(opening))
         logprobs = None
         if self._logprobs is not None:
-            logprobs = self._logprobs[index].chat(delta.token_ids, delta.logprobs)
+            logprobs = self._logprobs[index].chat(delta.logprobs)
         elif not (delta.token_ids or delta.finished):
             return chunks
         choice = {

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 
 from baton.frontend.choices_response import respond_with_choices, response_body, response_envelope
 from baton.frontend.generation import ChoiceOutput
-from baton.frontend.logprobs import ChoiceLogprobs, TokenTextDecoder
+from baton.frontend.logprobs import ChoiceLogprobs
 from baton.frontend.params import completion_choices
 from baton.frontend.protocol import CompletionRequest
 from baton.frontend.state import frontend_state
@@ -30,27 +30,25 @@ async def create_completion(request: Request) -> Response:
     choices = completion_choices(body)
     response_id = f"cmpl-{uuid.uuid4().hex}"
     opening = response_envelope(response_id, OBJECT, int(time.time()), state.model_name)
-    decoder = state.decoder if body.logprobs is not None else None
+    with_logprobs = body.logprobs is not None
     return await respond_with_choices(
         request,
         state,
         response_id,
         choices,
         body.stream,
-        lambda: CompletionChunkWriter(opening, choices, body.include_usage, decoder),
-        lambda outputs: completion_body(opening, outputs, decoder),
+        lambda: CompletionChunkWriter(opening, choices, body.include_usage, with_logprobs),
+        lambda outputs: completion_body(opening, outputs, with_logprobs),
     )
 
 
 def completion_body(
-    envelope: dict[str, object], outputs: list[ChoiceOutput], decoder: TokenTextDecoder | None
+    envelope: dict[str, object], outputs: list[ChoiceOutput], with_logprobs: bool
 ) -> dict[str, object]:
-    """A non-streamed response; `decoder` is given when logprobs were asked for."""
+    """A non-streamed response; `with_logprobs` when logprobs were asked for."""
 
     def choice_body(output: ChoiceOutput) -> dict[str, object]:
-        logprobs = None
-        if decoder is not None:
-            logprobs = ChoiceLogprobs(decoder).completion(output.token_ids, output.logprobs)
+        logprobs = ChoiceLogprobs().completion(output.logprobs) if with_logprobs else None
         return {
             "index": output.index,
             "text": output.text,
@@ -69,7 +67,7 @@ class CompletionChunkWriter(ChunkWriterBase):
         held back); none for a delta without tokens."""
         logprobs = None
         if self._logprobs is not None:
-            logprobs = self._logprobs[index].completion(delta.token_ids, delta.logprobs)
+            logprobs = self._logprobs[index].completion(delta.logprobs)
         elif not (delta.token_ids or delta.finished):
             return []
         choice = {

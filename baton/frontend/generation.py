@@ -17,7 +17,7 @@ from starlette.requests import Request
 from baton.frontend.errors import ClientGone
 from baton.frontend.params import ChoiceRequest
 from baton.frontend.state import FrontendState
-from baton.messages import GenerateDelta, TokenLogprob, Usage
+from baton.messages import GenerateDelta, LogprobEntry, Usage
 
 T = TypeVar("T")
 IndexedDelta = tuple[int, GenerateDelta]
@@ -88,7 +88,7 @@ class ChoiceOutput:
     group: int
     token_ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
+    logprobs: list[LogprobEntry] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from baton.frontend.errors import OpenAIError
 from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from baton.messages import ChatMessage
-from baton.sampling_params import SamplingParams
+from baton.sampling_params import InvalidSamplingParam, SamplingParams
 
 Prompt = str | list[int] | list[ChatMessage]
 
@@ -31,7 +32,9 @@ def sampling_params(
 ) -> SamplingParams:
     """The params of the `choice`-th sample: with a seed, choice i uses seed + i, so the choices
     differ from each other yet are reproducible."""
-    seed = None if request.seed is None else (request.seed + choice) % SEED_RANGE
+    seed = request.seed
+    if seed is not None and seed >= 0:  # a negative one is left for validate() to refuse
+        seed = (seed + choice) % SEED_RANGE
     params = SamplingParams(
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         seed=seed,
@@ -49,6 +52,10 @@ def sampling_params(
         params.top_k = request.top_k
     if request.min_p is not None:
         params.min_p = request.min_p
+    try:
+        params.validate()  # the vocabulary is the tokenizer process's to check
+    except InvalidSamplingParam as error:
+        raise OpenAIError(400, str(error), param=error.param) from error
     return params
 
 

@@ -11,10 +11,10 @@ import uvloop
 import zmq
 
 from baton.addresses import ServerAddresses
+from baton.checkpoint.source import resolve_model
 from baton.child_process import ReadyReporter
 from baton.client import BatonClient
 from baton.config import BatonConfig
-from baton.engine.checkpoint import load_checkpoint
 from baton.frontend.app import create_app, served_model_name
 from baton.frontend.drain import DrainingServer
 from baton.frontend.http_protocol import OpenAIErrorHttpProtocol
@@ -38,15 +38,17 @@ def serve(
     config: BatonConfig, addresses: ServerAddresses, context: zmq.Context, reporter: ReadyReporter
 ) -> None:
     """Serve HTTP until SIGTERM/SIGINT (then exit cleanly, via run_child's handlers)."""
-    checkpoint = load_checkpoint(config.model)  # the tokenizer only: no weights are read
+    # Where the model is and its config.json: the frontend needs its name and context length,
+    # not its tokenizer (the tokenizer and detokenizer processes hold that).
+    source = resolve_model(config.model)
 
     async def connect() -> BatonClient:
         client = BatonClient(addresses.requests, addresses.replies)
         await client.connect(CONNECT_TIMEOUT_S)
         return client
 
-    max_model_len = checkpoint.config.served_context_length(config.max_model_len)
-    app = create_app(config, connect, checkpoint.tokenizer, max_model_len, checkpoint.name)
+    max_model_len = source.load_config().served_context_length(config.max_model_len)
+    app = create_app(config, connect, max_model_len, source.name)
     server = DrainingServer(
         uvicorn.Config(
             app,
@@ -60,7 +62,7 @@ def serve(
         app.state.frontend,
         config.shutdown_timeout,
     )
-    model = served_model_name(config, checkpoint.name)
+    model = served_model_name(config, source.name)
     uvloop.run(_serve_until_stopped(server, lambda url: reporter.ready(http=url, model=model)))
 
 

@@ -1,10 +1,12 @@
 """Request bodies of the OpenAI-compatible API, as pydantic models (OpenAI's and vLLM's names).
 
 Models are strict (a string is never coerced into a number) and ignore unknown fields, as vLLM
-does. Ranges are checked here so that a bad request gets a 400 naming the field before it reaches
-the pipeline. Options that would change the output but are not implemented (penalties, logit
-bias, echo...) are rejected rather than silently ignored. Responses are plain dicts built per
-endpoint: pydantic per streamed chunk would cost too much.
+does. The shape of a request is checked here (types, OpenAI's own bounds such as `n` and a
+positive `max_tokens`); the sampling ranges are `SamplingParams.validate`'s, which the frontend
+calls before the pipeline (frontend/params.py), the same check and wording a ZMQ client gets.
+Options that would change the output but are not implemented (penalties, logit bias, echo...)
+are rejected rather than silently ignored. Responses are plain dicts built per endpoint:
+pydantic per streamed chunk would cost too much.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ MAX_INT = 2**31 - 1
 TokenId = Annotated[int, Field(ge=0, le=MAX_INT)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 PositiveInt = Annotated[int, Field(ge=1, le=MAX_INT)]
+# An integer msgpack can carry; what it means is checked by SamplingParams.validate.
+WireInt = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 LogprobCount = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
 
 
@@ -52,11 +56,12 @@ class SamplingRequest(StrictModel):
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    temperature: Annotated[float, Field(ge=0)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[int, Field(ge=-1, le=MAX_INT)] | None = None
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    # Their ranges are SamplingParams.validate's (frontend/params.py calls it).
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: WireInt | None = None
+    min_p: float | None = None
+    seed: WireInt | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
@@ -67,7 +72,7 @@ class SamplingRequest(StrictModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    min_tokens: int = Field(default=0, ge=0, le=MAX_INT)
+    min_tokens: WireInt = 0
     include_stop_str_in_output: bool = False
 
     @field_validator("presence_penalty", "frequency_penalty")

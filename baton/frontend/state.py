@@ -1,4 +1,4 @@
-"""What the routes share: the pipeline client, the served model, the decoder and the metrics."""
+"""What the routes share: the pipeline client, the served model and the metrics."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from starlette.requests import Request
 
 from baton.client import BatonClient
 from baton.frontend.errors import OpenAIError
-from baton.frontend.logprobs import TokenTextDecoder
 from baton.frontend.metrics import FrontendMetrics
 
 SHUTTING_DOWN = "the server is shutting down"
@@ -51,7 +50,6 @@ class FrontendState:
     model_root: str
     max_model_len: int
     created: int
-    decoder: TokenTextDecoder
     metrics: FrontendMetrics
     client: BatonClient | None = None
     in_flight: InFlight = field(default_factory=InFlight)

@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from baton.client import ServerError
 from baton.frontend.errors import from_server_error
 from baton.frontend.generation import IndexedDelta, UsageTotals, unless_disconnected
-from baton.frontend.logprobs import ChoiceLogprobs, TokenTextDecoder
+from baton.frontend.logprobs import ChoiceLogprobs
 from baton.frontend.params import ChoiceRequest
 from baton.messages import GenerateDelta
 
@@ -51,7 +51,7 @@ class ChunkWriterBase:
         envelope: dict[str, object],
         choices: list[ChoiceRequest],
         include_usage: bool,
-        decoder: TokenTextDecoder | None,
+        with_logprobs: bool,
     ) -> None:
         self._envelope = envelope  # id, object, created, model
         self._groups = {choice.index: choice.group for choice in choices}
@@ -59,7 +59,7 @@ class ChunkWriterBase:
         self._usage = UsageTotals()
         # Per choice, when logprobs were asked for (each keeps its running text offset).
         self._logprobs = (
-            {choice.index: ChoiceLogprobs(decoder) for choice in choices} if decoder else None
+            {choice.index: ChoiceLogprobs() for choice in choices} if with_logprobs else None
         )
         self._opened: set[int] = set()  # choices that have had a chunk (chat opens each one)
 

@@ -1,8 +1,7 @@
-"""Typed errors of the sequence protocol (schedulable-sequence seed) and of request admission."""
+"""Typed errors of the sequence protocol (schedulable-sequence seed); request admission's are
+baton/validation.py's."""
 
 from __future__ import annotations
-
-from baton.messages import ErrorCode
 
 
 class ScheduleError(Exception):
@@ -55,21 +54,3 @@ class TokenOnNonFinalChunk(ApplyError):
 
 class MissingTokenOnFinalChunk(ApplyError):
     """No sampled token given for the chunk that finishes the prefill."""
-
-
-class RequestError(ValueError):
-    """A request rejected at admission; `code` is the wire-level error kind."""
-
-    code: ErrorCode = "invalid_request"
-
-
-class PromptTooLongError(RequestError):
-    """Prompt plus requested output longer than the context, or than the whole KV pool."""
-
-    code: ErrorCode = "prompt_too_long"
-
-
-class OverloadedError(RequestError):
-    """The waiting queue is full; retry later."""
-
-    code: ErrorCode = "overloaded"

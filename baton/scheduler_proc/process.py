@@ -22,8 +22,8 @@ from baton.messages import (
     Shutdown,
     TokenizedRequest,
 )
-from baton.scheduler_proc.errors import RequestError
 from baton.scheduler_proc.scheduler import Scheduler
+from baton.validation import RequestError
 
 logger = logging.getLogger(__name__)
 
@@ -56,26 +56,14 @@ class SchedulerService:
             self.scheduler.add_request(
                 request.rid, request.prompt_token_ids, request.params, request.arrival_time
             )
-        except (RequestError, ValueError) as error:
-            code = error.code if isinstance(error, RequestError) else "invalid_request"
+        except RequestError as error:
             return RequestFailed(
-                client_id=request.client_id,
-                request_id=request.request_id,
-                code=code,
+                client_id=request.started.client_id,
+                request_id=request.started.request_id,
+                code=error.code,
                 message=str(error),
             )
-        self.started.append(
-            RequestStarted(
-                rid=request.rid,
-                client_id=request.client_id,
-                request_id=request.request_id,
-                prompt_token_ids=request.prompt_token_ids,
-                stop=list(request.params.stop or ()),
-                skip_special_tokens=request.skip_special_tokens,
-                min_tokens=request.params.min_tokens,
-                include_stop_str_in_output=request.params.include_stop_str_in_output,
-            )
-        )
+        self.started.append(request.started)
         return None
 
     def step(self) -> SchedulerOutputs | None:

@@ -17,8 +17,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from baton.checkpoint.load import Checkpoint
 from baton.config import BatonConfig
-from baton.engine.checkpoint import Checkpoint
 from baton.engine.engine import Engine
 from baton.engine.forward_batch import ForwardOutput
 from baton.engine.sampler import make_generator
@@ -26,11 +26,11 @@ from baton.messages import AggregateStats, FinishReason, StepOutput, TokenLogpro
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.batch_policy import BatchPolicy, ScheduledRow
 from baton.scheduler_proc.batch_result import apply_results, build_forward_batch
-from baton.scheduler_proc.errors import OverloadedError, PromptTooLongError, RequestError
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.sequence import Sequence
 from baton.scheduler_proc.sequence_state import SequenceStatus
 from baton.scheduler_proc.stats import StatsCollector
+from baton.validation import OverloadedError, PromptTooLongError, RequestError
 
 logger = logging.getLogger(__name__)
 
@@ -74,30 +74,20 @@ class Scheduler:
     # --- requests ------------------------------------------------------------------------------
     def add_request(
         self,
-        request_id: str,
+        rid: str,
         prompt_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
     ) -> None:
-        """Queue a request; RequestError (typed) if it is invalid or the queue is full."""
-        if request_id in self.requests:
-            raise RequestError(f"request id {request_id!r} is already in use")
-        if not prompt_ids:
-            raise RequestError("the prompt is empty")
-        vocab = self.engine.vocab_size
-        if any(not 0 <= token < vocab for token in prompt_ids):
-            raise RequestError(f"prompt token ids must be in [0, {vocab})")
-        params.validate(vocab)
+        """Queue a request validated by `baton.validation` (the tokenizer process, or `LLM`);
+        RequestError (typed) where it cannot be taken now: a duplicate id, more KV than the
+        whole pool, a full queue."""
+        if rid in self.requests:
+            raise RequestError(f"request id {rid!r} is already in use")
         max_len = self.engine.max_model_len
         max_tokens = (
             params.max_tokens if params.max_tokens is not None else max_len - len(prompt_ids)
         )
-        if len(prompt_ids) + max_tokens > max_len or max_tokens < 1:
-            raise PromptTooLongError(
-                f"This model's maximum context length is {max_len} tokens. However, you requested "
-                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, "
-                f"{max_tokens} for the completion)."
-            )
         if self.kv.pages_for(len(prompt_ids) + max_tokens) > self.kv.num_pages:
             raise PromptTooLongError(
                 f"the request needs up to {len(prompt_ids) + max_tokens} tokens of KV cache, more "
@@ -106,7 +96,7 @@ class Scheduler:
         if len(self.waiting) >= self.config.max_waiting_requests:
             raise OverloadedError(f"{len(self.waiting)} requests waiting; retry later")
         seq = Sequence(
-            request_id,
+            rid,
             prompt_ids,
             params,
             max_tokens,
@@ -115,16 +105,16 @@ class Scheduler:
             generator=make_generator(params.seed, self.engine.device),
             arrival_time=arrival_time,
         )
-        self.requests[request_id] = seq
+        self.requests[rid] = seq
         self.waiting.append(seq)
 
-    def abort_request(self, request_id: str, reason: FinishReason = "abort") -> None:
+    def abort_request(self, rid: str, reason: FinishReason = "abort") -> None:
         """Finish a request early (client abort, or a stop string found downstream).
 
         Its final output (no new tokens) comes with the next `step()`; unknown ids are ignored,
         since a request may finish on its own while the abort is on its way.
         """
-        seq = self.requests.get(request_id)
+        seq = self.requests.get(rid)
         if seq is None or seq.is_finished:
             return
         if seq in self.waiting:
@@ -177,7 +167,7 @@ class Scheduler:
                 first_tokens = seq.num_output_tokens == len(new_tokens)
                 outputs.append(
                     StepOutput(
-                        request_id=seq.request_id,
+                        rid=seq.rid,
                         new_token_ids=new_tokens,
                         logprobs=logprobs,
                         cached_tokens=seq.num_cached_tokens if first_tokens else None,
@@ -222,7 +212,7 @@ class Scheduler:
                 self.free_slots.append(seq.slot)
                 seq.slot = None
             if seq.is_finished:
-                del self.requests[seq.request_id]
+                del self.requests[seq.rid]
             else:
                 self._requeue_preempted(seq)
         self.releasing[:] = still_busy

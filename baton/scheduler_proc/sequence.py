@@ -45,7 +45,7 @@ class Sequence:
 
     def __init__(
         self,
-        request_id: str,
+        rid: str,
         prompt_ids: list[int],
         params: SamplingParams,
         max_tokens: int,
@@ -54,7 +54,7 @@ class Sequence:
         generator: torch.Generator | None = None,
         arrival_time: float | None = None,
     ) -> None:
-        self.request_id = request_id
+        self.rid = rid
         self.params = params
         self.max_tokens = max_tokens
         self.page_size = page_size
@@ -174,12 +174,12 @@ class Sequence:
     def schedule_prefill(self, num_tokens: int, kv: KVCacheManager) -> ScheduledStep:
         """Schedule the next prefill chunk of `num_tokens` tokens, pre-allocating its pages."""
         if not self.can_schedule:
-            raise NotIdle(f"{self.request_id}: {len(self._pending)} steps already scheduled")
+            raise NotIdle(f"{self.rid}: {len(self._pending)} steps already scheduled")
         if self.prefill_done:
-            raise PrefillComplete(f"{self.request_id}: prefill already scheduled in full")
+            raise PrefillComplete(f"{self.rid}: prefill already scheduled in full")
         if num_tokens < 1 or self.kv_position + num_tokens > self.prefill_len:
             raise PrefillOverrun(
-                f"{self.request_id}: chunk of {num_tokens} from {self.kv_position} "
+                f"{self.rid}: chunk of {num_tokens} from {self.kv_position} "
                 f"overruns {self.prefill_len} input tokens"
             )
         allocated = self._grow_page_table(kv, self.kv_position + num_tokens)
@@ -194,13 +194,13 @@ class Sequence:
     def schedule_decode(self, kv: KVCacheManager) -> ScheduledStep:
         """Schedule one decode step: compute the tail token's K/V and sample the next token."""
         if not self.can_schedule:
-            raise NotIdle(f"{self.request_id}: {len(self._pending)} steps already scheduled")
+            raise NotIdle(f"{self.rid}: {len(self._pending)} steps already scheduled")
         if not self.prefill_done:
-            raise PrefillNotComplete(f"{self.request_id}: prefill not fully scheduled")
+            raise PrefillNotComplete(f"{self.rid}: prefill not fully scheduled")
         if self.decode_budget_left <= 0:
-            raise GenerationComplete(f"{self.request_id}: max_tokens={self.max_tokens} reached")
+            raise GenerationComplete(f"{self.rid}: max_tokens={self.max_tokens} reached")
         if self.tail_tokens != 1:
-            raise WrongDanglingCount(f"{self.request_id}: {self.tail_tokens} tail tokens, need 1")
+            raise WrongDanglingCount(f"{self.rid}: {self.tail_tokens} tail tokens, need 1")
         allocated = self._grow_page_table(kv, self.kv_position + 1)
         step = ScheduledStep(self.kv_position, 1, True, False, allocated)
         self.kv_position += 1
@@ -212,16 +212,16 @@ class Sequence:
     def _pop_oldest(self, is_prefill: bool) -> ScheduledStep:
         if not self._pending or self._pending[0].is_prefill != is_prefill:
             wanted = "prefill" if is_prefill else "decode"
-            raise WrongState(f"{self.request_id}: oldest scheduled step is not a {wanted}")
+            raise WrongState(f"{self.rid}: oldest scheduled step is not a {wanted}")
         return self._pending[0]
 
     def apply_prefill(self, token: int | None) -> None:
         """Commit the oldest scheduled prefill chunk; the final chunk brings the sampled token."""
         step = self._pop_oldest(is_prefill=True)
         if step.samples and token is None:
-            raise MissingTokenOnFinalChunk(f"{self.request_id}: final chunk needs a token")
+            raise MissingTokenOnFinalChunk(f"{self.rid}: final chunk needs a token")
         if not step.samples and token is not None:
-            raise TokenOnNonFinalChunk(f"{self.request_id}: token on a non-final chunk")
+            raise TokenOnNonFinalChunk(f"{self.rid}: token on a non-final chunk")
         self._pending.popleft()
         if token is not None:
             self.tokens.append(token)
@@ -239,7 +239,7 @@ class Sequence:
     def revert_schedule(self, kv: KVCacheManager) -> None:
         """Undo the newest scheduled step, releasing the pages it pre-allocated (LIFO)."""
         if not self._pending:
-            raise NothingScheduled(f"{self.request_id}: nothing to revert")
+            raise NothingScheduled(f"{self.rid}: nothing to revert")
         step = self._pending.pop()
         self.kv_position -= step.num_tokens
         self.num_placeholders -= int(step.samples)

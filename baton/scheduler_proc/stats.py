@@ -51,7 +51,7 @@ class StatsCollector:
             preemptions=seq.num_preemptions,
         )
         return StepOutput(
-            request_id=seq.request_id,
+            rid=seq.rid,
             new_token_ids=new_tokens,
             logprobs=logprobs,
             finished=True,

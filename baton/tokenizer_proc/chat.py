@@ -15,17 +15,16 @@ Roles are limited to system, user and assistant; any other role is a ValueError.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
-from transformers import PreTrainedTokenizerBase
-
+from baton.checkpoint.tokenizer import Tokenizer
 from baton.messages import ChatMessage
 
 CHAT_ROLES = ("system", "user", "assistant")
 FALLBACK_REPLY_CUE = "assistant:"
 
 
-def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage]) -> list[int]:
+def render_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
     """The prompt token ids of a conversation, ready for the assistant's reply.
 
     Raises ValueError for an empty conversation or an unsupported role; a template's own
@@ -39,22 +38,10 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessa
                 f"messages[{index}].role is {message.role!r}; expected one of "
                 f"{', '.join(CHAT_ROLES)}"
             )
-    if tokenizer.chat_template:
+    if tokenizer.chat_template is not None:
         conversation = [{"role": m.role, "content": m.content} for m in messages]
-        rendered = tokenizer.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=True
-        )
-        return _token_ids(rendered)
+        # The template writes the special tokens itself (as transformers tokenizes it).
+        text = tokenizer.chat_template.render(conversation, add_generation_prompt=True)
+        return tokenizer.encode(text, add_special_tokens=False)
     text = "".join(f"{m.role}: {m.content}\n" for m in messages) + FALLBACK_REPLY_CUE
     return tokenizer.encode(text, add_special_tokens=True)
-
-
-def _token_ids(rendered: object) -> list[int]:
-    """The ids of `apply_chat_template(tokenize=True)`'s result.
-
-    transformers 4 returns a list of ids; transformers 5 returns a BatchEncoding (a mapping with
-    `input_ids`).
-    """
-    if isinstance(rendered, Mapping):
-        rendered = rendered["input_ids"]
-    return [int(token) for token in rendered]  # type: ignore[union-attr]

@@ -1,8 +1,8 @@
 """Tokenizing large prompts on a worker thread, so the process's loop keeps serving the rest.
 
 A prompt of hundreds of thousands of characters takes the better part of a second to tokenize;
-on the loop, every other request, abort and health check would wait behind it. Hugging Face's
-fast tokenizers release the GIL while encoding, so a worker thread runs truly beside the loop.
+on the loop, every other request, abort and health check would wait behind it. The `tokenizers`
+library releases the GIL while encoding, so a worker thread runs truly beside the loop.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ class PromptOffload:
     abort that arrives while its request is still on the worker is held (`defer`) and sent right
     after the request, so the scheduler never sees an abort before what it aborts.
 
-    `tokenize` must use a tokenizer of its own: a fast tokenizer must not encode on two threads
-    at once, and the loop keeps tokenizing small prompts itself.
+    `tokenize` may share the loop's tokenizer: encoding only reads it, from any thread at once
+    (the loop keeps tokenizing small prompts itself).
     """
 
     def __init__(self, tokenize: Tokenize) -> None:

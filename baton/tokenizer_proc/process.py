@@ -8,20 +8,20 @@ loop. No input, however malformed, ends the loop: it becomes an error reply and 
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 
 import msgspec
 import zmq
 from jinja2 import TemplateError
-from transformers import PreTrainedTokenizerBase
 
 from baton.addresses import ServerAddresses
+from baton.checkpoint.load import load_checkpoint
+from baton.checkpoint.tokenizer import Tokenizer
 from baton.child_process import ReadyReporter
 from baton.config import BatonConfig
-from baton.engine.checkpoint import load_checkpoint
 from baton.messages import (
+    PROMPT_TAIL_TOKENS,
     AbortRequest,
     AbortRid,
     ClientMessage,
@@ -29,13 +29,19 @@ from baton.messages import (
     ForwardedStatsRequest,
     GenerateRequest,
     RequestFailed,
+    RequestStarted,
     StatsRequest,
     TokenizedRequest,
     make_rid,
 )
 from baton.tokenizer_proc.chat import render_chat
 from baton.tokenizer_proc.offload import Outgoing, PromptOffload
-from baton.tokenizer_proc.tokenizer import max_prompt_chars
+from baton.validation import (
+    RequestError,
+    check_prompt_chars,
+    validate_params,
+    validate_prompt,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,35 +50,24 @@ logger = logging.getLogger(__name__)
 OFFLOAD_PROMPT_CHARS = 16_384
 
 
-class RejectedRequest(ValueError):
-    """A request that fails validation; `code` is the wire-level error kind."""
-
-    def __init__(self, message: str, code: ErrorCode = "invalid_request") -> None:
-        super().__init__(message)
-        self.code = code
-
-
 class TokenizerService:
     """Turns one client frame into the messages to send; owns no sockets, so tests need none."""
 
-    def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, max_model_len: int
-    ) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         # A text longer than this cannot fit the context: refused before tokenizing, which for
         # a multi-megabyte prompt took seconds while every other request waited.
-        self.max_prompt_chars = max_prompt_chars(max_model_len, tokenizer)
+        self.max_prompt_chars = max_model_len * tokenizer.max_chars_per_token
         self._decoder = msgspec.msgpack.Decoder(ClientMessage)
-        # Set by `serve`: large prompts go to a worker thread with a tokenizer of its own.
+        # Set by `serve`: large prompts go to a worker thread.
         self.offload: PromptOffload | None = None
 
     def start_offload(self) -> None:
         """Tokenize prompts of OFFLOAD_PROMPT_CHARS or more on a worker thread from now on."""
-        worker = TokenizerService(
-            copy.deepcopy(self.tokenizer), self.vocab_size, self.max_model_len
-        )
+        # The tokenizer is shared: the `tokenizers` library encodes from any thread at once.
+        worker = TokenizerService(self.tokenizer, self.vocab_size, self.max_model_len)
         self.offload = PromptOffload(worker.tokenize)
 
     @classmethod
@@ -128,25 +123,36 @@ class TokenizerService:
         """The request, validated and tokenized for the scheduler, or its rejection."""
         try:
             prompt_ids = self._validated_prompt(message)
-        except RejectedRequest as error:
+        except RequestError as error:
             logger.warning("request %r rejected: %s", message.request_id, error)
             return _failure(client_id, message.request_id, error.code, str(error))
         except Exception as error:  # a bug (e.g. in a tokenizer) must cost one request, not all
             logger.exception("client %s: request %r failed", client_id.hex(), message.request_id)
             return _failure(client_id, message.request_id, "internal", f"internal error: {error}")
-        tokenized = TokenizedRequest(
-            rid=make_rid(client_id, message.request_id),
+        rid = make_rid(client_id, message.request_id)
+        params = message.params
+        started = RequestStarted(
+            rid=rid,
             client_id=client_id,
             request_id=message.request_id,
-            prompt_token_ids=prompt_ids,
-            params=message.params,
+            prompt_tokens=len(prompt_ids),
+            prompt_tail=prompt_ids[-PROMPT_TAIL_TOKENS:],
+            stop=list(params.stop or ()),
             skip_special_tokens=message.skip_special_tokens,
+            min_tokens=params.min_tokens,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
+        tokenized = TokenizedRequest(
+            rid=rid,
+            prompt_token_ids=prompt_ids,
+            params=msgspec.structs.replace(params, stop=None),
             arrival_time=time.monotonic(),
+            started=started,
         )
         return ("scheduler", tokenized)
 
     def _validated_prompt(self, request: GenerateRequest) -> list[int]:
-        """The prompt's token ids; RejectedRequest if the request cannot be served."""
+        """The prompt's token ids; RequestError if the request cannot be served."""
         given = [
             name
             for name in ("prompt", "prompt_token_ids", "messages")
@@ -154,21 +160,18 @@ class TokenizerService:
         ]
         if len(given) != 1:
             found = ", ".join(given) or "none"
-            raise RejectedRequest(
+            raise RequestError(
                 f"exactly one of prompt, prompt_token_ids and messages must be set (got {found})"
             )
-        try:
-            request.params.validate(self.vocab_size)
-        except ValueError as error:
-            raise RejectedRequest(str(error)) from error
+        validate_params(request.params, self.vocab_size)
+        if request.prompt_token_ids is None:
+            # Refused before tokenizing, which for a multi-megabyte text takes seconds.
+            check_prompt_chars(prompt_chars(request), self.max_prompt_chars, self.max_model_len)
         prompt_ids = self._prompt_ids(request)
-        if not prompt_ids:
-            raise RejectedRequest("the prompt is empty")
-        self._check_length(len(prompt_ids), request.params.max_tokens)
+        validate_prompt(prompt_ids, request.params.max_tokens, self.vocab_size, self.max_model_len)
         return prompt_ids
 
     def _prompt_ids(self, request: GenerateRequest) -> list[int]:
-        self._check_size_before_tokenizing(request)
         if request.prompt is not None:
             return self.tokenizer.encode(
                 request.prompt, add_special_tokens=request.add_special_tokens
@@ -177,47 +180,8 @@ class TokenizerService:
             try:
                 return render_chat(self.tokenizer, request.messages)
             except (ValueError, TemplateError) as error:
-                raise RejectedRequest(f"invalid messages: {error}") from error
-        prompt_ids = request.prompt_token_ids or []
-        for index, token in enumerate(prompt_ids):
-            if not 0 <= token < self.vocab_size:
-                raise RejectedRequest(
-                    f"prompt_token_ids[{index}] = {token} is outside the vocabulary "
-                    f"[0, {self.vocab_size})"
-                )
-        return prompt_ids
-
-    def _check_size_before_tokenizing(self, request: GenerateRequest) -> None:
-        """prompt_too_long for a prompt that cannot fit whatever its tokens, checked in time
-        linear in its size and far below tokenizing's."""
-        if request.prompt_token_ids is not None:
-            self._check_length(len(request.prompt_token_ids), None)
-            return
-        chars = prompt_chars(request)
-        if chars > self.max_prompt_chars:
-            raise RejectedRequest(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                f"your request has {chars} characters, more than any {self.max_model_len} "
-                "tokens can spell. Please reduce the length of the input messages.",
-                code="prompt_too_long",
-            )
-
-    def _check_length(self, prompt_len: int, max_tokens: int | None) -> None:
-        """vLLM's context-length checks and wording; max_tokens=None means "until the end"."""
-        limit = self.max_model_len
-        if prompt_len >= limit:
-            raise RejectedRequest(
-                f"This model's maximum context length is {limit} tokens. However, your request "
-                f"has {prompt_len} input tokens. Please reduce the length of the input messages.",
-                code="prompt_too_long",
-            )
-        if max_tokens is not None and prompt_len + max_tokens > limit:
-            raise RejectedRequest(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} "
-                "in the completion). Please reduce the length of the messages or completion.",
-                code="prompt_too_long",
-            )
+                raise RequestError(f"invalid messages: {error}") from error
+        return request.prompt_token_ids or []
 
 
 def prompt_chars(request: GenerateRequest) -> int:

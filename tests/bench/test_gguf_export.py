@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from baton.bench.gguf_export import cached_gguf
-from baton.engine.checkpoint import load_checkpoint
+from baton.checkpoint.load import load_checkpoint
 from baton.engine.gguf_names import gguf_tensor_name
+from baton.engine.weights import iter_weights
 
 gguf = pytest.importorskip("gguf")
 
@@ -56,7 +57,7 @@ def test_export_round_trips_weights_and_vocabulary(
     assert set(types[259:]) == {gguf.TokenType.UNUSED}
 
     tensors = {tensor.name: tensor for tensor in reader.tensors}
-    weights = dict(checkpoint.iter_weights())
+    weights = dict(iter_weights(checkpoint))
     assert len(tensors) == len(weights)
     expected_type = "BF16" if dtype == "bfloat16" else "F32"
     for hf_name, weight in weights.items():

@@ -13,8 +13,8 @@ from transformers import Qwen2ForCausalLM
 
 from baton.bench.offline import main
 from baton.bench.shapes import SHAPES, materialize_shape
+from baton.checkpoint.load import load_checkpoint
 from baton.cpu_binding import default_num_threads
-from baton.engine.checkpoint import load_checkpoint
 from baton.engine.compute_plan import CpuCapabilities
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 

@@ -10,16 +10,17 @@ from pathlib import Path
 import pytest
 import zmq
 from helpers import SAMPLE_CPU, SAMPLE_PLAN
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from baton.addresses import ServerAddresses
+from baton.checkpoint.load import Checkpoint
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
+from baton.checkpoint.tokenizer import Tokenizer
 from baton.child_process import start_child
 from baton.config import BatonConfig
 from baton.detokenizer_proc.incremental import REPLACEMENT_CHAR
 from baton.detokenizer_proc.process import DetokenizerService, Handled
-from baton.engine.checkpoint import Checkpoint
-from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.messages import (
+    PROMPT_TAIL_TOKENS,
     AbortRid,
     AggregateStats,
     ClientReply,
@@ -31,6 +32,7 @@ from baton.messages import (
     Hello,
     HelloAck,
     LauncherMessage,
+    LogprobEntry,
     Replies,
     RequestFailed,
     RequestStarted,
@@ -41,6 +43,7 @@ from baton.messages import (
     StatsReply,
     StepOutput,
     TokenLogprob,
+    TokenText,
     make_rid,
 )
 
@@ -49,12 +52,12 @@ CLIENT_B = b"client-b"
 
 
 @pytest.fixture
-def tokenizer(random_checkpoint: Checkpoint) -> PreTrainedTokenizerBase:
+def tokenizer(random_checkpoint: Checkpoint) -> Tokenizer:
     """The default model's byte-level tokenizer: token b is byte b."""
     return random_checkpoint.tokenizer
 
 
-def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
@@ -65,7 +68,8 @@ def _started(
         rid=make_rid(client_id, request_id),
         client_id=client_id,
         request_id=request_id,
-        prompt_token_ids=list(prompt_ids),
+        prompt_tokens=len(prompt_ids),
+        prompt_tail=list(prompt_ids)[-PROMPT_TAIL_TOKENS:],
         stop=list(stop),
         skip_special_tokens=True,
     )
@@ -90,7 +94,7 @@ def _step(
 ) -> StepOutput:
     """A StepOutput; with `reason` it is the request's final one (with stats)."""
     return StepOutput(
-        request_id=make_rid(client_id, request_id),
+        rid=make_rid(client_id, request_id),
         new_token_ids=list(token_ids),
         finished=reason is not None,
         finish_reason=reason,
@@ -117,22 +121,22 @@ def _stream(
 
 
 def test_token_deltas_give_the_text_and_a_final_delta_with_usage(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: Tokenizer,
 ) -> None:
     service = DetokenizerService(tokenizer)
     prompt = _encode(tokenizer, "Say hi:")
     generated = _encode(tokenizer, " hello there")
     service.handle_message(SchedulerOutputs(started=[_started(CLIENT_A, "r1", prompt)]))
     logprobs = [TokenLogprob(logprob=-0.5, top=[(generated[0], -0.5)])]
-    first = StepOutput(
-        request_id=make_rid(CLIENT_A, "r1"), new_token_ids=generated[:1], logprobs=logprobs
-    )
+    first = StepOutput(rid=make_rid(CLIENT_A, "r1"), new_token_ids=generated[:1], logprobs=logprobs)
     deltas = _deltas(service.handle_message(SchedulerOutputs(steps=[first])), CLIENT_A)
     chunks = [generated[1:4], generated[4:]]
     deltas += _stream(service, CLIENT_A, "r1", chunks)
 
     assert "".join(delta.text for delta in deltas) == tokenizer.decode(generated)
-    assert deltas[0].logprobs == logprobs
+    # The detokenizer spells out the logprob tokens: " h" is the first token's text here.
+    token = TokenText(token_id=generated[0], text=" ", bytes=[32], logprob=-0.5)
+    assert deltas[0].logprobs == [LogprobEntry(token=token, top=[token])]
     assert [delta.token_ids for delta in deltas] == [generated[:1], *chunks]
     assert [delta.finished for delta in deltas] == [False, False, True]
     final = deltas[-1]
@@ -149,7 +153,7 @@ def test_token_deltas_give_the_text_and_a_final_delta_with_usage(
 
 
 def test_real_text_with_stories260k(stories260k_dir: Path) -> None:
-    stories = AutoTokenizer.from_pretrained(stories260k_dir)
+    stories = Tokenizer.from_folder(stories260k_dir)
     service = DetokenizerService(stories)
     prompt = stories.encode("Once upon a time")
     generated = _encode(stories, "there was a little girl named Lily.")
@@ -163,7 +167,7 @@ def test_real_text_with_stories260k(stories260k_dir: Path) -> None:
 
 
 def test_stop_string_across_steps_ends_the_request_and_aborts_it(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: Tokenizer,
 ) -> None:
     service = DetokenizerService(tokenizer)
     started = _started(CLIENT_A, "r1", _encode(tokenizer, "go"), stop=["STOP"])
@@ -171,7 +175,7 @@ def test_stop_string_across_steps_ends_the_request_and_aborts_it(
     first, second = _encode(tokenizer, "abc ST"), _encode(tokenizer, "OP xyz")
 
     # The first output carries the prefix-cache hit count, as the scheduler sends it.
-    opening = StepOutput(request_id=started.rid, new_token_ids=first, cached_tokens=3)
+    opening = StepOutput(rid=started.rid, new_token_ids=first, cached_tokens=3)
     handled = service.handle_message(SchedulerOutputs(steps=[opening]))
     [partial] = _deltas(handled, CLIENT_A)
     assert (partial.text, partial.finished) == ("abc ", False)  # "ST" may start the stop string
@@ -194,7 +198,7 @@ def test_stop_string_across_steps_ends_the_request_and_aborts_it(
     assert service.active_rids == set()
 
 
-def test_stop_string_in_the_final_step_needs_no_abort(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_stop_string_in_the_final_step_needs_no_abort(tokenizer: Tokenizer) -> None:
     service = DetokenizerService(tokenizer)
     started = _started(CLIENT_A, "r1", [], stop=["\n"])
     service.handle_message(SchedulerOutputs(started=[started]))
@@ -206,7 +210,7 @@ def test_stop_string_in_the_final_step_needs_no_abort(tokenizer: PreTrainedToken
     assert service.active_rids == set()
 
 
-def test_a_stop_token_is_reported_but_not_spelled_out(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_a_stop_token_is_reported_but_not_spelled_out(tokenizer: Tokenizer) -> None:
     """A request the scheduler stopped on a token (EOS or a stop_token_id): vLLM leaves the stop
     token's text out; its id is still reported and counted."""
     service = DetokenizerService(tokenizer)
@@ -219,7 +223,7 @@ def test_a_stop_token_is_reported_but_not_spelled_out(tokenizer: PreTrainedToken
 
 
 def test_multibyte_characters_split_across_tokens_never_show_a_replacement_char(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: Tokenizer,
 ) -> None:
     text = "é世🎉 ok ü"
     generated = list(text.encode("utf-8"))  # the byte tokenizer: token b is byte b
@@ -234,7 +238,7 @@ def test_multibyte_characters_split_across_tokens_never_show_a_replacement_char(
     assert "".join(delta.text for delta in deltas) == text
 
 
-def test_two_clients_get_only_their_own_replies(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_two_clients_get_only_their_own_replies(tokenizer: Tokenizer) -> None:
     service = DetokenizerService(tokenizer)
     # The same request id from two clients: two different requests.
     started = [_started(CLIENT_A, "r1", []), _started(CLIENT_B, "r1", [])]
@@ -251,7 +255,7 @@ def test_two_clients_get_only_their_own_replies(tokenizer: PreTrainedTokenizerBa
 
 
 def test_request_failed_and_forwarded_stats_become_replies(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: Tokenizer,
 ) -> None:
     service = DetokenizerService(tokenizer)
     failed = RequestFailed(client_id=CLIENT_B, request_id="r9", code="overloaded", message="full")
@@ -282,14 +286,14 @@ def test_request_failed_and_forwarded_stats_become_replies(
     assert handled == Handled({CLIENT_A: [StatsReply(request_id="s1", stats=stats)]}, [])
 
 
-def test_unknown_rid_is_ignored(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_unknown_rid_is_ignored(tokenizer: Tokenizer) -> None:
     service = DetokenizerService(tokenizer)
     steps = [_step(CLIENT_A, "never-started", [65]), _step(CLIENT_A, "other", [66], "stop")]
     assert service.handle_message(SchedulerOutputs(steps=steps)) == Handled({}, [])
     assert service.handle_message(Shutdown()) == Handled({}, [])
 
 
-def test_bad_token_id_fails_only_that_request(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_bad_token_id_fails_only_that_request(tokenizer: Tokenizer) -> None:
     service = DetokenizerService(tokenizer)
     started = [_started(CLIENT_A, "bad", []), _started(CLIENT_A, "good", [])]
     steps = [_step(CLIENT_A, "bad", [-1]), _step(CLIENT_A, "good", [72, 105])]
@@ -303,7 +307,7 @@ def test_bad_token_id_fails_only_that_request(tokenizer: PreTrainedTokenizerBase
     assert service.active_rids == {make_rid(CLIENT_A, "good")}
 
 
-def test_vanished_client_aborts_its_running_requests(tokenizer: PreTrainedTokenizerBase) -> None:
+def test_vanished_client_aborts_its_running_requests(tokenizer: Tokenizer) -> None:
     service = DetokenizerService(tokenizer)
     started = [
         _started(CLIENT_A, "running", []),
@@ -374,7 +378,7 @@ INVALID_UTF8_FRAME = b"\x81\xa4type\xa3\xed\xa0\x80"
 
 def test_process_routes_replies_and_aborts_for_a_vanished_client(
     detokenizer_process: tuple[subprocess.Popen[bytes], _FakeServer],
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: Tokenizer,
 ) -> None:
     process, fake = detokenizer_process
     assert fake.launcher.poll(60_000), "the detokenizer never reported"

@@ -17,13 +17,14 @@ from helpers.hf_reference import hf_greedy_generate
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
-from baton.engine.checkpoint import load_checkpoint
+from baton.checkpoint.load import load_checkpoint
 from baton.engine.compact_weights import COMPACT_MAX_ROWS, FORMATS, CompactWeight
 from baton.engine.compute_plan import isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.layers import Linear
 from baton.engine.model import CausalLM
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
+from baton.engine.weights import iter_compact_weights, iter_weights
 
 pytestmark = pytest.mark.skipif(
     isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2") or shutil.which("cc") is None,
@@ -112,8 +113,8 @@ def test_every_linear_of_a_bf16_checkpoint_gets_its_stored_weights(
     embedding's stored bytes."""
     checkpoint = load_checkpoint(str(tiny_model_factory(variant, weights_dtype=torch.bfloat16)))
     model = CausalLM(checkpoint.config, torch.float32, "cpu")
-    model.load_weights(checkpoint.iter_weights())
-    attached = model.attach_compact_weights(checkpoint.iter_compact_weights(), native)
+    model.load_weights(iter_weights(checkpoint))
+    attached = model.attach_compact_weights(iter_compact_weights(checkpoint), native)
     linears = [module for module in model.modules() if isinstance(module, Linear)]
     assert attached == len(linears) == 4 * checkpoint.config.num_layers + 1
     for linear in linears:
@@ -125,11 +126,11 @@ def test_a_fused_layer_whose_parts_differ_in_format_keeps_float32_weights(
 ) -> None:
     checkpoint = load_checkpoint(str(tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)))
     model = CausalLM(checkpoint.config, torch.float32, "cpu")
-    model.load_weights(checkpoint.iter_weights())
+    model.load_weights(iter_weights(checkpoint))
     odd_one = "model.layers.0.self_attn.k_proj.weight"
 
     def weights():
-        for name, compact in checkpoint.iter_compact_weights():
+        for name, compact in iter_compact_weights(checkpoint):
             if name == odd_one:
                 stored = compact.data.view(torch.bfloat16).to(torch.float16)
                 compact = CompactWeight.from_tensor(stored)
@@ -158,7 +159,7 @@ def test_greedy_tokens_from_a_quantized_gguf_equal_transformers_on_its_weights(
     linears = [m for m in llm.engine.model.modules() if isinstance(m, Linear)]
     assert all(linear.compact is not None for linear in linears)
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    dequantized = dict(load_checkpoint(str(path)).iter_weights())
+    dequantized = dict(iter_weights(load_checkpoint(str(path))))
     assert not reference.load_state_dict(dequantized, strict=False).unexpected_keys
     prompts = [[1, 2, 3, 4, 5], [40, 41, 42], [7] * 20]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)

@@ -13,10 +13,12 @@ import torch
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
-from baton.engine.checkpoint import load_checkpoint, load_model_config
-from baton.engine.gguf_checkpoint import gguf_cache_root
+from baton.checkpoint.gguf_metadata import gguf_cache_root
+from baton.checkpoint.load import load_checkpoint
+from baton.checkpoint.model_config import CheckpointError
+from baton.checkpoint.source import load_model_config
 from baton.engine.gguf_names import permute_rows, permuted_heads, unpermute_rows
-from baton.engine.model_config import CheckpointError
+from baton.engine.weights import iter_weights
 
 
 @pytest.fixture(autouse=True)
@@ -66,8 +68,8 @@ def test_a_gguf_loads_the_weights_of_its_safetensors_twin(
     assert checkpoint.config.architecture == twin.config.architecture
     assert checkpoint.config.torch_dtype == "float32"  # computed as llama.cpp does
     assert checkpoint.eos_token_ids == twin.config.eos_token_ids[:1]
-    loaded = dict(checkpoint.iter_weights())
-    expected = dict(twin.iter_weights())
+    loaded = dict(iter_weights(checkpoint))
+    expected = dict(iter_weights(twin))
     if twin.config.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
     assert loaded.keys() == expected.keys()

@@ -9,14 +9,15 @@ import torch
 from helpers import assert_greedy_matches_hf, hf_greedy_generate, hf_logits
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from baton.checkpoint.load import Checkpoint, CheckpointError, load_checkpoint
+from baton.checkpoint.random_model import RANDOM_HF_CONFIG
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.torch_backend import TorchPagedAttention
-from baton.engine.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.kv_pool import KVPool
 from baton.engine.layers import Linear
 from baton.engine.model import CausalLM
-from baton.engine.random_model import RANDOM_HF_CONFIG
+from baton.engine.weights import iter_weights
 
 PAGE_SIZE = 4
 NUM_PAGES = 48
@@ -36,7 +37,7 @@ class PagedRunner:
     ) -> None:
         config = checkpoint.config
         self.model = CausalLM(config, dtype, "cpu")
-        self.model.load_weights(checkpoint.iter_weights())
+        self.model.load_weights(iter_weights(checkpoint))
         if pack and can_pack(dtype):
             self.model.pack_linear_weights()
         self.pool = KVPool(
@@ -218,7 +219,7 @@ def test_default_model_matches_transformers_llama(random_checkpoint: Checkpoint)
         k: v for k, v in RANDOM_HF_CONFIG.items() if k not in ("architectures", "model_type")
     }
     reference_model = LlamaForCausalLM(LlamaConfig(**hf_config)).eval()
-    reference_model.load_state_dict(dict(random_checkpoint.iter_weights()), strict=False)
+    reference_model.load_state_dict(dict(iter_weights(random_checkpoint)), strict=False)
     reference_model.tie_weights()
     tokens = random_checkpoint.tokenizer.encode("The default model speaks bytes: ünïcödé ✓")
     with torch.no_grad():
@@ -240,7 +241,7 @@ def test_stories260k_matches_transformers(stories260k_dir: Path) -> None:
 
 
 def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    return dict(load_checkpoint(str(model_dir)).iter_weights())
+    return dict(iter_weights(load_checkpoint(str(model_dir))))
 
 
 def _load(model_dir: Path, weights: dict[str, torch.Tensor]) -> None:

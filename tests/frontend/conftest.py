@@ -17,8 +17,8 @@ import pytest
 from helpers import free_port
 
 from baton import LLM
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.config import BatonConfig
-from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.launch import Server
 
 API_KEY = "test-secret-key"

@@ -4,7 +4,6 @@ the app in-process (no lifespan, so no pipeline client)."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import httpx
 import pytest
@@ -12,19 +11,17 @@ from helpers import SAMPLE_CPU, SAMPLE_PLAN
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
+from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.client import BatonClient, ServerError
 from baton.config import BatonConfig
-from baton.engine.checkpoint import load_checkpoint
-from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.frontend.app import create_app, served_model_name
 from baton.frontend.body_limit import default_body_limit
 from baton.frontend.errors import from_server_error, from_validation_error
-from baton.frontend.logprobs import ChoiceLogprobs, TokenTextDecoder
 from baton.frontend.metrics import FrontendMetrics
 from baton.frontend.params import chat_choices, completion_choices
 from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
-from baton.messages import AggregateStats, ChatMessage, GenerateDelta, TokenLogprob
-from baton.tokenizer_proc.tokenizer import build_byte_tokenizer, max_chars_per_token
+from baton.messages import AggregateStats, ChatMessage, GenerateDelta
 
 
 def test_completion_choices_index_and_seed_per_choice() -> None:
@@ -85,42 +82,6 @@ def test_server_error_statuses(code: str, status: int) -> None:
     assert error.payload()["error"]["message"] == "why"
 
 
-def test_logprob_tokens_line_up_with_the_text() -> None:
-    tokenizer = build_byte_tokenizer()
-    decoder = TokenTextDecoder(tokenizer)
-
-    def logprobs_of(ids: list[int]) -> list[TokenLogprob]:
-        return [TokenLogprob(-0.5, [(token, -0.5), (65, -1.0)]) for token in ids]
-
-    text = "hello world"
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    state = ChoiceLogprobs(decoder)
-    first = state.completion(ids[:3], logprobs_of(ids[:3]))  # streamed in two parts
-    rest = state.completion(ids[3:], logprobs_of(ids[3:]))
-    tokens = first["tokens"] + rest["tokens"]
-    assert "".join(tokens) == text
-    offsets = first["text_offset"] + rest["text_offset"]
-    assert offsets == [len("".join(tokens[:i])) for i in range(len(tokens))]
-    assert first["top_logprobs"][0] == {"h": -0.5, "A": -1.0}
-    accented = "héllo wörld"
-    ids = tokenizer.encode(accented, add_special_tokens=False)
-    chat = ChoiceLogprobs(decoder).chat(ids, logprobs_of(ids))["content"]
-    # Each byte of "é" is its own token, shown as U+FFFD, but its `bytes` are exact.
-    assert b"".join(bytes(entry["bytes"]) for entry in chat) == accented.encode()
-    assert [alt["token"] for alt in chat[0]["top_logprobs"]] == ["h", "A"]
-
-
-def test_logprob_tokens_keep_sentencepiece_spaces(stories260k_dir: Path) -> None:
-    tokenizer = load_checkpoint(str(stories260k_dir)).tokenizer
-    ids = tokenizer.encode("Once upon a time", add_special_tokens=False)
-    logprobs = [TokenLogprob(float("-inf"), []) for _ in ids]
-    body = ChoiceLogprobs(TokenTextDecoder(tokenizer)).completion(ids, logprobs)
-    assert body["tokens"] == [" Once", " upon", " a", " time"]
-    assert body["token_logprobs"] == [-9999.0] * 4  # JSON has no -inf
-    (byte_id,) = tokenizer.convert_tokens_to_ids(["<0xE2>"])
-    assert TokenTextDecoder(tokenizer).token_bytes(byte_id, "\ufffd") == [0xE2]
-
-
 def test_metrics_observe_requests_and_stats() -> None:
     metrics = FrontendMetrics("m")
     tracker = metrics.track()
@@ -160,7 +121,7 @@ def app_client(**settings: object) -> httpx.AsyncClient:
         raise AssertionError("the lifespan does not run in-process")
 
     config = BatonConfig(**settings)
-    app = create_app(config, never_connects, build_byte_tokenizer(), 64, RANDOM_MODEL_NAME)
+    app = create_app(config, never_connects, 64, RANDOM_MODEL_NAME)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app")
 
 
@@ -206,11 +167,11 @@ def test_served_model_name_fallbacks() -> None:
 def test_the_default_body_limit_fits_the_longest_prompt_the_context_holds() -> None:
     """Once a flat 32 MiB: a 32 MB prompt was read and tokenized for 35 s before its refusal."""
     tokenizer = build_byte_tokenizer()
-    limit = default_body_limit(64, tokenizer)
-    longest_fitting = 64 * max_chars_per_token(tokenizer)
+    limit = default_body_limit(64)
+    longest_fitting = 64 * tokenizer.max_chars_per_token
     assert longest_fitting * 12 < limit < 2 << 20
     # A long context's worst case would buffer hundreds of MB per request: capped.
-    assert default_body_limit(1 << 20, tokenizer) == 32 << 20
+    assert default_body_limit(1 << 20) == 32 << 20
 
     async def statuses() -> tuple[int, int]:
         async with app_client() as client:

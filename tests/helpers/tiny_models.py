@@ -24,7 +24,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from baton.tokenizer_proc.tokenizer import build_byte_tokenizer
+from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
 
 WEIGHT_STD = 0.2
 NORM_JITTER = 0.2  # norm weights are 1 + N(0, jitter): all ones would hide a misrouted norm
@@ -134,7 +134,7 @@ def write_tiny_checkpoint(
         model.save_pretrained(directory)
     else:
         model.save_pretrained(directory, max_shard_size=max_shard_size)
-    build_byte_tokenizer().save_pretrained(directory)
+    build_byte_tokenizer().save(Path(directory))
     generation = GenerationConfig(
         bos_token_id=BOS_ID, eos_token_id=[EOS_ID, EXTRA_EOS_ID], pad_token_id=PAD_ID
     )

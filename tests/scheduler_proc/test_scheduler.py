@@ -9,8 +9,8 @@ import pytest
 
 from baton import LLM, SamplingParams
 from baton.config import BatonConfig
-from baton.scheduler_proc.errors import OverloadedError
 from baton.scheduler_proc.scheduler import Scheduler
+from baton.validation import OverloadedError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -33,7 +33,7 @@ def run_all(scheduler: Scheduler, requests: list[list[int]]) -> dict[str, list[i
     tokens: dict[str, list[int]] = {str(i): [] for i in range(len(requests))}
     while scheduler.has_unfinished_requests():
         for output in scheduler.step():
-            tokens[output.request_id].extend(output.new_token_ids)
+            tokens[output.rid].extend(output.new_token_ids)
     return tokens
 
 
@@ -70,7 +70,7 @@ def test_abort_inside_in_flight_batch(tiny_llama_dir: Path, reference: list[list
     finals = {}
     for _ in range(5):
         for output in scheduler.step():
-            tokens[output.request_id].extend(output.new_token_ids)
+            tokens[output.rid].extend(output.new_token_ids)
     victim = scheduler.requests["1"]
     assert victim.in_flight_batches == 1  # the overlap loop has a batch with it computing
     scheduler.abort_request("1")
@@ -78,9 +78,9 @@ def test_abort_inside_in_flight_batch(tiny_llama_dir: Path, reference: list[list
     tokens_at_abort = len(tokens["1"])
     while scheduler.has_unfinished_requests():
         for output in scheduler.step():
-            tokens[output.request_id].extend(output.new_token_ids)
+            tokens[output.rid].extend(output.new_token_ids)
             if output.finished:
-                finals[output.request_id] = output
+                finals[output.rid] = output
     assert finals["1"].finish_reason == "abort"
     assert len(tokens["1"]) == tokens_at_abort  # tokens computed after the abort never surface
     assert tokens["1"] == reference[1][:tokens_at_abort]
@@ -96,7 +96,7 @@ def test_finished_request_is_freed_one_step_late(tiny_llama_dir: Path) -> None:
     scheduler.add_request("b", prompts(2)[1], GREEDY)
     first_token = None
     while first_token is None:
-        outputs = [o for o in scheduler.step() if o.request_id == "a" and o.new_token_ids]
+        outputs = [o for o in scheduler.step() if o.rid == "a" and o.new_token_ids]
         first_token = outputs[0].new_token_ids[0] if outputs else None
     # Re-run with that token as a stop token: "a" finishes on its first token, while the overlap
     # loop already has its first decode step in flight.
@@ -107,7 +107,7 @@ def test_finished_request_is_freed_one_step_late(tiny_llama_dir: Path) -> None:
     scheduler.add_request("b", prompts(2)[1], GREEDY)
     finished = []
     while not finished:
-        finished = [o for o in scheduler.step() if o.request_id == "a" and o.finished]
+        finished = [o for o in scheduler.step() if o.rid == "a" and o.finished]
     seq_a = scheduler.requests["a"]
     assert finished[0].finish_reason == "stop" and finished[0].new_token_ids == [first_token]
     assert seq_a.in_flight_batches == 1 and seq_a in scheduler.releasing and seq_a.page_table
@@ -126,7 +126,7 @@ def test_abort_waiting_request_and_queue_bound(tiny_llama_dir: Path) -> None:
     scheduler.abort_request("b")  # twice, and unknown ids, are harmless
     scheduler.abort_request("nope")
     outputs = scheduler.step()
-    aborted = [o for o in outputs if o.request_id == "b"]
+    aborted = [o for o in outputs if o.rid == "b"]
     assert len(aborted) == 1 and aborted[0].finished and aborted[0].finish_reason == "abort"
     while scheduler.has_unfinished_requests():
         scheduler.step()

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from transformers import PreTrainedTokenizerBase
 
-from baton.engine.checkpoint import Checkpoint
+from baton.checkpoint.chat_template import ChatTemplate
+from baton.checkpoint.load import Checkpoint
+from baton.checkpoint.tokenizer import Tokenizer
 from baton.messages import ChatMessage
 from baton.tokenizer_proc.chat import render_chat
-from baton.tokenizer_proc.tokenizer import load_tokenizer
 
 CONVERSATION = [
     ChatMessage(role="system", content="You are terse."),
@@ -23,23 +23,25 @@ BRACKET_TEMPLATE = (
 
 
 @pytest.fixture()
-def stories_tokenizer(stories260k_dir: Path) -> PreTrainedTokenizerBase:
+def stories_tokenizer(stories260k_dir: Path) -> Tokenizer:
     """A fresh stories260K tokenizer (tests may set a template on it)."""
-    return load_tokenizer(stories260k_dir)
+    return Tokenizer.from_folder(stories260k_dir)
 
 
 def test_fallback_without_template_is_role_lines_then_cue(
-    stories_tokenizer: PreTrainedTokenizerBase,
+    stories_tokenizer: Tokenizer,
 ) -> None:
-    assert not stories_tokenizer.chat_template
+    assert stories_tokenizer.chat_template is None
     expected_text = "system: You are terse.\nuser: Once upon a time\nassistant:"
     ids = render_chat(stories_tokenizer, CONVERSATION)
     assert ids == stories_tokenizer.encode(expected_text, add_special_tokens=True)
     assert ids[0] == stories_tokenizer.bos_token_id
 
 
-def test_tokenizer_template_is_used_when_set(stories_tokenizer: PreTrainedTokenizerBase) -> None:
-    stories_tokenizer.chat_template = BRACKET_TEMPLATE
+def test_tokenizer_template_is_used_when_set(stories_tokenizer: Tokenizer) -> None:
+    stories_tokenizer.chat_template = ChatTemplate(
+        BRACKET_TEMPLATE, stories_tokenizer.special_tokens
+    )
     expected_text = "[system]You are terse.[user]Once upon a time[assistant]"
     ids = render_chat(stories_tokenizer, CONVERSATION)
     # The template supplies any special tokens itself, so the text is encoded without them.
@@ -53,21 +55,6 @@ def test_default_model_byte_template(random_checkpoint: Checkpoint) -> None:
     # Byte tokenizer: each byte of the role headers and content is its own id.
     expected = [bos, *b"<|user|>\nhi", eos, *b"\n<|assistant|>\n"]
     assert ids == expected
-
-
-class _ListTemplateTokenizer:
-    """A transformers-4 style tokenizer whose apply_chat_template returns a plain list."""
-
-    chat_template = "unused"
-
-    def apply_chat_template(self, conversation: list[dict], **options: object) -> list[int]:
-        assert options == {"add_generation_prompt": True, "tokenize": True}
-        return [len(message["content"]) for message in conversation]
-
-
-def test_template_result_as_plain_list() -> None:
-    ids = render_chat(_ListTemplateTokenizer(), CONVERSATION)  # type: ignore[arg-type]
-    assert ids == [len("You are terse."), len("Once upon a time")]
 
 
 @pytest.mark.parametrize("role", ["tool", "developer", "", "User"])

@@ -13,11 +13,12 @@ import pytest
 import zmq
 
 from baton.addresses import ServerAddresses
+from baton.checkpoint.load import Checkpoint, load_checkpoint
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.child_process import start_child
 from baton.config import BatonConfig
-from baton.engine.checkpoint import Checkpoint, load_checkpoint
-from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.messages import (
+    PROMPT_TAIL_TOKENS,
     AbortRequest,
     AbortRid,
     ChatMessage,
@@ -35,7 +36,6 @@ from baton.messages import (
 )
 from baton.sampling_params import SamplingParams
 from baton.tokenizer_proc.process import OFFLOAD_PROMPT_CHARS, TokenizerService
-from baton.tokenizer_proc.tokenizer import max_chars_per_token
 
 CLIENT = b"client-7"
 MAX_MODEL_LEN = 64
@@ -89,9 +89,14 @@ def test_text_prompt_is_tokenized(stories_service: TokenizerService) -> None:
     assert tokenized.prompt_token_ids == tokenizer.encode("Once upon a time")
     assert tokenized.prompt_token_ids[0] == tokenizer.bos_token_id
     assert tokenized.rid == make_rid(CLIENT, "r1")
-    assert (tokenized.client_id, tokenized.request_id) == (CLIENT, "r1")
-    assert tokenized.params == params
-    assert tokenized.skip_special_tokens is False
+    # The scheduler gets the sampling parameters but the stop strings; the detokenizer's
+    # registration gets those, whom to reply to, and the prompt's length and tail.
+    assert tokenized.params == msgspec.structs.replace(params, stop=None)
+    started = tokenized.started
+    assert (started.rid, started.client_id, started.request_id) == (tokenized.rid, CLIENT, "r1")
+    assert (started.stop, started.skip_special_tokens) == (["."], False)
+    assert started.prompt_tokens == len(tokenized.prompt_token_ids)
+    assert started.prompt_tail == tokenized.prompt_token_ids[-PROMPT_TAIL_TOKENS:]
     assert before <= tokenized.arrival_time <= time.monotonic()
 
 
@@ -245,8 +250,7 @@ class _BrokenTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         raise RuntimeError("tokenizer exploded")
 
-    def get_vocab(self) -> dict[str, int]:
-        return {"ab": 0, "c": 1}
+    max_chars_per_token = 4
 
 
 def test_tokenizer_failure_is_an_internal_error() -> None:
@@ -263,16 +267,15 @@ def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(
 ) -> None:
     """A 32 MB prompt once took 35 s to tokenize and refuse while every other request waited."""
     limit = stories_service.max_prompt_chars
-    assert limit == stories_service.max_model_len * max_chars_per_token(stories_service.tokenizer)
+    assert limit == stories_service.max_model_len * stories_service.tokenizer.max_chars_per_token
     # Every vocabulary entry spells at most half the bound: no fitting prompt is refused.
-    longest = max(len(t) for t in stories_service.tokenizer.get_vocab())
+    longest = max(len(t) for t in stories_service.tokenizer.backend.get_vocab())
     assert limit == 2 * longest * stories_service.max_model_len
 
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("tokenized a prompt that cannot fit")
 
-    monkeypatch.setattr(stories_service.tokenizer, "encode", never)
-    monkeypatch.setattr(stories_service.tokenizer, "apply_chat_template", never)
+    monkeypatch.setattr(stories_service.tokenizer, "encode", never)  # chat prompts too
     huge = "a" * (limit + 1)
     message = _failure(stories_service.handle(CLIENT, _generate(prompt=huge)), "prompt_too_long")
     assert f"{limit + 1} characters" in message
@@ -351,8 +354,7 @@ class _SlowTokenizer:
             time.sleep(0.5)
         return [1, 2, 3]
 
-    def get_vocab(self) -> dict[str, int]:
-        return {"a" * 200: 0, "b": 1}  # long entries: a long prompt may fit the context
+    max_chars_per_token = 400  # long entries: a long prompt may fit the context
 
 
 def test_a_large_prompt_is_tokenized_beside_the_loop_and_its_abort_waits_for_it() -> None:
@@ -370,10 +372,10 @@ def test_a_large_prompt_is_tokenized_beside_the_loop_and_its_abort_waits_for_it(
         abort = _frame(AbortRequest(request_id="large"))
         assert service.handle(CLIENT, abort) == []  # held: the request is not forwarded yet
         assert time.monotonic() - started < 0.3  # nobody waited for the large prompt
-        assert small.request_id == "r1"
+        assert small.started.request_id == "r1"
         assert select.select([service.offload.wake_fd], [], [], 10)[0]
         (_, tokenized), (_, held) = service.offload.completed()
-        assert isinstance(tokenized, TokenizedRequest) and tokenized.request_id == "large"
+        assert isinstance(tokenized, TokenizedRequest) and tokenized.started.request_id == "large"
         assert held == AbortRid(rid=make_rid(CLIENT, "large"))
         # Once forwarded, its aborts go straight through again.
         _single(service.handle(CLIENT, abort), "scheduler", AbortRid)

@@ -1,15 +1,15 @@
-"""Tokenizer loading: a checkpoint's own tokenizer, or the built-in byte-level one.
+"""The built-in byte-level tokenizer (the random model's, and the tests' tiny models').
 
-The byte-level tokenizer maps every UTF-8 byte to its own id (0..255) and adds a few special
-tokens after them, so any text round-trips through encode/decode without a vocabulary file.
+It maps every UTF-8 byte to its own id (0..255) and adds a few special tokens after them, so any
+text round-trips through encode/decode without a vocabulary file.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+if TYPE_CHECKING:
+    from baton.checkpoint.tokenizer import Tokenizer
 
 BYTE_VOCAB_SIZE = 256
 BOS_TOKEN = "<|bos|>"
@@ -24,25 +24,7 @@ BYTE_CHAT_TEMPLATE = (
 )
 
 
-def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
-    """Load the tokenizer (chat template included) saved in a checkpoint folder."""
-    return AutoTokenizer.from_pretrained(str(path))
-
-
-def max_chars_per_token(tokenizer: PreTrainedTokenizerBase) -> int:
-    """An upper bound on the characters one token covers: its longest vocabulary entry (byte-level
-    and SentencePiece entries spell at least the characters they match), doubled as a margin for
-    normalizers that drop characters."""
-    return 2 * max(len(token) for token in tokenizer.get_vocab())
-
-
-def max_prompt_chars(max_model_len: int, tokenizer: PreTrainedTokenizerBase) -> int:
-    """The most characters a prompt of `max_model_len` tokens can have: a longer text cannot fit
-    the context, whatever its tokens."""
-    return max_model_len * max_chars_per_token(tokenizer)
-
-
-def build_byte_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
+def build_byte_tokenizer(vocab_size: int | None = None) -> Tokenizer:
     """A byte-level tokenizer: byte b is token b; BOS, EOS and PAD follow at 256, 257, 258.
 
     Encoding prepends BOS; decoding with `skip_special_tokens=True` returns the original text.
@@ -51,7 +33,14 @@ def build_byte_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFa
     than the byte alphabet (the benchmark shapes) then decodes every id it samples to text, so
     servers that stream only non-empty text deltas still stream a chunk per token.
     """
-    byte_to_char = _byte_to_unicode()
+    # Imported here: the launcher and the frontend read this module's constants (the random
+    # model's config) and never load the tokenizers library.
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, processors
+
+    from baton.checkpoint.tokenizer import Tokenizer
+
+    byte_to_char = byte_to_unicode()
     vocab = {byte_to_char[byte]: byte for byte in range(BYTE_VOCAB_SIZE)}
     for offset, token in enumerate(BYTE_SPECIAL_TOKENS):
         vocab[token] = BYTE_VOCAB_SIZE + offset
@@ -59,7 +48,7 @@ def build_byte_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFa
     for token_id in range(len(vocab), vocab_size or 0):
         vocab[f"{space}w{token_id}"] = token_id
     # No merges: BPE over the GPT-2 byte alphabet is then exactly one token per byte.
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer = Backend(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(list(BYTE_SPECIAL_TOKENS))
@@ -69,16 +58,11 @@ def build_byte_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFa
         pair=f"{BOS_TOKEN} $A {BOS_TOKEN} $B",
         special_tokens=[(BOS_TOKEN, bos_id)],
     )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        chat_template=BYTE_CHAT_TEMPLATE,
-    )
+    special_tokens = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN}
+    return Tokenizer(tokenizer, special_tokens, BYTE_CHAT_TEMPLATE)
 
 
-def _byte_to_unicode() -> dict[int, str]:
+def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character table, which the ByteLevel decoder expects."""
     printable = [
         *range(ord("!"), ord("~") + 1),

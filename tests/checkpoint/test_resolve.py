@@ -12,10 +12,12 @@ from helpers import EOS_ID, EXTRA_EOS_ID, VOCAB_SIZE, tiny_hf_model
 from safetensors.torch import save_file
 from transformers import AutoConfig
 
-from baton.engine.checkpoint import CheckpointError, load_checkpoint, load_model_config
+from baton.checkpoint.load import CheckpointError, load_checkpoint
+from baton.checkpoint.model_config import ModelConfig
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
+from baton.checkpoint.source import load_model_config
 from baton.engine.model import CausalLM
-from baton.engine.model_config import ModelConfig
-from baton.engine.random_model import RANDOM_MODEL_NAME
+from baton.engine.weights import iter_weights
 
 LLAMA3_ROPE = {
     "factor": 8.0,
@@ -138,7 +140,7 @@ def test_load_folder(tiny_qwen2_dir: Path) -> None:
         == "héllo"
     )
     reference = tiny_hf_model("qwen2").state_dict()
-    weights = dict(checkpoint.iter_weights())
+    weights = dict(iter_weights(checkpoint))
     assert "lm_head.weight" not in weights  # tied: transformers does not save it
     assert weights.keys() == reference.keys() - {"lm_head.weight"}
     for name, tensor in weights.items():
@@ -154,8 +156,8 @@ def test_sharded_checkpoint_loads_like_single_file(
     sharded = load_checkpoint(str(sharded_dir))
     single = load_checkpoint(str(tiny_llama_dir))
     assert sharded.config == single.config
-    sharded_weights = dict(sharded.iter_weights())
-    single_weights = dict(single.iter_weights())
+    sharded_weights = dict(iter_weights(sharded))
+    single_weights = dict(iter_weights(single))
     assert sharded_weights.keys() == single_weights.keys()
     for name, tensor in single_weights.items():
         assert torch.equal(sharded_weights[name], tensor), name
@@ -229,16 +231,16 @@ def test_bad_safetensors_file(tmp_path: Path, tiny_llama_dir: Path) -> None:
     (model_dir / "model.safetensors").write_bytes(b"garbage")
     checkpoint = load_checkpoint(str(model_dir))
     with pytest.raises(CheckpointError, match=r"model\.safetensors"):
-        next(checkpoint.iter_weights())
+        next(iter_weights(checkpoint))
 
 
 def test_float16_checkpoint_is_cast_on_load(tmp_path: Path, tiny_llama_dir: Path) -> None:
     model_dir = _copy(tiny_llama_dir, tmp_path)
-    weights = dict(load_checkpoint(str(tiny_llama_dir)).iter_weights())
+    weights = dict(iter_weights(load_checkpoint(str(tiny_llama_dir))))
     save_file({name: t.half() for name, t in weights.items()}, str(model_dir / "model.safetensors"))
     config = load_checkpoint(str(model_dir)).config
     model = CausalLM(config, torch.float32, "cpu")
-    model.load_weights(load_checkpoint(str(model_dir)).iter_weights())
+    model.load_weights(iter_weights(load_checkpoint(str(model_dir))))
     assert model.norm.weight.dtype == torch.float32
     torch.testing.assert_close(model.norm.weight, weights["model.norm.weight"].half().float())
 
@@ -278,16 +280,16 @@ def test_default_tokenizer_round_trips_utf8(random_checkpoint, text: str) -> Non
 def test_default_chat_template(random_checkpoint) -> None:
     tokenizer = random_checkpoint.tokenizer
     messages = [{"role": "user", "content": "hi"}]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert text == f"{tokenizer.bos_token}<|user|>\nhi{tokenizer.eos_token}\n<|assistant|>\n"
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
-    ids = list(encoded["input_ids"])
+    assert tokenizer.chat_template is not None
+    text = tokenizer.chat_template.render(messages, add_generation_prompt=True)
+    assert text == "<|bos|><|user|>\nhi<|eos|>\n<|assistant|>\n"
+    ids = tokenizer.encode(text, add_special_tokens=False)
     assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
 
 
 def test_default_weights_are_deterministic(random_checkpoint) -> None:
-    first = list(random_checkpoint.iter_weights())
-    second = list(load_checkpoint(RANDOM_MODEL_NAME).iter_weights())
+    first = list(iter_weights(random_checkpoint))
+    second = list(iter_weights(load_checkpoint(RANDOM_MODEL_NAME)))
     assert [name for name, _ in first] == [name for name, _ in second]
     for (name, a), (_, b) in zip(first, second, strict=True):
         assert torch.equal(a, b), name

@@ -15,9 +15,9 @@ import torch
 from helpers import free_port
 
 from baton import LLM, SamplingParams
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
+from baton.checkpoint.source import DEFAULT_MODEL_NAME, default_model
 from baton.config import BatonConfig
-from baton.engine.checkpoint import DEFAULT_MODEL_NAME, default_model
-from baton.engine.random_model import RANDOM_MODEL_NAME
 from baton.launch import Server
 from baton.messages import ChatMessage
 from baton.tokenizer_proc.chat import render_chat

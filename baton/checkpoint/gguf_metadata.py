@@ -1,33 +1,29 @@
-"""GGUF checkpoints (llama.cpp's single-file format): architecture, tokenizer and weights from
-the file alone, as vLLM and llama.cpp load them.
+"""GGUF checkpoints (llama.cpp's single-file format): architecture and tokenizer from the file
+alone, as vLLM and llama.cpp load them; the weights are the engine's (engine/gguf_weights.py).
 
 Parsing a GGUF's metadata takes seconds (a 49K-token vocabulary is read entry by entry), and every
-server process loads the tokenizer, so the first load converts the metadata into a Hugging Face
-folder (config.json and the tokenizer files, chat template included) in a cache keyed by the
-file's path, size and modification time; later loads read that folder like any checkpoint. Only
-the weights come from the GGUF itself: dequantized in bulk (numpy, one call per tensor) by the
-`gguf` package into float32, with llama.cpp's q/k row permutation undone for llama.
+server process needs the config and most need the tokenizer, so the first load converts the
+metadata into a Hugging Face folder (config.json and the tokenizer files, chat template
+included) in a cache keyed by the file's path, size and modification time; later loads read that
+folder like any checkpoint. The tokenizer is converted by transformers' GGUF converter, in a
+short-lived subprocess: transformers imports torch, which no process but the scheduler should
+hold.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from baton.engine.compact_weights import FORMATS, CompactWeight
-from baton.engine.gguf_names import hf_tensor_name, permuted_heads, unpermute_rows
-from baton.engine.model_config import CheckpointError, ModelConfig
+from baton.checkpoint.model_config import CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -64,14 +60,12 @@ def converted_folder(gguf_file: Path) -> Path:
         stat = gguf_file.stat()
     except OSError as error:
         raise CheckpointError(f"{gguf_file}: unreadable: {error}") from error
-    import transformers
-
     source = (
         gguf_file,
         stat.st_size,
         stat.st_mtime_ns,
         CONVERSION_VERSION,
-        transformers.__version__,
+        importlib.metadata.version("transformers"),
     )
     key = ":".join(map(str, source))
     folder = gguf_cache_root() / hashlib.sha256(key.encode()).hexdigest()[:24]
@@ -103,26 +97,15 @@ def _convert(gguf_file: Path, target: Path) -> None:
     config = hf_config(reader, gguf_file)
     _check_tensor_types(reader, gguf_file)
     (target / "config.json").write_text(json.dumps(config, indent=2))
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
-    except Exception as error:  # transformers raises many types for what it cannot convert
-        raise CheckpointError(f"{gguf_file}: cannot build its tokenizer: {error}") from error
-    tokenizer.save_pretrained(str(target))
+    command = [sys.executable, "-m", __name__, str(gguf_file), str(target)]
+    converted = subprocess.run(command, capture_output=True, text=True)
+    if converted.returncode != 0:
+        reason = (converted.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CheckpointError(f"{gguf_file}: cannot build its tokenizer: {reason}")
     logger.info("converted the metadata of %s (once; cached)", gguf_file.name)
 
 
 def _open(gguf_file: Path) -> Any:
-    stat = gguf_file.stat()
-    return _cached_reader(str(gguf_file), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=1)
-def _cached_reader(gguf_file: str, size: int, mtime_ns: int) -> Any:
-    """One parse per file version (seconds for a large vocabulary): the weights are read twice
-    at load, dequantized and as stored (`iter_gguf_compact_weights`). The reader memory-maps
-    the file, so keeping it costs address space, not memory."""
     import gguf
 
     try:
@@ -205,56 +188,13 @@ def _check_tensor_types(reader: Any, gguf_file: Path) -> None:
             ) from error
 
 
-def iter_gguf_weights(gguf_file: Path, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of `gguf_file` under its HF name, dequantized to float32, in HF's row order
-    (see `_unpermute`)."""
-    import gguf
-    from tqdm import tqdm
+def _save_tokenizer(gguf_file: Path, target: Path) -> None:
+    """Run in the conversion subprocess: the GGUF's tokenizer, saved as tokenizer files."""
+    from transformers import AutoTokenizer
 
-    reader = _open(gguf_file)
-    tensors = tqdm(
-        reader.tensors,
-        desc=f"loading {gguf_file.name}",
-        unit="tensor",
-        delay=1.0,  # only a load that takes a while shows a bar, and only on a terminal
-        disable=not sys.stderr.isatty(),
-    )
-    for tensor in tensors:
-        try:
-            name = hf_tensor_name(tensor.name)
-        except KeyError:
-            raise CheckpointError(f"{gguf_file}: unexpected tensor {tensor.name!r}") from None
-        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        values = _unpermute(values.reshape([int(n) for n in reversed(tensor.shape)]), name, config)
-        # Copied only where numpy must: an F32 tensor is a read-only view of the file.
-        yield name, torch.from_numpy(np.require(values, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    tokenizer.save_pretrained(str(target))
 
 
-def iter_gguf_compact_weights(
-    gguf_file: Path, config: ModelConfig
-) -> Iterator[tuple[str, CompactWeight]]:
-    """The matrices stored in a format the compact kernel reads (compact_weights.py), as
-    stored: the blocks of each row, rows in HF order (see `_unpermute`)."""
-    reader = _open(gguf_file)
-    for tensor in reader.tensors:
-        compact_format = tensor.tensor_type.name.lower()
-        if compact_format not in FORMATS or len(tensor.shape) != 2:
-            continue
-        in_features, out_features = (int(n) for n in tensor.shape)
-        if in_features % FORMATS[compact_format].block:
-            continue
-        name = hf_tensor_name(tensor.name)
-        rows = _unpermute(
-            np.asarray(tensor.data).view(np.uint8).reshape(out_features, -1), name, config
-        )
-        data = torch.from_numpy(np.array(rows, dtype=np.uint8, order="C"))
-        yield name, CompactWeight(compact_format, data, in_features)
-
-
-def _unpermute(rows: np.ndarray, hf_name: str, config: ModelConfig) -> np.ndarray:
-    """A tensor's rows in HF's order: llama.cpp's converter interleaved a llama's q and k rows
-    (weights and biases) for its RoPE; every other tensor is stored in HF's order."""
-    if config.architecture != "LlamaForCausalLM":
-        return rows
-    heads = permuted_heads(hf_name, config.num_heads, config.num_kv_heads)
-    return unpermute_rows(rows, heads) if heads else rows
+if __name__ == "__main__":
+    _save_tokenizer(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from baton.tokenizer_proc.tokenizer import build_byte_tokenizer
+from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
 
 TEXT = "Bytes: ünïcödé ✓"
 

@@ -1,0 +1,92 @@
+"""The weights of a GGUF checkpoint (its config and tokenizer are checkpoint/gguf_metadata.py's):
+dequantized in bulk (numpy, one call per tensor) by the `gguf` package into float32, or kept as
+stored for the compact kernels, with llama.cpp's q/k row permutation undone for llama.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from baton.checkpoint.model_config import CheckpointError, ModelConfig
+from baton.engine.compact_weights import FORMATS, CompactWeight
+from baton.engine.gguf_names import hf_tensor_name, permuted_heads, unpermute_rows
+
+
+def _open(gguf_file: Path) -> Any:
+    stat = gguf_file.stat()
+    return _cached_reader(str(gguf_file), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_reader(gguf_file: str, size: int, mtime_ns: int) -> Any:
+    """One parse per file version (seconds for a large vocabulary): the weights are read twice
+    at load, dequantized and as stored (`iter_gguf_compact_weights`). The reader memory-maps
+    the file, so keeping it costs address space, not memory."""
+    import gguf
+
+    try:
+        return gguf.GGUFReader(gguf_file)
+    except Exception as error:  # truncated or not GGUF: the reader raises several types
+        raise CheckpointError(f"{gguf_file}: not a readable GGUF file: {error}") from error
+
+
+def iter_gguf_weights(gguf_file: Path, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of `gguf_file` under its HF name, dequantized to float32, in HF's row order
+    (see `_unpermute`)."""
+    import gguf
+    from tqdm import tqdm
+
+    reader = _open(gguf_file)
+    tensors = tqdm(
+        reader.tensors,
+        desc=f"loading {gguf_file.name}",
+        unit="tensor",
+        delay=1.0,  # only a load that takes a while shows a bar, and only on a terminal
+        disable=not sys.stderr.isatty(),
+    )
+    for tensor in tensors:
+        try:
+            name = hf_tensor_name(tensor.name)
+        except KeyError:
+            raise CheckpointError(f"{gguf_file}: unexpected tensor {tensor.name!r}") from None
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        values = _unpermute(values.reshape([int(n) for n in reversed(tensor.shape)]), name, config)
+        # Copied only where numpy must: an F32 tensor is a read-only view of the file.
+        yield name, torch.from_numpy(np.require(values, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
+
+
+def iter_gguf_compact_weights(
+    gguf_file: Path, config: ModelConfig
+) -> Iterator[tuple[str, CompactWeight]]:
+    """The matrices stored in a format the compact kernel reads (compact_weights.py), as
+    stored: the blocks of each row, rows in HF order (see `_unpermute`)."""
+    reader = _open(gguf_file)
+    for tensor in reader.tensors:
+        compact_format = tensor.tensor_type.name.lower()
+        if compact_format not in FORMATS or len(tensor.shape) != 2:
+            continue
+        in_features, out_features = (int(n) for n in tensor.shape)
+        if in_features % FORMATS[compact_format].block:
+            continue
+        name = hf_tensor_name(tensor.name)
+        rows = _unpermute(
+            np.asarray(tensor.data).view(np.uint8).reshape(out_features, -1), name, config
+        )
+        data = torch.from_numpy(np.array(rows, dtype=np.uint8, order="C"))
+        yield name, CompactWeight(compact_format, data, in_features)
+
+
+def _unpermute(rows: np.ndarray, hf_name: str, config: ModelConfig) -> np.ndarray:
+    """A tensor's rows in HF's order: llama.cpp's converter interleaved a llama's q and k rows
+    (weights and biases) for its RoPE; every other tensor is stored in HF's order."""
+    if config.architecture != "LlamaForCausalLM":
+        return rows
+    heads = permuted_heads(hf_name, config.num_heads, config.num_kv_heads)
+    return unpermute_rows(rows, heads) if heads else rows
