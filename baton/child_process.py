@@ -18,19 +18,11 @@ import zmq
 from baton.addresses import ServerAddresses
 from baton.config import BatonConfig, ConfigurationError
 from baton.cpu_binding import bind_service_process
-from baton.messages import Codec, LauncherMessage, ProcessReady
+from baton.messages import ChildSpec, Codec, LauncherMessage, ProcessReady
 
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-
-
-class ChildSpec(msgspec.Struct, kw_only=True):
-    """What a child process is started with: written to its stdin, never on its argv, where every
-    local user could read secrets such as the API key (`ps`)."""
-
-    config: BatonConfig
-    addresses: ServerAddresses
 
 
 def start_child(module: str, config: BatonConfig, addresses: ServerAddresses) -> subprocess.Popen:
