@@ -132,13 +132,21 @@ class BatonClient:
         prompt: str | list[int] | list[ChatMessage],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        priority: int = 0,
+        deadline_ms: float | None = None,
     ) -> AsyncIterator[GenerateDelta]:
         """Yield the request's deltas as they come; the last one has `finished` set.
 
-        A prompt is text, token ids, or chat messages. Raises ServerError on a typed error.
+        A prompt is text, token ids, or chat messages; `priority` and `deadline_ms` matter under
+        the server's --scheduling-policy. Raises ServerError on a typed error.
         """
         request_id = request_id or uuid.uuid4().hex
-        request = GenerateRequest(request_id=request_id, params=params or SamplingParams())
+        request = GenerateRequest(
+            request_id=request_id,
+            params=params or SamplingParams(),
+            priority=priority,
+            deadline_ms=deadline_ms,
+        )
         if isinstance(prompt, str):
             request.prompt = prompt
         elif prompt and isinstance(prompt[0], ChatMessage):
@@ -171,10 +179,12 @@ class BatonClient:
         prompt: str | list[int] | list[ChatMessage],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        priority: int = 0,
+        deadline_ms: float | None = None,
     ) -> GenerateResult:
         """Run a request to completion and return its output."""
         result: GenerateResult | None = None
-        stream = self.stream(prompt, params, request_id)
+        stream = self.stream(prompt, params, request_id, priority, deadline_ms)
         try:
             async for delta in stream:
                 result = result or GenerateResult(delta.request_id)

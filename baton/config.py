@@ -11,7 +11,15 @@ from typing import Literal
 from baton.cpu_binding import AUTO, validate_setting
 from baton.engine.compute_plan import DTYPES, ISA_LEVELS, isa_rank
 
-SchedulePolicy = Literal["prefill-first", "decode-first"]
+# Which waiting request runs first, and which running one is preempted first (the least urgent):
+# vLLM's fcfs and priority (lower `priority` first, ties by arrival), and Vajra's deadline-aware
+# edf (earliest deadline first) and lrs (least remaining slack): scheduler_proc/request_order.py.
+SchedulingPolicy = Literal["fcfs", "priority", "edf", "lrs"]
+SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority", "edf", "lrs")
+# What a batch holds when both kinds of work exist: prefill chunks first (mini-SGLang), or every
+# decode first and prefill chunks in the budget left (vLLM's chunked prefill).
+BatchOrder = Literal["prefill-first", "decode-first"]
+BATCH_ORDERS: tuple[BatchOrder, ...] = ("prefill-first", "decode-first")
 
 
 class ConfigurationError(ValueError):
@@ -54,7 +62,8 @@ class BatonConfig:
     # Scheduling
     max_running_requests: int = 256
     chunk_size: int = 2048
-    schedule_policy: SchedulePolicy = "prefill-first"
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    batch_order: BatchOrder = "prefill-first"
     enable_prefix_caching: bool = True
     disable_overlap: bool = False
     max_waiting_requests: int = 4096
@@ -84,8 +93,10 @@ class BatonConfig:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
-        if self.schedule_policy not in ("prefill-first", "decode-first"):
-            raise ValueError(f"unknown schedule_policy {self.schedule_policy!r}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}")
+        if self.batch_order not in BATCH_ORDERS:
+            raise ValueError(f"unknown batch_order {self.batch_order!r}")
         validate_setting(self.omp_threads_bind)
         if self.api_key and self.zmq_port is not None:
             # The ZMQ client protocol carries no credentials: on tcp it would bypass the key. Its
@@ -171,9 +182,16 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--scheduling-policy",
-        dest="schedule_policy",
-        default=defaults.schedule_policy,
-        choices=["prefill-first", "decode-first"],
+        default=defaults.scheduling_policy,
+        choices=SCHEDULING_POLICIES,
+        help="which request runs first: fcfs, priority (the request's `priority`, lower first), "
+        "edf (earliest `deadline_ms`), lrs (least remaining slack to `deadline_ms`)",
+    )
+    group.add_argument(
+        "--batch-order",
+        default=defaults.batch_order,
+        choices=BATCH_ORDERS,
+        help="prefill chunks first (default), or every decode first",
     )
     group.add_argument(
         "--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false"

@@ -47,24 +47,29 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (text or token ids); outputs in prompt order."""
+        """Generate for every prompt (text or token ids); outputs in prompt order. `priority`
+        (one per prompt, lower first) matters with `scheduling_policy="priority"`, as vLLM's."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
+        priority = priority or [0] * len(prompts)
+        if len(priority) != len(prompts):
+            raise ValueError("give one priority per prompt")
         outputs: dict[str, RequestOutput] = {}
         detokenizers: dict[str, IncrementalDetokenizer] = {}
-        for prompt, params in zip(prompts, sampling_params):
+        for prompt, params, request_priority in zip(prompts, sampling_params, priority):
             request_id = str(next(self._ids))
             prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             validate_params(params, self.engine.vocab_size)
             validate_prompt(
                 prompt_ids, params.max_tokens, self.engine.vocab_size, self.engine.max_model_len
             )
-            self.scheduler.add_request(request_id, prompt_ids, params)
+            self.scheduler.add_request(request_id, prompt_ids, params, priority=request_priority)
             outputs[request_id] = RequestOutput(request_id, prompt_ids)
             detokenizers[request_id] = IncrementalDetokenizer(
                 self.tokenizer,

@@ -3,8 +3,8 @@
 Flow: client -> tokenizer_proc -> scheduler_proc -> detokenizer_proc -> client. Every reply to a
 client comes from the detokenizer, routed by the client's ZMQ identity (`client_id`), so each
 client gets only its own replies; the launcher hands each child its `ChildSpec` on stdin, and the
-children report back with `ProcessReady`. Never pickle: a frame that does not decode into the receiver's
-union is logged and dropped (`decode_or_none`), it never kills a process.
+children report back with `ProcessReady`. Never pickle: a frame that does not decode into the
+receiver's union is logged and dropped (`decode_or_none`), it never kills a process.
 """
 
 from __future__ import annotations
@@ -109,6 +109,10 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True):
     params: SamplingParams = msgspec.field(default_factory=SamplingParams)
     add_special_tokens: bool = True
     skip_special_tokens: bool = True
+    # For --scheduling-policy: vLLM's `priority` (lower runs first), and a deadline in ms from
+    # arrival (edf, lrs).
+    priority: int = 0
+    deadline_ms: float | None = None
 
 
 class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):
@@ -167,6 +171,8 @@ class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True):
     params: SamplingParams  # without `stop`: stop strings are matched by the detokenizer
     arrival_time: float
     started: RequestStarted
+    priority: int = 0
+    deadline_ms: float | None = None
 
 
 class AbortRid(msgspec.Struct, tag="abort_rid", kw_only=True):

@@ -7,6 +7,7 @@ full queue): what depends on its state rather than on the request.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from baton.messages import ErrorCode
@@ -52,6 +53,14 @@ def validate_prompt(
                 f"prompt_token_ids[{index}] = {token} is outside the vocabulary [0, {vocab_size})"
             )
     check_context_length(len(prompt_ids), max_tokens, max_model_len)
+
+
+def validate_deadline(deadline_ms: float | None) -> None:
+    """RequestError unless a deadline is absent or a positive, finite number of ms."""
+    if deadline_ms is not None and not 0 < deadline_ms < math.inf:
+        raise RequestError(
+            f"deadline_ms must be a positive number of milliseconds, got {deadline_ms}"
+        )
 
 
 def check_context_length(prompt_len: int, max_tokens: int | None, max_model_len: int) -> None:

@@ -99,7 +99,7 @@ def test_explicit_bfloat16_runs_on_every_cpu(tiny_model_factory) -> None:
         {"chunk_size": 7},  # every prompt but the shortest is split into chunks
         {"page_size": 1},
         {"page_size": 16, "chunk_size": 64},
-        {"schedule_policy": "decode-first", "chunk_size": 48},
+        {"batch_order": "decode-first", "chunk_size": 48},
         {"enable_prefix_caching": False},
         {"max_running_requests": 3},
         # 25 pages of 16 tokens: the 300-token prompt alone needs 21, so requests wait for pages.

@@ -29,7 +29,13 @@ async def choice_stream(
     """The choice's deltas, observed by the metrics; closing it aborts the request."""
     client = state.require_client()
     tracker = state.metrics.track()
-    stream = client.stream(choice.prompt, choice.params, f"{request_id}-{choice.index}")
+    stream = client.stream(
+        choice.prompt,
+        choice.params,
+        f"{request_id}-{choice.index}",
+        choice.priority,
+        choice.deadline_ms,
+    )
     state.in_flight.enter()
     try:
         async for delta in stream:

@@ -25,6 +25,8 @@ class ChoiceRequest:
     group: int
     prompt: Prompt
     params: SamplingParams
+    priority: int = 0
+    deadline_ms: float | None = None
 
 
 def sampling_params(
@@ -75,6 +77,8 @@ def completion_choices(request: CompletionRequest) -> list[ChoiceRequest]:
             group=group,
             prompt=prompt,
             params=sampling_params(request, request.max_tokens, request.logprobs, choice),
+            priority=request.priority,
+            deadline_ms=request.deadline_ms,
         )
         for group, prompt in enumerate(completion_prompts(request))
         for choice in range(request.n)
@@ -90,6 +94,8 @@ def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
             group=0,
             prompt=messages,
             params=sampling_params(request, request.output_limit, request.logprob_count, choice),
+            priority=request.priority,
+            deadline_ms=request.deadline_ms,
         )
         for choice in range(request.n)
     ]

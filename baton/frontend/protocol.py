@@ -74,6 +74,10 @@ class SamplingRequest(StrictModel):
     logit_bias: dict[str, float] | None = None
     min_tokens: WireInt = 0
     include_stop_str_in_output: bool = False
+    # For the server's --scheduling-policy: vLLM's `priority` (lower runs first), and Baton's
+    # extension `deadline_ms` (from arrival; edf and lrs). The pipeline checks the deadline.
+    priority: WireInt = 0
+    deadline_ms: float | None = None
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from baton.config import BatonConfig
 from baton.scheduler_proc.errors import AllocationFailed
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
+from baton.scheduler_proc.request_order import RequestOrder
 from baton.scheduler_proc.sequence import Sequence
 from baton.scheduler_proc.sequence_state import ScheduledStep, SequenceStatus
 
@@ -28,24 +28,28 @@ class BatchPolicy:
     prefill-first (default, mini-SGLang): a batch of prefill chunks under the token budget when
     any prefill work exists, else a decode batch of every running sequence. decode-first (vLLM's
     chunked prefill): every decodable sequence, then prefill chunks in the remaining budget.
-    Admission is FCFS and stops at the first request whose chunk does not fit in the pages that
+    Admission takes the waiting queue in the policy's order (`RequestOrder`: both lists are kept
+    most urgent first) and stops at the first request whose chunk does not fit in the pages that
     remain after a one-page reserve per decoding sequence. When a decode cannot get a page the
-    newest running sequence is preempted (`preempt` callback), which may be the sequence itself.
+    least urgent running sequence is preempted (`preempt` callback), which may be the sequence
+    itself.
     """
 
     def __init__(
         self,
         config: BatonConfig,
         kv: KVCacheManager,
+        order: RequestOrder,
         running: list[Sequence],
-        waiting: deque[Sequence],
+        waiting: list[Sequence],
         free_slots: list[int],
         preempt: Callable[[Sequence], bool],
     ) -> None:
         self.chunk_size = config.chunk_size
         self.max_running = config.max_running_requests
-        self.decode_first = config.schedule_policy == "decode-first"
+        self.decode_first = config.batch_order == "decode-first"
         self.kv = kv
+        self.order = order
         self.running = running
         self.waiting = waiting
         self.free_slots = free_slots
@@ -53,6 +57,9 @@ class BatchPolicy:
 
     def next_batch(self) -> list[ScheduledRow]:
         """Schedule the next batch's rows (empty when there is nothing to run)."""
+        if self.order.changes_as_requests_run:
+            self.order.sort(self.waiting)
+            self.order.sort(self.running)
         if self.decode_first:
             rows = self._schedule_decodes()
             return rows + self._schedule_prefills(self.chunk_size - len(rows))
@@ -93,13 +100,13 @@ class BatchPolicy:
             seq.release(self.kv)  # drops the prefix lock taken above; nothing was computed
             return None
         row = ScheduledRow(seq, seq.schedule_prefill(num_tokens, self.kv))
-        self.waiting.popleft()
+        self.waiting.pop(0)
         if seq.status is SequenceStatus.WAITING:
             seq.num_cached_tokens = row.step.start
             seq.times.first_scheduled = time.monotonic()
         seq.status = SequenceStatus.RUNNING
         seq.slot = self.free_slots.pop()
-        self.running.append(seq)
+        self.order.insert(self.running, seq)
         return row
 
     def _schedule_decodes(self) -> list[ScheduledRow]:

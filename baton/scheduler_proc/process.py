@@ -54,7 +54,12 @@ class SchedulerService:
     def _add(self, request: TokenizedRequest) -> RequestFailed | None:
         try:
             self.scheduler.add_request(
-                request.rid, request.prompt_token_ids, request.params, request.arrival_time
+                request.rid,
+                request.prompt_token_ids,
+                request.params,
+                request.arrival_time,
+                request.priority,
+                request.deadline_ms,
             )
         except RequestError as error:
             return RequestFailed(

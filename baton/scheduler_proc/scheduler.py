@@ -13,6 +13,7 @@ finished are discarded.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,13 +21,14 @@ from dataclasses import dataclass
 from baton.checkpoint.load import Checkpoint
 from baton.config import BatonConfig
 from baton.engine.engine import Engine
-from baton.engine.forward_batch import ForwardOutput
+from baton.engine.forward_batch import ForwardBatch, ForwardOutput
 from baton.engine.sampler import make_generator
 from baton.messages import AggregateStats, FinishReason, StepOutput, TokenLogprob
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.batch_policy import BatchPolicy, ScheduledRow
 from baton.scheduler_proc.batch_result import apply_results, build_forward_batch
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
+from baton.scheduler_proc.request_order import RequestOrder
 from baton.scheduler_proc.sequence import Sequence
 from baton.scheduler_proc.sequence_state import SequenceStatus
 from baton.scheduler_proc.stats import StatsCollector
@@ -59,13 +61,15 @@ class Scheduler:
         self.engine = self._engine_thread.submit(Engine, config, checkpoint).result()
         engine = self.engine
         self.kv = KVCacheManager(engine.num_pages, engine.page_size, config.enable_prefix_caching)
-        self.waiting: deque[Sequence] = deque()
+        self.order = RequestOrder(config.scheduling_policy)
+        # Both kept most urgent first (request_order.py).
+        self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.releasing: list[Sequence] = []
         self.requests: dict[str, Sequence] = {}
         self.free_slots = list(range(config.max_running_requests - 1, -1, -1))
         self.policy = BatchPolicy(
-            config, self.kv, self.running, self.waiting, self.free_slots, self._preempt
+            config, self.kv, self.order, self.running, self.waiting, self.free_slots, self._preempt
         )
         self.stats = StatsCollector()
         self._in_flight: deque[InFlightBatch] = deque()
@@ -78,6 +82,8 @@ class Scheduler:
         prompt_ids: list[int],
         params: SamplingParams,
         arrival_time: float | None = None,
+        priority: int = 0,
+        deadline_ms: float | None = None,
     ) -> None:
         """Queue a request validated by `baton.validation` (the tokenizer process, or `LLM`);
         RequestError (typed) where it cannot be taken now: a duplicate id, more KV than the
@@ -104,9 +110,11 @@ class Scheduler:
             max_in_flight=2 if self.overlap else 1,
             generator=make_generator(params.seed, self.engine.device),
             arrival_time=arrival_time,
+            priority=priority,
+            deadline_ms=deadline_ms,
         )
         self.requests[rid] = seq
-        self.waiting.append(seq)
+        self.order.insert(self.waiting, seq)
 
     def abort_request(self, rid: str, reason: FinishReason = "abort") -> None:
         """Finish a request early (client abort, or a stop string found downstream).
@@ -142,8 +150,20 @@ class Scheduler:
         batch = build_forward_batch(rows, self.engine.checkpoint.eos_token_ids)
         for row in rows:
             row.seq.in_flight_batches += 1
-        result = self._engine_thread.submit(self.engine.forward, batch)
+        if self.order.changes_as_requests_run:  # lrs: remaining times from measured costs
+            prefill_tokens = sum(row.step.num_tokens for row in rows if row.step.is_prefill)
+            result = self._engine_thread.submit(self._measured_forward, batch, prefill_tokens)
+        else:
+            result = self._engine_thread.submit(self.engine.forward, batch)
         self._in_flight.append(InFlightBatch(rows, result))
+
+    def _measured_forward(self, batch: ForwardBatch, prefill_tokens: int) -> ForwardOutput:
+        """The forward, its time folded into the policy's costs (on the engine thread: the
+        scheduler thread only reads them, two floats)."""
+        started = time.perf_counter()
+        output = self.engine.forward(batch)
+        self.order.costs.observe(prefill_tokens, time.perf_counter() - started)
+        return output
 
     def _process(self, flight: InFlightBatch) -> list[StepOutput]:
         for row in flight.rows:
@@ -213,16 +233,9 @@ class Scheduler:
                 seq.slot = None
             if seq.is_finished:
                 del self.requests[seq.rid]
-            else:
-                self._requeue_preempted(seq)
+            else:  # preempted: back into the queue at its place in the policy's order
+                self.order.insert(self.waiting, seq)
         self.releasing[:] = still_busy
-
-    def _requeue_preempted(self, seq: Sequence) -> None:
-        """Preempted sequences go back in arrival order, ahead of never-started ones."""
-        index = 0
-        while index < len(self.waiting) and self.waiting[index].times.arrival <= seq.times.arrival:
-            index += 1
-        self.waiting.insert(index, seq)
 
     # --- stats -------------------------------------------------------------------------------
     def aggregate_stats(self) -> AggregateStats:

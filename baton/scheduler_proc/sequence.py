@@ -53,6 +53,8 @@ class Sequence:
         max_in_flight: int = 1,
         generator: torch.Generator | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
+        deadline_ms: float | None = None,
     ) -> None:
         self.rid = rid
         self.params = params
@@ -76,6 +78,10 @@ class Sequence:
         self.in_flight_batches = 0  # batches launched but not yet processed that contain it
         self.num_preemptions = 0
         self.times = RequestTimes(arrival_time if arrival_time is not None else time.monotonic())
+        # How urgent it is, for the scheduling policy (request_order.py): lower priority first;
+        # the deadline is absolute (monotonic clock), None when the request gave none.
+        self.priority = priority
+        self.deadline = None if deadline_ms is None else self.times.arrival + deadline_ms / 1000
         self._pending: deque[ScheduledStep] = deque()
         self._history: list[SequenceEvent] = []
         self._record(EventKind.CREATED, len(prompt_ids))

@@ -39,6 +39,7 @@ from baton.tokenizer_proc.offload import Outgoing, PromptOffload
 from baton.validation import (
     RequestError,
     check_prompt_chars,
+    validate_deadline,
     validate_params,
     validate_prompt,
 )
@@ -148,6 +149,8 @@ class TokenizerService:
             params=msgspec.structs.replace(params, stop=None),
             arrival_time=time.monotonic(),
             started=started,
+            priority=message.priority,
+            deadline_ms=message.deadline_ms,
         )
         return ("scheduler", tokenized)
 
@@ -164,6 +167,7 @@ class TokenizerService:
                 f"exactly one of prompt, prompt_token_ids and messages must be set (got {found})"
             )
         validate_params(request.params, self.vocab_size)
+        validate_deadline(request.deadline_ms)
         if request.prompt_token_ids is None:
             # Refused before tokenizing, which for a multi-megabyte text takes seconds.
             check_prompt_chars(prompt_chars(request), self.max_prompt_chars, self.max_model_len)

@@ -42,6 +42,10 @@ def test_completion_choices_index_and_seed_per_choice() -> None:
     assert not single.params.include_stop_str_in_output
     keep = CompletionRequest(prompt="a", stop=",", include_stop_str_in_output=True)
     assert completion_choices(keep)[0].params.include_stop_str_in_output
+    # The scheduling fields reach every choice (vLLM's `priority`, Baton's `deadline_ms`).
+    urgent = CompletionRequest(prompt="a", n=2, priority=-3, deadline_ms=250.0)
+    assert {(c.priority, c.deadline_ms) for c in completion_choices(urgent)} == {(-3, 250.0)}
+    assert (single.priority, single.deadline_ms) == (0, None)
 
 
 def test_chat_choices_messages_and_limits() -> None:

@@ -100,6 +100,15 @@ def test_text_prompt_is_tokenized(stories_service: TokenizerService) -> None:
     assert before <= tokenized.arrival_time <= time.monotonic()
 
 
+def test_priority_and_deadline_reach_the_scheduler(service: TokenizerService) -> None:
+    frame = _generate(prompt_token_ids=[1, 2], priority=-2, deadline_ms=150.5)
+    tokenized = _single(service.handle(CLIENT, frame), "scheduler", TokenizedRequest)
+    assert (tokenized.priority, tokenized.deadline_ms) == (-2, 150.5)
+    for bad in (0, -1.0, float("inf")):
+        message = _failure(service.handle(CLIENT, _generate(prompt_token_ids=[1], deadline_ms=bad)))
+        assert "deadline_ms must be a positive number" in message
+
+
 def test_text_prompt_without_special_tokens(stories_service: TokenizerService) -> None:
     frame = _generate(prompt="Once upon a time", add_special_tokens=False)
     tokenized = _single(stories_service.handle(CLIENT, frame), "scheduler", TokenizedRequest)
