@@ -36,6 +36,8 @@ class RequestStats(msgspec.Struct, kw_only=True):
     cached_tokens: int
     generated_tokens: int
     queue_time: float
+    # From its first scheduling to its first token: the prefill, chunks and all.
+    prompt_time: float | None
     time_to_first_token: float | None
     decode_time: float
     e2e_latency: float
@@ -79,6 +81,9 @@ class AggregateStats(msgspec.Struct, kw_only=True):
     free_pages: int
     cached_pages: int
     used_pages: int  # held by requests: neither free nor merely cached
+    peak_used_pages: int  # the most pages requests held at once
+    # The scheduler process's peak resident memory: weights, KV pool, torch and the rest.
+    peak_memory_bytes: int
     finished_requests: int
     prompt_tokens: int
     cached_prompt_tokens: int

@@ -147,18 +147,21 @@ def test_a_duplicate_request_id_is_refused_and_the_first_request_goes_on(server:
     async def main():
         client = await connected(server)
         try:
-            params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+            # Long enough to be still running when the duplicate comes (40 tokens once were not,
+            # on a faster pipeline: the "duplicate" then was a new request).
+            params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
             first = asyncio.create_task(client.generate("Once upon a time", params, "dup"))
             await asyncio.sleep(0.1)
+            assert not first.done()
             with pytest.raises(ServerError) as raised:
                 await client.generate("Another", params, request_id="dup")
-            return raised.value.code, await asyncio.wait_for(first, 30)
+            return raised.value.code, await asyncio.wait_for(first, 60)
         finally:
             await client.close()
 
     code, first = run(main())
     assert code == "invalid_request"
-    assert first.finish_reason == "length" and len(first.token_ids) == 40
+    assert first.finish_reason == "length" and len(first.token_ids) == 400
 
 
 def test_hundred_concurrent_requests_under_kv_pressure(stories260k_dir: Path, offline: LLM) -> None:

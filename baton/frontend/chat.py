@@ -44,15 +44,20 @@ async def create_chat_completion(request: Request) -> Response:
         response_id,
         choices,
         body.stream,
-        lambda: ChatChunkWriter(chunk_envelope, choices, body.include_usage, with_logprobs),
-        lambda outputs: chat_body(body_envelope, outputs, with_logprobs),
+        lambda: ChatChunkWriter(
+            chunk_envelope, choices, body.include_usage, with_logprobs, body.return_stats
+        ),
+        lambda outputs: chat_body(body_envelope, outputs, with_logprobs, body.return_stats),
     )
 
 
 def chat_body(
-    envelope: dict[str, object], outputs: list[ChoiceOutput], with_logprobs: bool
+    envelope: dict[str, object],
+    outputs: list[ChoiceOutput],
+    with_logprobs: bool,
+    with_stats: bool,
 ) -> dict[str, object]:
-    """A non-streamed response; `with_logprobs` when logprobs were asked for."""
+    """A non-streamed response; `with_logprobs` and `with_stats` when those were asked for."""
 
     def choice_body(output: ChoiceOutput) -> dict[str, object]:
         logprobs = ChoiceLogprobs().chat(output.logprobs) if with_logprobs else None
@@ -63,7 +68,7 @@ def chat_body(
             "finish_reason": output.finish_reason,
         }
 
-    return response_body(envelope, outputs, choice_body)
+    return response_body(envelope, outputs, choice_body, with_stats)
 
 
 class ChatChunkWriter(ChunkWriterBase):

@@ -14,6 +14,7 @@ from baton.frontend.generation import (
     collect,
     gather_or_cancel,
     merged_streams,
+    stats_body,
     unless_disconnected,
 )
 from baton.frontend.params import ChoiceRequest
@@ -49,12 +50,15 @@ def response_body(
     envelope: dict[str, object],
     outputs: list[ChoiceOutput],
     choice_body: Callable[[ChoiceOutput], dict[str, object]],
+    with_stats: bool,
 ) -> dict[str, object]:
-    """A non-streamed response: `envelope`, one `choice_body` per choice in index order, and
-    the usage of them all."""
+    """A non-streamed response: `envelope`, one `choice_body` per choice in index order (with
+    its request's stats when asked), and the usage of them all."""
     usage = UsageTotals()
     choices = []
     for output in sorted(outputs, key=lambda output: output.index):
         usage.add(output.group, output.usage)
         choices.append(choice_body(output))
+        if with_stats:
+            choices[-1]["stats"] = stats_body(output.stats)
     return {**envelope, "choices": choices, "usage": usage.body()}

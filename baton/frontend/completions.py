@@ -37,15 +37,20 @@ async def create_completion(request: Request) -> Response:
         response_id,
         choices,
         body.stream,
-        lambda: CompletionChunkWriter(opening, choices, body.include_usage, with_logprobs),
-        lambda outputs: completion_body(opening, outputs, with_logprobs),
+        lambda: CompletionChunkWriter(
+            opening, choices, body.include_usage, with_logprobs, body.return_stats
+        ),
+        lambda outputs: completion_body(opening, outputs, with_logprobs, body.return_stats),
     )
 
 
 def completion_body(
-    envelope: dict[str, object], outputs: list[ChoiceOutput], with_logprobs: bool
+    envelope: dict[str, object],
+    outputs: list[ChoiceOutput],
+    with_logprobs: bool,
+    with_stats: bool,
 ) -> dict[str, object]:
-    """A non-streamed response; `with_logprobs` when logprobs were asked for."""
+    """A non-streamed response; `with_logprobs` and `with_stats` when those were asked for."""
 
     def choice_body(output: ChoiceOutput) -> dict[str, object]:
         logprobs = ChoiceLogprobs().completion(output.logprobs) if with_logprobs else None
@@ -56,7 +61,7 @@ def completion_body(
             "finish_reason": output.finish_reason,
         }
 
-    return response_body(envelope, outputs, choice_body)
+    return response_body(envelope, outputs, choice_body, with_stats)
 
 
 class CompletionChunkWriter(ChunkWriterBase):

@@ -12,12 +12,13 @@ from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import msgspec
 from starlette.requests import Request
 
 from baton.frontend.errors import ClientGone
 from baton.frontend.params import ChoiceRequest
 from baton.frontend.state import FrontendState
-from baton.messages import GenerateDelta, LogprobEntry, Usage
+from baton.messages import GenerateDelta, LogprobEntry, RequestStats, Usage
 
 T = TypeVar("T")
 IndexedDelta = tuple[int, GenerateDelta]
@@ -97,6 +98,7 @@ class ChoiceOutput:
     logprobs: list[LogprobEntry] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None
+    stats: RequestStats | None = None
 
     @property
     def text(self) -> str:
@@ -115,6 +117,7 @@ async def collect(choice: ChoiceRequest, stream: AsyncIterator[GenerateDelta]) -
         if delta.finished:
             output.finish_reason = delta.finish_reason
             output.usage = delta.usage
+            output.stats = delta.stats
     return output
 
 
@@ -149,6 +152,12 @@ async def _disconnected(request: Request) -> None:
     """Return once the client has gone (the body was read already, so only that can come)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def stats_body(stats: RequestStats | None) -> dict[str, object] | None:
+    """A request's stats as JSON (`return_stats`); None when a stop string ended it before the
+    scheduler's final output, which carries them."""
+    return None if stats is None else msgspec.structs.asdict(stats)
 
 
 class UsageTotals:

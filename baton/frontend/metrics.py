@@ -43,12 +43,17 @@ class SchedulerStatsCollector(Collector):
         stats = self._stats
         if stats is None:
             return
-        usage = stats.used_pages / stats.total_pages if stats.total_pages else 0.0
+        total = stats.total_pages or 1
         for name, doc, value in (
             ("num_requests_running", "Requests being generated.", stats.running_requests),
             ("num_requests_waiting", "Requests waiting to be scheduled.", stats.waiting_requests),
-            ("kv_cache_usage_perc", "Fraction of KV pages held by requests (0-1).", usage),
-        ):
+            ("kv_cache_usage_perc", "Fraction of KV pages held by requests (0-1).",
+             stats.used_pages / total),
+            ("kv_cache_peak_usage_perc", "The largest fraction of KV pages requests held at once.",
+             stats.peak_used_pages / total),
+            ("peak_memory_bytes", "Peak resident memory of the scheduler process.",
+             stats.peak_memory_bytes),
+        ):  # fmt: skip
             yield self._family(GaugeMetricFamily, name, doc, value)
         for name, doc, value in (
             ("prompt_tokens", "Prompt tokens of finished requests.", stats.prompt_tokens),

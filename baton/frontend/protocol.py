@@ -78,6 +78,9 @@ class SamplingRequest(StrictModel):
     # extension `deadline_ms` (from arrival; edf and lrs). The pipeline checks the deadline.
     priority: WireInt = 0
     deadline_ms: float | None = None
+    # Baton's extension: each choice carries its request's stats (queue, prompt and decode times,
+    # TTFT, tokens/s, cached tokens, preemptions), in the final chunk when streamed.
+    return_stats: bool = False
 
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod

@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from baton.client import ServerError
 from baton.frontend.errors import from_server_error
-from baton.frontend.generation import IndexedDelta, UsageTotals, unless_disconnected
+from baton.frontend.generation import IndexedDelta, UsageTotals, stats_body, unless_disconnected
 from baton.frontend.logprobs import ChoiceLogprobs
 from baton.frontend.params import ChoiceRequest
 from baton.messages import GenerateDelta
@@ -52,6 +52,7 @@ class ChunkWriterBase:
         choices: list[ChoiceRequest],
         include_usage: bool,
         with_logprobs: bool,
+        with_stats: bool,
     ) -> None:
         self._envelope = envelope  # id, object, created, model
         self._groups = {choice.index: choice.group for choice in choices}
@@ -62,11 +63,14 @@ class ChunkWriterBase:
             {choice.index: ChoiceLogprobs() for choice in choices} if with_logprobs else None
         )
         self._opened: set[int] = set()  # choices that have had a chunk (chat opens each one)
+        self._with_stats = with_stats
 
     def _chunk(self, choice: dict[str, object], delta: GenerateDelta | None = None) -> dict:
         """A chunk carrying one choice; the usage of a final `delta` is accounted."""
         if delta is not None and delta.finished:
             self._usage.add(self._groups[choice["index"]], delta.usage)  # type: ignore[index]
+            if self._with_stats:
+                choice["stats"] = stats_body(delta.stats)
         chunk = {**self._envelope, "choices": [choice]}
         if self._include_usage:
             chunk["usage"] = None  # as OpenAI: every chunk but the last has a null usage

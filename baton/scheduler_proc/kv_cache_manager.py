@@ -22,6 +22,7 @@ class KVCacheManager:
         self.prefix_caching = enable_prefix_caching
         self.allocator = PageAllocator(num_pages)
         self.cache = RadixCache(page_size, self.allocator, enabled=enable_prefix_caching)
+        self.peak_used_pages = 0  # the most `used_pages` after any allocation
 
     @property
     def num_pages(self) -> int:
@@ -42,11 +43,18 @@ class KVCacheManager:
         if shortfall > 0:
             self.cache.evict(shortfall)
         try:
-            return self.allocator.allocate(count)
+            pages = self.allocator.allocate(count)
         except OutOfPagesError as error:
             raise AllocationFailed(
                 f"{count} KV pages needed, {self.allocator.num_free} free"
             ) from error
+        self.peak_used_pages = max(self.peak_used_pages, self.used_pages)
+        return pages
+
+    @property
+    def used_pages(self) -> int:
+        """Pages held by requests: neither free nor merely cached."""
+        return self.num_pages - self.allocator.num_free - self.cache.num_cached_pages
 
     def free(self, pages: Sequence[int]) -> None:
         self.allocator.free(pages)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import time
 
 from baton.engine.compute_plan import ComputePlan, CpuCapabilities
@@ -44,6 +45,9 @@ class StatsCollector:
             cached_tokens=seq.num_cached_tokens,
             generated_tokens=seq.num_output_tokens,
             queue_time=(times.first_scheduled or end) - times.arrival,
+            prompt_time=first_token - times.first_scheduled
+            if first_token is not None and times.first_scheduled is not None
+            else None,
             time_to_first_token=first_token - times.arrival if first_token is not None else None,
             decode_time=decode_time,
             e2e_latency=end - times.arrival,
@@ -69,15 +73,16 @@ class StatsCollector:
     ) -> AggregateStats:
         """A snapshot of scheduler-wide state and totals, with the engine's machine and plan."""
         uptime = time.monotonic() - self.started
-        free = kv.allocator.num_free
-        cached = kv.cache.num_cached_pages
         return AggregateStats(
             running_requests=running,
             waiting_requests=waiting,
             total_pages=kv.num_pages,
-            free_pages=free,
-            cached_pages=cached,
-            used_pages=kv.num_pages - free - cached,
+            free_pages=kv.allocator.num_free,
+            cached_pages=kv.cache.num_cached_pages,
+            used_pages=kv.used_pages,
+            peak_used_pages=kv.peak_used_pages,
+            # ru_maxrss is in KiB on Linux.
+            peak_memory_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             finished_requests=self.finished_requests,
             prompt_tokens=self.prompt_tokens,
             cached_prompt_tokens=self.cached_prompt_tokens,

@@ -244,9 +244,11 @@ def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
     return dict(iter_weights(load_checkpoint(str(model_dir))))
 
 
-def _load(model_dir: Path, weights: dict[str, torch.Tensor]) -> None:
+def _load(model_dir: Path, weights: dict[str, torch.Tensor]) -> CausalLM:
     config = load_checkpoint(str(model_dir)).config
-    CausalLM(config, torch.float32, "cpu").load_weights(weights.items())
+    model = CausalLM(config, torch.float32, "cpu")
+    model.load_weights(weights.items())
+    return model
 
 
 @pytest.mark.parametrize(
@@ -274,10 +276,14 @@ def test_bad_weights_name_the_tensor(
 
 
 def test_tied_lm_head_and_rotary_buffers_are_ignored(tiny_qwen2_dir: Path) -> None:
+    assert load_checkpoint(str(tiny_qwen2_dir)).config.tie_word_embeddings
     weights = _weights(tiny_qwen2_dir)
-    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    embedding = weights["model.embed_tokens.weight"]
+    # A stale head saved beside a tied embedding: the output head must be the embedding.
+    weights["lm_head.weight"] = torch.randn_like(embedding)
     weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
-    _load(tiny_qwen2_dir, weights)
+    model = _load(tiny_qwen2_dir, weights)
+    assert torch.equal(model.lm_head.weight, embedding)
 
 
 def test_fused_projections_hold_the_hf_tensors(tiny_qwen3_dir: Path) -> None:

@@ -207,18 +207,54 @@ def test_chat_logprobs_and_n(client: openai.OpenAI) -> None:
 
 
 def test_streamed_chat_n2_covers_both_choices(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(
-        model=MODEL_NAME,
-        messages=[{"role": "user", "content": "Hi"}],
-        max_tokens=8,
-        n=2,
-        seed=3,
-        stream=True,
-        extra_body={"ignore_eos": True},
-    )
+    request = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 8,
+        "n": 2,
+        "seed": 3,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = client.chat.completions.create(**request)
+    texts: dict[int, str] = {}
+    roles: dict[int, str] = {}
     finished = {}
-    for chunk in stream:
+    for chunk in client.chat.completions.create(**request, stream=True):
         for choice in chunk.choices:
+            if choice.delta.role is not None:
+                assert choice.index not in texts  # each choice opens with its role chunk
+                roles[choice.index] = choice.delta.role
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
             if choice.finish_reason is not None:
                 finished[choice.index] = choice.finish_reason
+    assert roles == {0: "assistant", 1: "assistant"}
     assert finished == {0: "length", 1: "length"}
+    # Seeded (choice i with seed + i): streamed and whole responses are the same two texts.
+    assert texts == {choice.index: choice.message.content for choice in whole.choices}
+    assert texts[0] != texts[1]
+
+
+def test_per_request_stats_when_asked(client: openai.OpenAI) -> None:
+    """Baton's `return_stats` extension: each choice carries its request's stats, in the final
+    chunk when streamed; without it, no choice has any."""
+    request = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 12, "temperature": 0}
+    ignore_eos = {"ignore_eos": True}
+    plain = client.completions.create(**request, extra_body=ignore_eos)
+    assert "stats" not in (plain.choices[0].model_extra or {})
+    whole = client.completions.create(
+        **request, n=2, extra_body={**ignore_eos, "return_stats": True}
+    )
+    for choice in whole.choices:
+        stats = choice.model_extra["stats"]
+        assert stats["generated_tokens"] == 12
+        assert stats["prompt_tokens"] == whole.usage.prompt_tokens
+        assert 0 <= stats["queue_time"] <= stats["time_to_first_token"] <= stats["e2e_latency"]
+        assert stats["prompt_time"] > 0 and stats["decode_tokens_per_s"] > 0
+    chunks = list(
+        client.completions.create(
+            **request, stream=True, extra_body={**ignore_eos, "return_stats": True}
+        )
+    )
+    with_stats = [c.choices[0].model_extra.get("stats") for c in chunks if c.choices]
+    assert all(stats is None for stats in with_stats[:-1])
+    assert with_stats[-1]["generated_tokens"] == 12

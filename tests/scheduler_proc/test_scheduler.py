@@ -139,6 +139,15 @@ def test_request_stats(tiny_llama_dir: Path) -> None:
     stats = output.stats
     assert stats.prompt_tokens == 29 and stats.generated_tokens == 24
     assert 0 <= stats.queue_time <= stats.time_to_first_token <= stats.e2e_latency
+    # The prefill is what the first token waited for once the request was scheduled.
+    assert stats.prompt_time is not None and 0 < stats.prompt_time <= stats.time_to_first_token
+    assert stats.queue_time + stats.prompt_time == pytest.approx(stats.time_to_first_token)
     assert stats.decode_tokens_per_s > 0
     totals = llm.scheduler.aggregate_stats()
     assert totals.finished_requests == 1 and totals.generated_tokens == 24
+    # 29 + 24 tokens in pages of 16 is 4 pages, the prompt's whole one shared through the
+    # prefix cache once computed: 3 held by the request at most. The process's peak memory
+    # holds at least the KV pool.
+    assert totals.peak_used_pages == 3 and totals.used_pages == 0
+    pool_bytes = llm.engine.kv_pool._storage.numel() * llm.engine.kv_pool._storage.element_size()
+    assert totals.peak_memory_bytes > pool_bytes

@@ -201,17 +201,24 @@ def test_history_records_every_transition() -> None:
     seq.match_and_add_prefix(kv)
     seq.schedule_prefill(8, kv)
     seq.apply_prefill(1)
+    seq.cache_computed_prefix(kv)
+    seq.schedule_decode(kv)
+    seq.apply_decode(2)
     seq.schedule_decode(kv)
     seq.revert_schedule(kv)
     seq.release(kv)
     seq.reacquire(kv)
     seq.finish("abort")
-    kinds = [event.kind for event in seq.history]
+    history = seq.history
+    kinds = [event.kind for event in history]
     assert kinds == [
         EventKind.CREATED,
         EventKind.PREFIX_MATCHED,
         EventKind.PREFILL_SCHEDULED,
         EventKind.PREFILL_APPLIED,
+        EventKind.PREFIX_CACHED,
+        EventKind.DECODE_SCHEDULED,
+        EventKind.DECODE_APPLIED,
         EventKind.DECODE_SCHEDULED,
         EventKind.SCHEDULE_REVERTED,
         EventKind.RELEASED,
@@ -219,5 +226,7 @@ def test_history_records_every_transition() -> None:
         EventKind.REACQUIRED,
         EventKind.FINISHED,
     ]
+    # The prompt's two whole pages reached the cache; the decode applied one token.
+    assert history[4].num_tokens == 2 * PAGE and history[6].num_tokens == 1
     times = [event.time for event in seq.history]
     assert times == sorted(times)
