@@ -45,7 +45,8 @@ class SamplingBatch:
 
     num_logprobs: tuple[int | None, ...]
     all_greedy: bool
-    greedy_rows: torch.Tensor  # [G] int64 indices of greedy rows
+    # [G] int64 indices of the greedy rows of a mixed batch; None when all or none are greedy.
+    greedy_rows: torch.Tensor | None
     groups: tuple[RowGroup, ...]  # sampled rows: one group per seeded row, <= 3 unseeded groups
     logprob_rows: torch.Tensor | None  # [L] int64 rows asking for logprobs; None = every row
     max_num_logprobs: int  # n_max over rows asking; -1 when no row asks
@@ -78,7 +79,9 @@ class SamplingBatch:
             all_greedy=not sampled,
             greedy_rows=torch.tensor(
                 [i for i, g in enumerate(greedy) if g], dtype=torch.int64, device=device
-            ),
+            )
+            if sampled and len(sampled) < len(params)
+            else None,
             groups=tuple(groups),
             logprob_rows=None
             if len(asking) == len(params)
@@ -126,7 +129,7 @@ class Sampler:
             token_ids = greedy_argmax(logits)
         else:
             token_ids = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-            if batch.greedy_rows.numel() > 0:
+            if batch.greedy_rows is not None:
                 greedy_logits = logits.index_select(0, batch.greedy_rows)
                 token_ids.index_copy_(0, batch.greedy_rows, greedy_argmax(greedy_logits))
             for group in batch.groups:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -101,11 +100,7 @@ class BatchPolicy:
             return None
         row = ScheduledRow(seq, seq.schedule_prefill(num_tokens, self.kv))
         self.waiting.pop(0)
-        if seq.status is SequenceStatus.WAITING:
-            seq.num_cached_tokens = row.step.start
-            seq.times.first_scheduled = time.monotonic()
-        seq.status = SequenceStatus.RUNNING
-        seq.slot = self.free_slots.pop()
+        seq.admit(self.free_slots.pop(), row.step)
         self.order.insert(self.running, seq)
         return row
 

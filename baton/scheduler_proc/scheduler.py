@@ -30,7 +30,6 @@ from baton.scheduler_proc.batch_result import apply_results, build_forward_batch
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.request_order import RequestOrder
 from baton.scheduler_proc.sequence import Sequence
-from baton.scheduler_proc.sequence_state import SequenceStatus
 from baton.scheduler_proc.stats import StatsCollector
 from baton.validation import OverloadedError, PromptTooLongError, RequestError
 
@@ -149,7 +148,7 @@ class Scheduler:
     def _launch(self, rows: list[ScheduledRow]) -> None:
         batch = build_forward_batch(rows, self.engine.checkpoint.eos_token_ids)
         for row in rows:
-            row.seq.in_flight_batches += 1
+            row.seq.enter_batch()
         if self.order.changes_as_requests_run:  # lrs: remaining times from measured costs
             prefill_tokens = sum(row.step.num_tokens for row in rows if row.step.is_prefill)
             result = self._engine_thread.submit(self._measured_forward, batch, prefill_tokens)
@@ -167,7 +166,7 @@ class Scheduler:
 
     def _process(self, flight: InFlightBatch) -> list[StepOutput]:
         for row in flight.rows:
-            row.seq.in_flight_batches -= 1
+            row.seq.leave_batch()
         try:
             output = flight.result.result()
         except Exception:
@@ -180,7 +179,7 @@ class Scheduler:
         results = apply_results(flight.rows, output, self.kv, self.engine.checkpoint.eos_token_ids)
         outputs = []
         for seq, new_tokens, logprobs, finish_reason in results:
-            self.stats.count_tokens(seq, new_tokens)
+            self.stats.count_tokens(new_tokens)
             if finish_reason is not None:
                 outputs.append(self._finish(seq, finish_reason, new_tokens, logprobs))
             elif new_tokens:
@@ -213,8 +212,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> bool:
         """Move a running sequence back to the waiting queue; True if its pages are free now."""
         self.running.remove(seq)
-        seq.status = SequenceStatus.WAITING_PREEMPT
-        seq.num_preemptions += 1
+        seq.preempt()
         self.stats.preemptions += 1
         self.releasing.append(seq)
         self._release_ready()
@@ -228,9 +226,9 @@ class Scheduler:
                 still_busy.append(seq)
                 continue
             seq.release(self.kv)
-            if seq.slot is not None:
-                self.free_slots.append(seq.slot)
-                seq.slot = None
+            slot = seq.vacate_slot()
+            if slot is not None:
+                self.free_slots.append(slot)
             if seq.is_finished:
                 del self.requests[seq.rid]
             else:  # preempted: back into the queue at its place in the policy's order

@@ -41,7 +41,9 @@ from baton.scheduler_proc.sequence_state import (
 
 
 class Sequence:
-    """A request's tokens, KV pages and protocol state. Only the scheduler mutates it."""
+    """A request's tokens, KV pages and protocol state. Its own methods are the one place its
+    state changes (the protocol's schedule/apply/revert/release, and the coarse transitions
+    admit/preempt/finish); the scheduler calls them."""
 
     def __init__(
         self,
@@ -230,17 +232,22 @@ class Sequence:
             raise TokenOnNonFinalChunk(f"{self.rid}: token on a non-final chunk")
         self._pending.popleft()
         if token is not None:
-            self.tokens.append(token)
-            self.num_placeholders -= 1
+            self._append_output(token)
         self._record(EventKind.PREFILL_APPLIED, step.num_tokens)
 
     def apply_decode(self, token: int) -> None:
         """Commit the oldest scheduled decode step with its sampled token."""
         self._pop_oldest(is_prefill=False)
         self._pending.popleft()
+        self._append_output(token)
+        self._record(EventKind.DECODE_APPLIED, 1)
+
+    def _append_output(self, token: int) -> None:
+        """A sampled token replaces its placeholder; the first one stamps the first-token time."""
         self.tokens.append(token)
         self.num_placeholders -= 1
-        self._record(EventKind.DECODE_APPLIED, 1)
+        if self.times.first_token is None:
+            self.times.first_token = time.monotonic()
 
     def revert_schedule(self, kv: KVCacheManager) -> None:
         """Undo the newest scheduled step, releasing the pages it pre-allocated (LIFO)."""
@@ -283,6 +290,35 @@ class Sequence:
         matched = self.match_and_add_prefix(kv)
         self._record(EventKind.REACQUIRED, matched)
         return matched
+
+    # --- transitions of the coarse state (only these write status, slot and counters) ---------
+    def admit(self, slot: int, first_step: ScheduledStep) -> None:
+        """WAITING or WAITING_PREEMPT -> RUNNING, sampling into `slot`. A first admission fixes
+        the prompt tokens the prefix cache served and when the request was first scheduled."""
+        if self.status is SequenceStatus.WAITING:
+            self.num_cached_tokens = first_step.start
+            self.times.first_scheduled = time.monotonic()
+        self.status = SequenceStatus.RUNNING
+        self.slot = slot
+
+    def preempt(self) -> None:
+        """RUNNING -> WAITING_PREEMPT; its pages and slot go back once no in-flight batch uses
+        it (`release`, `vacate_slot`)."""
+        self.status = SequenceStatus.WAITING_PREEMPT
+        self.num_preemptions += 1
+
+    def vacate_slot(self) -> int | None:
+        """Give up its slot (None if it had none)."""
+        slot, self.slot = self.slot, None
+        return slot
+
+    def enter_batch(self) -> None:
+        """A launched batch contains it: its pages may not be freed until `leave_batch`."""
+        self.in_flight_batches += 1
+
+    def leave_batch(self) -> None:
+        """A batch containing it was processed."""
+        self.in_flight_batches -= 1
 
     def finish(self, reason: FinishReason) -> None:
         """Mark finished (stop, length, abort, error); pages are released separately, once."""

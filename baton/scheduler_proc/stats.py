@@ -22,10 +22,8 @@ class StatsCollector:
         self.generated_tokens = 0
         self.preemptions = 0
 
-    def count_tokens(self, seq: Sequence, new_tokens: list[int]) -> None:
-        """Account newly sampled tokens (and the first token's time)."""
-        if new_tokens and seq.times.first_token is None:
-            seq.times.first_token = time.monotonic()
+    def count_tokens(self, new_tokens: list[int]) -> None:
+        """Account newly sampled tokens."""
         self.generated_tokens += len(new_tokens)
 
     def final_output(
