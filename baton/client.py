@@ -8,7 +8,9 @@ async with BatonClient(requests_address, replies_address) as client:
             print(delta.text, end="")
 ```
 Cancelling a `generate` task, or closing a stream before it finished, aborts the request on the
-server. Any number of clients may talk to one server; each gets only its own replies.
+server. A stream whose reader falls behind (PAUSE_AT_UNREAD deltas unread) is paused on the
+server, which keeps its pages but computes nothing more for it, and resumed once read. Any number
+of clients may talk to one server; each gets only its own replies.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from baton.messages import (
     Hello,
     HelloAck,
     LogprobEntry,
+    PauseRequest,
     RequestStats,
     StatsReply,
     StatsRequest,
@@ -69,6 +72,12 @@ class GenerateResult:
     stats: RequestStats | None = None
 
 
+# Backpressure: a request with this many deltas its reader has not taken is paused on the server,
+# and resumed once no more than RESUME_AT_UNREAD are left.
+PAUSE_AT_UNREAD = 64
+RESUME_AT_UNREAD = 8
+
+
 class BatonClient:
     """Talks to a server's tokenizer (requests) and detokenizer (replies) sockets."""
 
@@ -84,6 +93,7 @@ class BatonClient:
         self._encoder = Codec(ClientMessage)
         self._decoder = Codec(ClientReply)
         self._queues: dict[str, asyncio.Queue] = {}
+        self._paused: set[str] = set()  # requests paused on the server for their slow reader
         self._receiver: asyncio.Task | None = None
 
     async def connect(self, timeout: float = 30.0) -> None:
@@ -124,8 +134,20 @@ class BatonClient:
                 continue
             for item in reply.items:
                 queue = self._queues.get(item.request_id)
-                if queue is not None:
-                    queue.put_nowait(item)
+                if queue is None:
+                    continue
+                queue.put_nowait(item)
+                if queue.qsize() >= PAUSE_AT_UNREAD and item.request_id not in self._paused:
+                    self._set_paused(item.request_id, True)
+
+    def _set_paused(self, request_id: str, paused: bool) -> None:
+        if paused:
+            self._paused.add(request_id)
+        else:
+            self._paused.discard(request_id)
+        self._requests.send(
+            self._encoder.encode(PauseRequest(request_id=request_id, paused=paused))
+        )
 
     async def stream(
         self,
@@ -164,6 +186,8 @@ class BatonClient:
             await self._requests.send(self._encoder.encode(request))
             while not finished:
                 item = await queue.get()
+                if request_id in self._paused and queue.qsize() <= RESUME_AT_UNREAD:
+                    self._set_paused(request_id, False)
                 if isinstance(item, ErrorReply):
                     finished = True
                     raise ServerError(item.code, item.message)
@@ -171,6 +195,7 @@ class BatonClient:
                 yield item
         finally:
             del self._queues[request_id]
+            self._paused.discard(request_id)
             if not finished:  # cancelled or closed early: free the server-side request
                 self._requests.send(self._encoder.encode(AbortRequest(request_id=request_id)))
 

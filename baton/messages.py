@@ -75,8 +75,9 @@ class StepOutput(msgspec.Struct, kw_only=True):
 class AggregateStats(msgspec.Struct, kw_only=True):
     """Scheduler-wide state and totals, on request."""
 
-    running_requests: int
+    running_requests: int  # paused ones included
     waiting_requests: int
+    paused_requests: int
     total_pages: int
     free_pages: int
     cached_pages: int
@@ -127,6 +128,14 @@ class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):
     reason: FinishReason = "abort"
 
 
+class PauseRequest(msgspec.Struct, tag="pause", kw_only=True):
+    """Pause a request's generation (its pages are kept), or resume it: a client sends it when
+    it is not reading the request's output as fast as it comes (`BatonClient`)."""
+
+    request_id: str
+    paused: bool
+
+
 class StatsRequest(msgspec.Struct, tag="stats", kw_only=True):
     """Ask the scheduler for its aggregate stats; answered with a StatsReply."""
 
@@ -138,7 +147,7 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
     their private sockets; clients cannot send it)."""
 
 
-ClientMessage = GenerateRequest | AbortRequest | StatsRequest
+ClientMessage = GenerateRequest | AbortRequest | PauseRequest | StatsRequest
 
 
 # --- tokenizer_proc / detokenizer_proc -> scheduler_proc ----------------------------------------
@@ -188,6 +197,13 @@ class AbortRid(msgspec.Struct, tag="abort_rid", kw_only=True):
     reason: FinishReason = "abort"
 
 
+class PauseRid(msgspec.Struct, tag="pause_rid", kw_only=True):
+    """A client's PauseRequest by server-wide id."""
+
+    rid: str
+    paused: bool
+
+
 class ForwardedStatsRequest(msgspec.Struct, tag="stats_fwd", kw_only=True):
     """A client's StatsRequest on its way to the scheduler."""
 
@@ -195,7 +211,7 @@ class ForwardedStatsRequest(msgspec.Struct, tag="stats_fwd", kw_only=True):
     request_id: str
 
 
-SchedulerMessage = TokenizedRequest | AbortRid | ForwardedStatsRequest | Shutdown
+SchedulerMessage = TokenizedRequest | AbortRid | PauseRid | ForwardedStatsRequest | Shutdown
 
 
 # --- scheduler_proc / tokenizer_proc -> detokenizer_proc ----------------------------------------

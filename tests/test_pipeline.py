@@ -332,3 +332,35 @@ async def raw_frames(server: Server, client_id: bytes) -> list[str]:
     requests.close()
     replies.close()
     return codes
+
+
+def test_a_reader_that_falls_behind_pauses_its_request(server: Server, offline: LLM) -> None:
+    """Backpressure: a stream nobody reads is paused on the server once PAUSE_AT_UNREAD deltas
+    wait (its pages kept, nothing computed), resumed when read, and ends with the tokens it
+    would have had anyway."""
+    params = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
+    expected = offline.generate(STORY_PROMPTS[0], params)[0].token_ids
+
+    async def main():
+        client = await connected(server)
+        try:
+            stream = client.stream(STORY_PROMPTS[0], params)
+            token_ids = list((await anext(stream)).token_ids)
+            paused = None
+            for _ in range(200):  # up to 10 s for the server to pause it
+                await asyncio.sleep(0.05)
+                stats = await client.stats()
+                if stats.paused_requests:
+                    paused = stats
+                    break
+            async for delta in stream:
+                token_ids.extend(delta.token_ids)
+            return paused, token_ids, await client.stats()
+        finally:
+            await client.close()
+
+    paused, token_ids, after = run(main())
+    assert paused is not None and paused.paused_requests == 1
+    assert paused.used_pages > 0  # it kept its pages while paused
+    assert token_ids == expected
+    assert after.paused_requests == 0 and after.running_requests == 0

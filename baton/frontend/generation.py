@@ -60,16 +60,20 @@ async def merged_streams(
         finally:
             await stream.aclose()
         return
-    queue: asyncio.Queue[tuple[int, GenerateDelta | BaseException | None]] = asyncio.Queue()
+    # Bounded: a consumer that falls behind stops the pumps, so the deltas wait in the client's
+    # per-request queues, where they make it pause the requests on the server (backpressure).
+    queue: asyncio.Queue[tuple[int, GenerateDelta | BaseException | None]] = asyncio.Queue(
+        maxsize=len(streams)
+    )
 
     async def pump(index: int, stream: AsyncIterator[GenerateDelta]) -> None:
         try:
             async for delta in stream:
-                queue.put_nowait((index, delta))
+                await queue.put((index, delta))
         except Exception as error:  # handed to the consumer, which re-raises it
-            queue.put_nowait((index, error))
+            await queue.put((index, error))
             return
-        queue.put_nowait((index, None))
+        await queue.put((index, None))
 
     tasks = [asyncio.create_task(pump(index, stream)) for index, stream in streams.items()]
     try:

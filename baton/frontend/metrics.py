@@ -47,6 +47,8 @@ class SchedulerStatsCollector(Collector):
         for name, doc, value in (
             ("num_requests_running", "Requests being generated.", stats.running_requests),
             ("num_requests_waiting", "Requests waiting to be scheduled.", stats.waiting_requests),
+            ("num_requests_paused", "Requests paused for a reader that fell behind.",
+             stats.paused_requests),
             ("kv_cache_usage_perc", "Fraction of KV pages held by requests (0-1).",
              stats.used_pages / total),
             ("kv_cache_peak_usage_perc", "The largest fraction of KV pages requests held at once.",

@@ -69,7 +69,7 @@ class BatchPolicy:
         for seq in self.running:
             if budget <= 0:
                 return rows
-            if seq.prefill_done or not seq.can_schedule:
+            if seq.prefill_done or not seq.can_schedule or seq.paused:
                 continue
             num_tokens = min(budget, seq.prefill_len - seq.kv_position)
             try:
@@ -77,10 +77,12 @@ class BatchPolicy:
             except AllocationFailed:
                 return rows
             budget -= num_tokens
-        while (
-            budget > 0 and self.waiting and self.free_slots and len(self.running) < self.max_running
-        ):
-            row = self._admit(self.waiting[0], budget)
+        while budget > 0 and self.free_slots and len(self.running) < self.max_running:
+            # The most urgent waiting sequence whose client is reading.
+            seq = next((seq for seq in self.waiting if not seq.paused), None)
+            if seq is None:
+                break
+            row = self._admit(seq, budget)
             if row is None:
                 break
             rows.append(row)
@@ -99,7 +101,7 @@ class BatchPolicy:
             seq.release(self.kv)  # drops the prefix lock taken above; nothing was computed
             return None
         row = ScheduledRow(seq, seq.schedule_prefill(num_tokens, self.kv))
-        self.waiting.pop(0)
+        self.waiting.remove(seq)
         seq.admit(self.free_slots.pop(), row.step)
         self.order.insert(self.running, seq)
         return row
@@ -108,7 +110,7 @@ class BatchPolicy:
         rows: list[ScheduledRow] = []
         for seq in list(self.running):
             if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
+                continue  # paused, or preempted earlier in this loop
             if not (seq.prefill_done and seq.can_schedule and seq.decode_budget_left > 0):
                 continue
             while True:

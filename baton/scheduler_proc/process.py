@@ -15,6 +15,7 @@ from baton.messages import (
     DetokenizerMessage,
     ForwardedStats,
     ForwardedStatsRequest,
+    PauseRid,
     RequestFailed,
     RequestStarted,
     SchedulerMessage,
@@ -42,6 +43,8 @@ class SchedulerService:
             return self._add(message)
         if isinstance(message, AbortRid):
             self.scheduler.abort_request(message.rid, message.reason)
+        elif isinstance(message, PauseRid):
+            self.scheduler.set_paused(message.rid, message.paused)
         elif isinstance(message, ForwardedStatsRequest):
             stats = self.scheduler.aggregate_stats()
             return ForwardedStats(
@@ -73,7 +76,7 @@ class SchedulerService:
 
     def step(self) -> SchedulerOutputs | None:
         """One scheduler iteration; the outputs to send (registrations first), if any."""
-        steps = self.scheduler.step() if self.scheduler.has_unfinished_requests() else []
+        steps = self.scheduler.step() if self.scheduler.has_runnable_work() else []
         if not steps and not self.started:
             return None
         outputs = SchedulerOutputs(started=self.started, steps=steps)
@@ -98,7 +101,7 @@ def serve(
     try:
         while not service.shutting_down:
             # Block only when idle; while requests run, just drain what has arrived.
-            idle = not scheduler.has_unfinished_requests()
+            idle = not scheduler.has_runnable_work()
             while inbox.poll(None if idle else 0):
                 idle = False
                 message = inbound.decode_or_none(inbox.recv())

@@ -73,6 +73,7 @@ class Scheduler:
         self.stats = StatsCollector()
         self._in_flight: deque[InFlightBatch] = deque()
         self._notices: list[StepOutput] = []
+        self._num_paused = 0  # of `requests`: a loop with only paused ones waits for messages
 
     # --- requests ------------------------------------------------------------------------------
     def add_request(
@@ -128,6 +129,19 @@ class Scheduler:
             self.waiting.remove(seq)
         self._notices.append(self._finish(seq, reason))
         self._release_ready()
+
+    def set_paused(self, rid: str, paused: bool) -> None:
+        """Pause a request (its client is not reading; it keeps its pages but gets no steps)
+        or resume it; unknown ids are ignored, as for aborts."""
+        seq = self.requests.get(rid)
+        if seq is not None and seq.set_paused(paused):
+            self._num_paused += 1 if paused else -1
+
+    def has_runnable_work(self) -> bool:
+        """Whether `step()` could do anything now: a batch in flight, outputs or releases
+        pending, or a request that is not paused (the server loop blocks otherwise)."""
+        pending = self._in_flight or self._notices or self.releasing
+        return bool(pending) or len(self.requests) > self._num_paused
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests or self._notices)
@@ -231,6 +245,7 @@ class Scheduler:
                 self.free_slots.append(slot)
             if seq.is_finished:
                 del self.requests[seq.rid]
+                self._num_paused -= seq.paused
             else:  # preempted: back into the queue at its place in the policy's order
                 self.order.insert(self.waiting, seq)
         self.releasing[:] = still_busy
@@ -239,7 +254,7 @@ class Scheduler:
     def aggregate_stats(self) -> AggregateStats:
         engine = self.engine
         return self.stats.aggregate(
-            len(self.running), len(self.waiting), self.kv, engine.cpu, engine.plan
+            len(self.running), len(self.waiting), self._num_paused, self.kv, engine.cpu, engine.plan
         )
 
     def shutdown(self) -> None:

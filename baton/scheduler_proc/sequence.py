@@ -79,6 +79,8 @@ class Sequence:
         self.slot: int | None = None  # row of the engine's sampled-token buffer while admitted
         self.in_flight_batches = 0  # batches launched but not yet processed that contain it
         self.num_preemptions = 0
+        # Its client is not reading: not scheduled (nor admitted) until resumed.
+        self.paused = False
         self.times = RequestTimes(arrival_time if arrival_time is not None else time.monotonic())
         # How urgent it is, for the scheduling policy (request_order.py): lower priority first;
         # the deadline is absolute (monotonic clock), None when the request gave none.
@@ -292,6 +294,20 @@ class Sequence:
         return matched
 
     # --- transitions of the coarse state (only these write status, slot and counters) ---------
+    def set_paused(self, paused: bool) -> bool:
+        """Pause (RUNNING -> PAUSED: pages kept, no step scheduled) or resume; a waiting
+        sequence that is paused is not admitted, and becomes RUNNING only once resumed. True if
+        this changed anything."""
+        if paused == self.paused or self.status is SequenceStatus.FINISHED:
+            return False
+        self.paused = paused
+        if paused and self.status is SequenceStatus.RUNNING:
+            self.status = SequenceStatus.PAUSED
+        elif not paused and self.status is SequenceStatus.PAUSED:
+            self.status = SequenceStatus.RUNNING
+        self._record(EventKind.PAUSED if paused else EventKind.RESUMED, self.num_output_tokens)
+        return True
+
     def admit(self, slot: int, first_step: ScheduledStep) -> None:
         """WAITING or WAITING_PREEMPT -> RUNNING, sampling into `slot`. A first admission fixes
         the prompt tokens the prefix cache served and when the request was first scheduled."""
@@ -302,8 +318,8 @@ class Sequence:
         self.slot = slot
 
     def preempt(self) -> None:
-        """RUNNING -> WAITING_PREEMPT; its pages and slot go back once no in-flight batch uses
-        it (`release`, `vacate_slot`)."""
+        """RUNNING or PAUSED -> WAITING_PREEMPT; its pages and slot go back once no in-flight
+        batch uses it (`release`, `vacate_slot`)."""
         self.status = SequenceStatus.WAITING_PREEMPT
         self.num_preemptions += 1
 

@@ -7,10 +7,12 @@ from dataclasses import dataclass
 
 
 class SequenceStatus(enum.Enum):
-    """Coarse states (Vajra): WAITING -> RUNNING -> FINISHED; RUNNING -> WAITING_PREEMPT -> ..."""
+    """Coarse states (Vajra): WAITING -> RUNNING -> FINISHED; RUNNING -> WAITING_PREEMPT ->
+    RUNNING (pages given back, recomputed); RUNNING <-> PAUSED (pages kept, not scheduled)."""
 
     WAITING = "waiting"
     RUNNING = "running"
+    PAUSED = "paused"
     WAITING_PREEMPT = "waiting_preempt"
     FINISHED = "finished"
 
@@ -28,6 +30,8 @@ class EventKind(enum.Enum):
     PREFIX_CACHED = "prefix_cached"
     RELEASED = "released"
     REACQUIRED = "reacquired"
+    PAUSED = "paused"
+    RESUMED = "resumed"
     FINISHED = "finished"
 
 

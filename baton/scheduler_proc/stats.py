@@ -65,6 +65,7 @@ class StatsCollector:
         self,
         running: int,
         waiting: int,
+        paused: int,
         kv: KVCacheManager,
         cpu: CpuCapabilities,
         compute_plan: ComputePlan,
@@ -74,6 +75,7 @@ class StatsCollector:
         return AggregateStats(
             running_requests=running,
             waiting_requests=waiting,
+            paused_requests=paused,
             total_pages=kv.num_pages,
             free_pages=kv.allocator.num_free,
             cached_pages=kv.cache.num_cached_pages,

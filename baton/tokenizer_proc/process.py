@@ -28,6 +28,8 @@ from baton.messages import (
     ErrorCode,
     ForwardedStatsRequest,
     GenerateRequest,
+    PauseRequest,
+    PauseRid,
     RequestFailed,
     RequestStarted,
     StatsRequest,
@@ -101,10 +103,14 @@ class TokenizerService:
             logger.warning("client %s: empty request_id", client_id.hex())
             return [_failure(client_id, "", "invalid_request", "request_id must be non-empty")]
         rid = make_rid(client_id, message.request_id)
-        if isinstance(message, AbortRequest):
-            abort: Outgoing = ("scheduler", AbortRid(rid=rid, reason=message.reason))
-            held = self.offload is not None and self.offload.defer(rid, abort)
-            return [] if held else [abort]
+        if isinstance(message, AbortRequest | PauseRequest):
+            forward: Outgoing = (
+                ("scheduler", AbortRid(rid=rid, reason=message.reason))
+                if isinstance(message, AbortRequest)
+                else ("scheduler", PauseRid(rid=rid, paused=message.paused))
+            )
+            held = self.offload is not None and self.offload.defer(rid, forward)
+            return [] if held else [forward]
         if isinstance(message, StatsRequest):
             stats = ForwardedStatsRequest(client_id=client_id, request_id=message.request_id)
             return [("scheduler", stats)]

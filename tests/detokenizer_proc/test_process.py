@@ -267,6 +267,7 @@ def test_request_failed_and_forwarded_stats_become_replies(
     stats = AggregateStats(
         running_requests=1,
         waiting_requests=2,
+        paused_requests=0,
         total_pages=10,
         free_pages=5,
         cached_pages=3,

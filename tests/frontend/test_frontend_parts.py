@@ -97,10 +97,10 @@ def test_metrics_observe_requests_and_stats() -> None:
         )
     )
     stats = AggregateStats(
-        running_requests=2, waiting_requests=1, total_pages=10, free_pages=5, cached_pages=1,
-        used_pages=4, peak_used_pages=7, peak_memory_bytes=3 << 30, finished_requests=3,
-        prompt_tokens=30, cached_prompt_tokens=8,
-        generated_tokens=40, preemptions=1, uptime=1.0, generation_throughput=40.0, cpu=SAMPLE_CPU,
+        running_requests=2, waiting_requests=1, paused_requests=1, total_pages=10, free_pages=5,
+        cached_pages=1, used_pages=4, peak_used_pages=7, peak_memory_bytes=3 << 30,
+        finished_requests=3, prompt_tokens=30, cached_prompt_tokens=8, generated_tokens=40,
+        preemptions=1, uptime=1.0, generation_throughput=40.0, cpu=SAMPLE_CPU,
         compute_plan=SAMPLE_PLAN,
     )  # fmt: skip
     samples = {
@@ -116,6 +116,7 @@ def test_metrics_observe_requests_and_stats() -> None:
     assert samples[("baton:kv_cache_peak_usage_perc", None)] == pytest.approx(0.7)
     assert samples[("baton:peak_memory_bytes", None)] == 3 << 30
     assert samples[("baton:num_requests_waiting", None)] == 1
+    assert samples[("baton:num_requests_paused", None)] == 1
     assert samples[("baton:prefix_cache_hits_total", None)] == 8
     without_stats = metrics.render(None).decode()
     assert "baton:num_requests_running" not in without_stats

@@ -10,6 +10,7 @@ import pytest
 from baton import LLM, SamplingParams
 from baton.config import BatonConfig
 from baton.scheduler_proc.scheduler import Scheduler
+from baton.scheduler_proc.sequence_state import EventKind, SequenceStatus
 from baton.validation import OverloadedError
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -151,3 +152,70 @@ def test_request_stats(tiny_llama_dir: Path) -> None:
     assert totals.peak_used_pages == 3 and totals.used_pages == 0
     pool_bytes = llm.engine.kv_pool._storage.numel() * llm.engine.kv_pool._storage.element_size()
     assert totals.peak_memory_bytes > pool_bytes
+
+
+def test_a_paused_request_keeps_its_pages_and_resumes_where_it_stopped(
+    tiny_llama_dir: Path, reference: list[list[int]]
+) -> None:
+    """PAUSED (a client not reading): no steps, pages kept, the others go on; resumed, its
+    greedy tokens are those of an undisturbed run. With only paused requests left the loop has
+    nothing to run, so the server waits for messages instead of spinning."""
+    scheduler = Scheduler(BatonConfig(model=str(tiny_llama_dir), dtype="float32", page_size=4))
+    requests = prompts(24)[:2]
+    for index, prompt in enumerate(requests):
+        scheduler.add_request(str(index), prompt, GREEDY)
+    tokens: dict[str, list[int]] = {"0": [], "1": []}
+
+    def step() -> None:
+        for output in scheduler.step():
+            tokens[output.rid].extend(output.new_token_ids)
+
+    while len(tokens["0"]) < 3:
+        step()
+    scheduler.set_paused("0", True)
+    paused = scheduler.requests["0"]
+    for _ in range(3):  # the batches already in flight finish
+        step()
+    held_pages, held_tokens = list(paused.page_table), len(tokens["0"])
+    while scheduler.requests.get("1") is not None:
+        step()
+    assert tokens["1"] == reference[1]
+    assert len(tokens["0"]) == held_tokens < len(reference[0])
+    assert paused.page_table == held_pages and held_pages
+    assert paused.status is SequenceStatus.PAUSED
+    stats = scheduler.aggregate_stats()
+    assert stats.paused_requests == 1 and stats.running_requests == 1
+    assert not scheduler.has_runnable_work() and scheduler.step() == []
+    scheduler.set_paused("0", False)
+    assert scheduler.has_runnable_work()
+    while scheduler.has_unfinished_requests():
+        step()
+    assert tokens["0"] == reference[0]
+    kinds = [event.kind for event in paused.history]
+    assert kinds.count(EventKind.PAUSED) == kinds.count(EventKind.RESUMED) == 1
+    assert scheduler.aggregate_stats().paused_requests == 0
+
+
+def test_a_request_paused_while_waiting_is_not_admitted_until_resumed(
+    tiny_llama_dir: Path, reference: list[list[int]]
+) -> None:
+    """Paused before its admission: it takes no pages while the others run under KV pressure
+    (the queue's later requests pass it), then, resumed, finishes with its undisturbed tokens."""
+    config = BatonConfig(
+        model=str(tiny_llama_dir), dtype="float32", page_size=4, num_pages=40, max_model_len=160
+    )
+    scheduler = Scheduler(config)
+    run_prompts = prompts(24)[:6]
+    for index, prompt in enumerate(run_prompts):
+        scheduler.add_request(str(index), prompt, GREEDY)
+    scheduler.set_paused("0", True)  # paused while waiting: never admitted until resumed
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(6)}
+    while any(scheduler.requests.get(str(i)) for i in range(1, 6)):
+        for output in scheduler.step():
+            tokens[output.rid].extend(output.new_token_ids)
+    assert tokens["0"] == [] and scheduler.requests["0"].page_table == []
+    scheduler.set_paused("0", False)
+    while scheduler.has_unfinished_requests():
+        for output in scheduler.step():
+            tokens[output.rid].extend(output.new_token_ids)
+    assert [tokens[str(i)] for i in range(6)] == reference[:6]
