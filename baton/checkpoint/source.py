@@ -110,6 +110,8 @@ def _download(repo_id: str) -> Path:
 
 
 def read_json(file: Path, required: bool) -> dict[str, Any]:
+    """A checkpoint's JSON file as a dict ({} if absent and not `required`); CheckpointError
+    naming the file otherwise."""
     if not file.is_file():
         if required:
             raise CheckpointError(f"{file}: missing")

@@ -18,6 +18,7 @@ from tokenizers import Tokenizer as Backend
 
 from baton.checkpoint.chat_template import ChatTemplate
 from baton.checkpoint.model_config import CheckpointError
+from baton.checkpoint.source import read_json
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -50,8 +51,8 @@ class Tokenizer:
             backend = Backend.from_file(str(file))
         except Exception as error:  # the Rust library raises its own exception type
             raise CheckpointError(f"{file}: cannot load the tokenizer: {error}") from error
-        config = _read_object(folder / TOKENIZER_CONFIG_FILE)
-        special_map = _read_object(folder / SPECIAL_TOKENS_MAP_FILE)
+        config = read_json(folder / TOKENIZER_CONFIG_FILE, required=False)
+        special_map = read_json(folder / SPECIAL_TOKENS_MAP_FILE, required=False)
         special_tokens = {}
         for key in SPECIAL_TOKEN_KEYS:
             content = _token_content(config.get(key) or special_map.get(key))
@@ -114,18 +115,6 @@ class Tokenizer:
         return 2 * max(len(token) for token in self.backend.get_vocab())
 
 
-def _read_object(file: Path) -> dict[str, Any]:
-    if not file.is_file():
-        return {}
-    try:
-        content = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{file}: unreadable: {error}") from error
-    if not isinstance(content, dict):
-        raise CheckpointError(f"{file}: expected a JSON object")
-    return content
-
-
 def _token_content(value: Any) -> str | None:
     """A special token as tokenizer_config.json writes it: a string, or an AddedToken dict."""
     if isinstance(value, dict):
@@ -139,7 +128,9 @@ def _chat_template(folder: Path, config: dict[str, Any]) -> str | None:
     jinja_file, json_file = (folder / name for name in CHAT_TEMPLATE_FILES)
     if jinja_file.is_file():
         return jinja_file.read_text(encoding="utf-8")
-    template = _read_object(json_file).get("chat_template") or config.get("chat_template")
+    template = read_json(json_file, required=False).get("chat_template") or config.get(
+        "chat_template"
+    )
     if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
         named = {entry.get("name"): entry.get("template") for entry in template}
         template = named.get("default")

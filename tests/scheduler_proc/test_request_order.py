@@ -101,6 +101,14 @@ def finish_order(scheduler: Scheduler, late: list[tuple[str, dict]]) -> list[str
     return finished
 
 
+def one_slot_scheduler(model_dir: Path, policy: str) -> Scheduler:
+    """A scheduler that runs one request at a time: the queue's order is the run order."""
+    config = BatonConfig(
+        model=str(model_dir), dtype="float32", max_running_requests=1, scheduling_policy=policy
+    )
+    return Scheduler(config)
+
+
 @pytest.mark.parametrize(
     ("policy", "expected"),
     [("fcfs", ["a", "b", "c", "late"]), ("priority", ["a", "late", "b", "c"])],
@@ -108,10 +116,7 @@ def finish_order(scheduler: Scheduler, late: list[tuple[str, dict]]) -> list[str
 def test_a_late_high_priority_request_overtakes_the_queue(
     tiny_llama_dir: Path, policy: str, expected: list[str]
 ) -> None:
-    config = BatonConfig(
-        model=str(tiny_llama_dir), dtype="float32", max_running_requests=1, scheduling_policy=policy
-    )
-    scheduler = Scheduler(config)
+    scheduler = one_slot_scheduler(tiny_llama_dir, policy)
     for rid in ("a", "b", "c"):
         scheduler.add_request(rid, PROMPT, greedy(4))
     assert finish_order(scheduler, [("late", {"priority": -1})]) == expected
@@ -126,10 +131,7 @@ def test_deadline_policies_run_the_queue_in_their_order(
 ) -> None:
     """One slot: "first" runs at once; then edf takes the earliest deadline, while lrs takes the
     request whose deadline leaves the least slack for its work (a long one)."""
-    config = BatonConfig(
-        model=str(tiny_llama_dir), dtype="float32", max_running_requests=1, scheduling_policy=policy
-    )
-    scheduler = Scheduler(config)
+    scheduler = one_slot_scheduler(tiny_llama_dir, policy)
     scheduler.add_request("first", PROMPT, greedy(4))
     scheduler.step()
     scheduler.add_request("none", PROMPT, greedy(4))
