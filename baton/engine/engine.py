@@ -71,10 +71,11 @@ class Engine:
         self.num_pages = config.num_pages or self._pages_from_budget(config)
         self._check_one_request_fits(config)
         self.model = CausalLM(model_config, self.dtype, self.device)
-        self.model.load_weights(iter_weights(self.checkpoint))
-        # The native kernels: compact weights where the plan says, and where the computation is
-        # float32, RoPE + K/V store and decode attention reading the pages in place.
+        # The native kernels: a GGUF's blocks dequantized at load, compact weights where the plan
+        # says, and where the computation is float32, RoPE + K/V store and decode attention
+        # reading the pages in place.
         native = self._native_kernels()
+        self.model.load_weights(iter_weights(self.checkpoint, native))
         if native is not None and self.plan.compact_small_batches:
             attached = self.model.attach_compact_weights(
                 iter_compact_weights(self.checkpoint), native

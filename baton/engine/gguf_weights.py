@@ -17,6 +17,7 @@ import torch
 from baton.checkpoint.model_config import CheckpointError, ModelConfig
 from baton.engine.compact_weights import FORMATS, CompactWeight
 from baton.engine.gguf_names import hf_tensor_name, permuted_heads, unpermute_rows
+from baton.engine.native.library import NativeKernels
 
 
 def _open(gguf_file: Path) -> Any:
@@ -37,9 +38,12 @@ def _cached_reader(gguf_file: str, size: int, mtime_ns: int) -> Any:
         raise CheckpointError(f"{gguf_file}: not a readable GGUF file: {error}") from error
 
 
-def iter_gguf_weights(gguf_file: Path, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_gguf_weights(
+    gguf_file: Path, config: ModelConfig, native: NativeKernels | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of `gguf_file` under its HF name, dequantized to float32, in HF's row order
-    (see `_unpermute`)."""
+    (see `_unpermute`). With `native`, the formats the compact kernels read are dequantized
+    there (the same exact values, 4.1 s -> a few hundred ms for SmolLM2's 135M weights)."""
     import gguf
     from tqdm import tqdm
 
@@ -56,6 +60,10 @@ def iter_gguf_weights(gguf_file: Path, config: ModelConfig) -> Iterator[tuple[st
             name = hf_tensor_name(tensor.name)
         except KeyError:
             raise CheckpointError(f"{gguf_file}: unexpected tensor {tensor.name!r}") from None
+        compact = _compact(tensor, name, config) if native is not None else None
+        if compact is not None:
+            yield name, native.dequantize(compact)  # type: ignore[union-attr]
+            continue
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         values = _unpermute(values.reshape([int(n) for n in reversed(tensor.shape)]), name, config)
         # Copied only where numpy must: an F32 tensor is a read-only view of the file.
@@ -67,20 +75,26 @@ def iter_gguf_compact_weights(
 ) -> Iterator[tuple[str, CompactWeight]]:
     """The matrices stored in a format the compact kernel reads (compact_weights.py), as
     stored: the blocks of each row, rows in HF order (see `_unpermute`)."""
-    reader = _open(gguf_file)
-    for tensor in reader.tensors:
-        compact_format = tensor.tensor_type.name.lower()
-        if compact_format not in FORMATS or len(tensor.shape) != 2:
-            continue
-        in_features, out_features = (int(n) for n in tensor.shape)
-        if in_features % FORMATS[compact_format].block:
-            continue
+    for tensor in _open(gguf_file).tensors:
         name = hf_tensor_name(tensor.name)
-        rows = _unpermute(
-            np.asarray(tensor.data).view(np.uint8).reshape(out_features, -1), name, config
-        )
-        data = torch.from_numpy(np.array(rows, dtype=np.uint8, order="C"))
-        yield name, CompactWeight(compact_format, data, in_features)
+        compact = _compact(tensor, name, config)
+        if compact is not None:
+            yield name, compact
+
+
+def _compact(tensor: Any, hf_name: str, config: ModelConfig) -> CompactWeight | None:
+    """A GGUF tensor as stored, if it is a matrix in a format the compact kernels read."""
+    compact_format = tensor.tensor_type.name.lower()
+    if compact_format not in FORMATS or len(tensor.shape) != 2:
+        return None
+    in_features, out_features = (int(n) for n in tensor.shape)
+    if in_features % FORMATS[compact_format].block:
+        return None
+    rows = _unpermute(
+        np.asarray(tensor.data).view(np.uint8).reshape(out_features, -1), hf_name, config
+    )
+    data = torch.from_numpy(np.array(rows, dtype=np.uint8, order="C"))
+    return CompactWeight(compact_format, data, in_features)
 
 
 def _unpermute(rows: np.ndarray, hf_name: str, config: ModelConfig) -> np.ndarray:

@@ -13,18 +13,22 @@ from baton.checkpoint.model_config import CheckpointError
 from baton.checkpoint.source import safetensors_files
 from baton.engine.compact_weights import CompactWeight
 from baton.engine.gguf_weights import iter_gguf_compact_weights, iter_gguf_weights
+from baton.engine.native.library import NativeKernels
 from baton.engine.random_weights import iter_random_weights
 
 _COMPACT_SAFETENSORS_DTYPES = ("BF16", "F16")
 
 
-def iter_weights(checkpoint: Checkpoint) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor under its HF parameter name, read lazily one at a time."""
+def iter_weights(
+    checkpoint: Checkpoint, native: NativeKernels | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor under its HF parameter name, read lazily one at a time (a GGUF's blocks
+    dequantized by the `native` kernels where given)."""
     if checkpoint.path is None:
         yield from iter_random_weights(checkpoint.config)
         return
     if checkpoint.gguf_file is not None:
-        yield from iter_gguf_weights(checkpoint.gguf_file, checkpoint.config)
+        yield from iter_gguf_weights(checkpoint.gguf_file, checkpoint.config, native)
         return
     for file in safetensors_files(checkpoint.path):
         try:

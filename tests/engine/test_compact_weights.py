@@ -73,6 +73,16 @@ def test_the_kernel_reads_each_weight_as_exactly_its_float32_value(
 
 
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
+def test_dequantizing_gives_exactly_the_stored_values(
+    native: NativeKernels, compact_format: str
+) -> None:
+    """What loading a GGUF uses: the whole matrix, bit for bit what gguf's numpy code gives."""
+    weight = np.random.default_rng(1).normal(size=(40, 96)).astype(np.float32)
+    compact, values = _stored(weight, compact_format)
+    assert torch.equal(native.dequantize(compact), values)
+
+
+@pytest.mark.parametrize("compact_format", sorted(FORMATS))
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
 def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
     native: NativeKernels, compact_format: str, rows: int
@@ -145,7 +155,11 @@ def test_a_fused_layer_whose_parts_differ_in_format_keeps_float32_weights(
 @pytest.mark.parametrize("tensor_type", ["Q4_0", "Q4_1", "Q8_0", "BF16"])
 @pytest.mark.parametrize("variant", ["llama", "qwen3"])
 def test_greedy_tokens_from_a_quantized_gguf_equal_transformers_on_its_weights(
-    tiny_model_factory: Callable[..., Path], tmp_path: Path, variant: str, tensor_type: str
+    tiny_model_factory: Callable[..., Path],
+    tmp_path: Path,
+    native: NativeKernels,
+    variant: str,
+    tensor_type: str,
 ) -> None:
     """transformers gets the GGUF's weights dequantized to float32; Baton multiplies the stored
     blocks in decode batches and the dequantized weights in prefill: same tokens. (transformers
@@ -159,7 +173,11 @@ def test_greedy_tokens_from_a_quantized_gguf_equal_transformers_on_its_weights(
     linears = [m for m in llm.engine.model.modules() if isinstance(m, Linear)]
     assert all(linear.compact is not None for linear in linears)
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    dequantized = dict(iter_weights(load_checkpoint(str(path))))
+    checkpoint = load_checkpoint(str(path))
+    dequantized = dict(iter_weights(checkpoint))
+    # The engine loads through the native kernels: the same bits, llama's q/k rows included.
+    loaded = dict(iter_weights(checkpoint, native))
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in dequantized.items())
     assert not reference.load_state_dict(dequantized, strict=False).unexpected_keys
     prompts = [[1, 2, 3, 4, 5], [40, 41, 42], [7] * 20]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)

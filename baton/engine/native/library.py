@@ -85,6 +85,9 @@ class NativeKernels:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         # Argument types as the C signatures declare them (see the .c files).
+        self._dequantize = _declare(
+            library.baton_dequantize, ctypes.c_int, [ctypes.c_int, _ptr, _i64, _i64, _i64, _ptr]
+        )
         self._gemv = _declare(
             library.baton_compact_gemv,
             ctypes.c_int,
@@ -128,6 +131,21 @@ class NativeKernels:
             y.data_ptr(),
         )
         return y
+
+    def dequantize(self, weight: CompactWeight) -> torch.Tensor:
+        """The stored matrix as float32 [out_features, in_features]: exactly the values the
+        gguf package's dequantization gives, in a fraction of its time."""
+        data = weight.data.contiguous()
+        out = torch.empty(weight.out_features, weight.in_features, dtype=torch.float32)
+        self._dequantize(
+            FORMATS[weight.format].kernel_id,
+            data.data_ptr(),
+            weight.out_features,
+            weight.in_features,
+            data.shape[1],
+            out.data_ptr(),
+        )
+        return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm of float32 x [rows, dim] over its last dimension, scaled by `weight`."""
