@@ -9,33 +9,28 @@ import functools
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from baton.checkpoint.model_config import CheckpointError, ModelConfig
 from baton.engine.compact_weights import FORMATS, CompactWeight
+from baton.engine.gguf_file import GGUFTensor, read_gguf_tensors
 from baton.engine.gguf_names import hf_tensor_name, permuted_heads, unpermute_rows
 from baton.engine.native.library import NativeKernels
 
 
-def _open(gguf_file: Path) -> Any:
+def _tensors(gguf_file: Path) -> list[GGUFTensor]:
     stat = gguf_file.stat()
-    return _cached_reader(str(gguf_file), stat.st_size, stat.st_mtime_ns)
+    return _cached_tensors(str(gguf_file), stat.st_size, stat.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=1)
-def _cached_reader(gguf_file: str, size: int, mtime_ns: int) -> Any:
-    """One parse per file version (seconds for a large vocabulary): the weights are read twice
-    at load, dequantized and as stored (`iter_gguf_compact_weights`). The reader memory-maps
-    the file, so keeping it costs address space, not memory."""
-    import gguf
-
-    try:
-        return gguf.GGUFReader(gguf_file)
-    except Exception as error:  # truncated or not GGUF: the reader raises several types
-        raise CheckpointError(f"{gguf_file}: not a readable GGUF file: {error}") from error
+def _cached_tensors(gguf_file: str, size: int, mtime_ns: int) -> list[GGUFTensor]:
+    """One read per file version: the weights are read twice at load, dequantized and as stored
+    (`iter_gguf_compact_weights`). The tensors are views of the memory-mapped file, so keeping
+    them costs address space, not memory."""
+    return read_gguf_tensors(Path(gguf_file))
 
 
 def iter_gguf_weights(
@@ -47,9 +42,8 @@ def iter_gguf_weights(
     import gguf
     from tqdm import tqdm
 
-    reader = _open(gguf_file)
     tensors = tqdm(
-        reader.tensors,
+        _tensors(gguf_file),
         desc=f"loading {gguf_file.name}",
         unit="tensor",
         delay=1.0,  # only a load that takes a while shows a bar, and only on a terminal
@@ -75,14 +69,14 @@ def iter_gguf_compact_weights(
 ) -> Iterator[tuple[str, CompactWeight]]:
     """The matrices stored in a format the compact kernel reads (compact_weights.py), as
     stored: the blocks of each row, rows in HF order (see `_unpermute`)."""
-    for tensor in _open(gguf_file).tensors:
+    for tensor in _tensors(gguf_file):
         name = hf_tensor_name(tensor.name)
         compact = _compact(tensor, name, config)
         if compact is not None:
             yield name, compact
 
 
-def _compact(tensor: Any, hf_name: str, config: ModelConfig) -> CompactWeight | None:
+def _compact(tensor: GGUFTensor, hf_name: str, config: ModelConfig) -> CompactWeight | None:
     """A GGUF tensor as stored, if it is a matrix in a format the compact kernels read."""
     compact_format = tensor.tensor_type.name.lower()
     if compact_format not in FORMATS or len(tensor.shape) != 2:
