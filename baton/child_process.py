@@ -23,6 +23,11 @@ from baton.messages import ChildSpec, Codec, LauncherMessage, ProcessReady
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+# The longest a child's loop waits on its sockets. A process-directed signal (the launcher's
+# SIGTERM, or PR_SET_PDEATHSIG's when the launcher dies) may land on any thread: ZMQ's, OpenMP's,
+# the engine's. Python runs the handler on the main thread only once it executes bytecode again,
+# which an unbounded poll would prevent: the process would outlive its launcher, idle, forever.
+IDLE_POLL_MS = 1000
 
 
 def start_child(module: str, config: BatonConfig, addresses: ServerAddresses) -> subprocess.Popen:

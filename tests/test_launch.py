@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -16,6 +18,8 @@ from typing import IO
 import httpx
 import pytest
 from helpers import free_port_pair
+
+SYS_TGKILL_X86_64 = 234
 
 
 def children_of(pid: int) -> dict[int, str]:
@@ -141,6 +145,48 @@ def test_children_die_with_a_killed_launcher(stories260k_dir: Path) -> None:
     launcher.kill()
     launcher.wait()
     assert wait_dead(children) == []
+
+
+def blocked_signals(pid: int, tid: int) -> int:
+    """A thread's blocked-signal mask (bit n - 1 for signal n)."""
+    status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    return int(status.split("SigBlk:")[1].split()[0], 16)
+
+
+def signal_thread(pid: int, tid: int, signum: int) -> None:
+    """Send `signum` to one thread of another process (tgkill; x86-64 Linux)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_TGKILL_X86_64, pid, tid, signum) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill failed")
+
+
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() != "x86_64", reason="tgkill on x86-64 Linux"
+)
+def test_a_sigterm_landing_on_another_thread_of_the_idle_scheduler_ends_it(
+    stories260k_dir: Path,
+) -> None:
+    """The launcher's SIGTERM, and PR_SET_PDEATHSIG's, are process-directed: the kernel may hand
+    them to any thread that does not block them, in the scheduler its engine thread or OpenMP's.
+    Once an idle scheduler then slept in its poll forever, outliving its killed launcher. (The
+    tokenizer and detokenizer wait the same bounded way; at rest only their main thread takes
+    signals, ZMQ's blocking them all.)"""
+    launcher, children = start_launcher(stories260k_dir)
+    try:
+        pid = child_pid(children, "scheduler_proc")
+        # The threads the kernel may pick: not the main one, and not blocking SIGTERM (ZMQ's I/O
+        # threads block every signal).
+        threads = [
+            tid for tid in map(int, os.listdir(f"/proc/{pid}/task")) if tid != pid
+            and not blocked_signals(pid, tid) & (1 << (signal.SIGTERM - 1))
+        ]  # fmt: skip
+        assert threads, "the engine thread takes signals"
+        time.sleep(0.5)  # idle: its loop is waiting on its sockets
+        signal_thread(pid, threads[-1], signal.SIGTERM)
+        assert wait_dead([pid], timeout=5.0) == []
+        assert launcher.wait(timeout=15) != 0  # a child died: the launcher stops the server
+    finally:
+        launcher.kill()
 
 
 def test_a_max_model_len_past_the_model_is_refused_in_one_line(

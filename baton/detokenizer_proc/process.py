@@ -16,7 +16,7 @@ import zmq
 from baton.addresses import ServerAddresses
 from baton.checkpoint.load import load_checkpoint
 from baton.checkpoint.tokenizer import Tokenizer
-from baton.child_process import ReadyReporter
+from baton.child_process import IDLE_POLL_MS, ReadyReporter
 from baton.config import BatonConfig
 from baton.detokenizer_proc.incremental import IncrementalDetokenizer
 from baton.detokenizer_proc.logprob_text import LogprobTexts
@@ -44,8 +44,6 @@ from baton.messages import (
 logger = logging.getLogger(__name__)
 
 ReplyItem = GenerateDelta | ErrorReply | StatsReply
-# Bounded so SIGTERM is noticed even on an idle server; the loop never spins.
-POLL_TIMEOUT_MS = 1000
 
 
 @dataclass(slots=True)
@@ -281,7 +279,7 @@ def serve(
     poller.register(replies, zmq.POLLIN)
     reporter.ready()
     while True:
-        events = dict(poller.poll(POLL_TIMEOUT_MS))
+        events = dict(poller.poll(IDLE_POLL_MS))
         if replies in events:
             router.answer_hellos()
         if inbox not in events:

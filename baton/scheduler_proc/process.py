@@ -7,7 +7,7 @@ import logging
 import zmq
 
 from baton.addresses import ServerAddresses
-from baton.child_process import ReadyReporter, run_child
+from baton.child_process import IDLE_POLL_MS, ReadyReporter, run_child
 from baton.config import BatonConfig
 from baton.messages import (
     AbortRid,
@@ -102,7 +102,7 @@ def serve(
         while not service.shutting_down:
             # Block only when idle; while requests run, just drain what has arrived.
             idle = not scheduler.has_runnable_work()
-            while inbox.poll(None if idle else 0):
+            while inbox.poll(IDLE_POLL_MS if idle else 0):
                 idle = False
                 message = inbound.decode_or_none(inbox.recv())
                 if message is None:

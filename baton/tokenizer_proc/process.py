@@ -18,7 +18,7 @@ from jinja2 import TemplateError
 from baton.addresses import ServerAddresses
 from baton.checkpoint.load import load_checkpoint
 from baton.checkpoint.tokenizer import Tokenizer
-from baton.child_process import ReadyReporter
+from baton.child_process import IDLE_POLL_MS, ReadyReporter
 from baton.config import BatonConfig
 from baton.messages import (
     PROMPT_TAIL_TOKENS,
@@ -239,7 +239,7 @@ def serve(
     poller.register(service.offload.wake_fd, zmq.POLLIN)
     reporter.ready(max_model_len=str(service.max_model_len))
     while True:
-        ready = dict(poller.poll())
+        ready = dict(poller.poll(IDLE_POLL_MS))
         outgoing = service.offload.completed() if service.offload.wake_fd in ready else []
         if requests in ready:
             outgoing += service.handle_multipart(requests.recv_multipart())
