@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import functools
 import gc
-import json
 import logging
 import math
 import shlex
@@ -33,6 +32,7 @@ from baton.bench.compare_report import level_runs, print_tables
 from baton.bench.gguf_export import cached_gguf
 from baton.bench.machine import describe_machine, machine_line
 from baton.bench.offline import Workload, run_transformers
+from baton.bench.output import write_report
 from baton.bench.peers import (
     ServerCommand,
     ServerProcess,
@@ -265,9 +265,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "engines": records,
         "runs": runs,
     }
-    if args.output_json:
-        args.output_json.parent.mkdir(parents=True, exist_ok=True)
-        args.output_json.write_text(json.dumps(report, indent=2, default=str))
+    write_report(args.output_json, report)
     if args.plot:
         from baton.bench.plots import plot_engine_comparison
 

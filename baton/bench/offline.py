@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import math
 import random
@@ -24,6 +23,7 @@ from typing import Any
 import msgspec
 import torch
 
+from baton.bench.output import write_report
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
 from baton.checkpoint.load import load_checkpoint
 from baton.checkpoint.source import GGUF_SUFFIX
@@ -257,8 +257,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             model, details["dtype"], workload, args.hf_batch_size, details["num_threads"]
         )
     report = _report(args, model, workload, baton, hf)
-    if args.output_json is not None:
-        args.output_json.write_text(json.dumps(report, indent=2))
+    write_report(args.output_json, report)
     return report
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import time
 
+from baton.bench.output import write_report
 from baton.bench.peers import free_port
 from baton.client import BatonClient
 from baton.config import BatonConfig, add_config_args, config_from_args
@@ -78,9 +78,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"ZMQ client: {result['zmq_client_ms_per_token']:.3f} ms/token; "
         f"overhead: {result['overhead_ms_per_token']:.3f} ms/token"
     )
-    if args.output_json:
-        with open(args.output_json, "w") as file:
-            json.dump(result, file, indent=2)
+    write_report(args.output_json, result)
     return result
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from baton.bench.metrics import RequestRecord, compute_metrics, format_report
+from baton.bench.output import write_report
 from baton.bench.workloads import (
     CHAT_ENDPOINT,
     DATASET_NAMES,
@@ -301,9 +302,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         output = asyncio.run(run_benchmark(args))
         print(format_report(output))
         runs, labels = [output], [f"concurrency {args.max_concurrency or 'unlimited'}"]
-    if args.output_json:
-        args.output_json.parent.mkdir(parents=True, exist_ok=True)
-        args.output_json.write_text(json.dumps(output, indent=2))
+    write_report(args.output_json, output)
     if args.plot:
         # matplotlib is imported only when plotting: it costs half a second.
         from baton.bench.plots import plot_concurrency_sweep, plot_latency_cdfs

@@ -11,7 +11,6 @@ resident memory (VmRSS, Linux), then stops the server with SIGTERM.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -20,6 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from baton.bench.output import write_report
 from baton.bench.peers import free_port
 
 POLL_S = 0.05
@@ -82,8 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"healthy after {result['healthy_s']:.2f} s")
     for name, megabytes in result["resident_mb"].items():
         print(f"  {name:26s} {megabytes:8.1f} MB resident")
-    if args.output_json:
-        Path(args.output_json).write_text(json.dumps(result, indent=2))
+    write_report(args.output_json, result)
     return result
 
 

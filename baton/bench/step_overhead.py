@@ -11,10 +11,10 @@ while the forward computes, so what is left of it per step is what the overlap f
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 
+from baton.bench.output import write_report
 from baton.config import BatonConfig, add_config_args, config_from_args
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.scheduler import Scheduler
@@ -77,9 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"outside the forward {figures['outside_forward_ms']:.3f} ms, "
             f"{figures['output_tokens_per_s']:.0f} output tok/s"
         )
-    if args.output_json:
-        with open(args.output_json, "w") as file:
-            json.dump(results, file, indent=2)
+    write_report(args.output_json, results)
     return results
 
 

@@ -12,12 +12,12 @@ its forward against its linear layers alone at as many rows (prefill's share of 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 
 import torch
 
+from baton.bench.output import write_report
 from baton.config import BatonConfig, add_config_args, config_from_args
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.engine import Engine
@@ -125,9 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{args.prefill_tokens}-token prefill: " + ", ".join(
         f"{name} {value:.2f}" for name, value in results["prefill"].items()
     ))  # fmt: skip
-    if args.output_json:
-        with open(args.output_json, "w") as file:
-            json.dump(results, file, indent=2)
+    write_report(args.output_json, results)
     return results
 
 
