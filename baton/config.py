@@ -10,6 +10,7 @@ from typing import Literal
 
 from baton.cpu_binding import AUTO, validate_setting
 from baton.engine.compute_plan import DTYPES, ISA_LEVELS, isa_rank
+from baton.speculative_config import SpeculativeConfig
 
 # Which waiting request runs first, and which running one is preempted first (the least urgent):
 # vLLM's fcfs and priority (lower `priority` first, ties by arrival), and Vajra's deadline-aware
@@ -67,6 +68,8 @@ class BatonConfig:
     enable_prefix_caching: bool = True
     disable_overlap: bool = False
     max_waiting_requests: int = 4096
+    # Speculative decoding (vLLM's --speculative-config); None: off. A dict is accepted too.
+    speculative_config: SpeculativeConfig | None = None
     # Serving
     host: str = "127.0.0.1"
     port: int = 8000
@@ -107,6 +110,9 @@ class BatonConfig:
             )
         if self.max_cpu_isa is not None:
             isa_rank(self.max_cpu_isa)
+        if isinstance(self.speculative_config, dict):  # LLM(speculative_config={...})
+            spec = SpeculativeConfig.from_dict(self.speculative_config)
+            object.__setattr__(self, "speculative_config", spec)
         if not self.shutdown_timeout >= 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
 
@@ -202,6 +208,14 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         help="plain loop: wait for each batch before scheduling the next",
     )
     group.add_argument("--max-waiting-requests", type=int, default=defaults.max_waiting_requests)
+    group.add_argument(
+        "--speculative-config",
+        type=_speculative_config,
+        default=None,
+        help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"method": "draft_model", '
+        '"model": PATH, "num_speculative_tokens": 4}',
+    )
     group = parser.add_argument_group("serving")
     group.add_argument("--host", default=defaults.host)
     group.add_argument("--port", type=int, default=defaults.port)
@@ -231,6 +245,13 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         help="seconds open requests may finish after SIGTERM before they are cut (0: at once)",
     )
     group.add_argument("--log-level", default=defaults.log_level)
+
+
+def _speculative_config(text: str) -> SpeculativeConfig:
+    try:
+        return SpeculativeConfig.from_json(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def config_from_args(args: argparse.Namespace) -> BatonConfig:

@@ -43,6 +43,9 @@ class RequestStats(msgspec.Struct, kw_only=True):
     e2e_latency: float
     decode_tokens_per_s: float
     preemptions: int
+    # Speculative decoding: drafts verified for it, and how many of them it accepted.
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
@@ -90,6 +93,11 @@ class AggregateStats(msgspec.Struct, kw_only=True):
     cached_prompt_tokens: int
     generated_tokens: int
     preemptions: int
+    # Speculative decoding (vLLM's spec_decode counters): speculative steps, the drafts they
+    # verified, and the drafts accepted.
+    spec_decode_num_drafts: int
+    spec_decode_num_draft_tokens: int
+    spec_decode_num_accepted_tokens: int
     uptime: float
     generation_throughput: float  # generated tokens per second of uptime
     # The machine and how the engine computes on it: every figure read off this server names them.

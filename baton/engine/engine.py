@@ -21,6 +21,9 @@ from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
 from baton.engine.sampler import Sampler, SamplingBatch
+from baton.engine.speculation.draft_model import DraftModel
+from baton.engine.speculation.drafter import Drafter, NgramDrafter
+from baton.engine.speculation.speculator import Speculator
 from baton.engine.weights import iter_compact_weights, iter_weights
 
 logger = logging.getLogger(__name__)
@@ -123,6 +126,7 @@ class Engine:
         )
         self.sampler = Sampler()
         self._last_sampled = torch.zeros(config.max_running_requests, dtype=torch.long)
+        self.speculator = self._speculator(config)
         logger.info(
             "engine ready: %s, %s, %d KV pages of %d tokens, max_model_len %d",
             self.checkpoint.name,
@@ -131,6 +135,19 @@ class Engine:
             self.page_size,
             self.max_model_len,
         )
+
+    def _speculator(self, config: BatonConfig) -> Speculator | None:
+        spec = config.speculative_config
+        if spec is None:
+            return None
+        if spec.method == "ngram":
+            drafter: Drafter = NgramDrafter(
+                spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
+            )
+        else:
+            drafter = DraftModel(spec, config, self.vocab_size, self.num_pages, self.dtype)
+        logger.info("speculative decoding: %s", spec)
+        return Speculator(drafter, config.max_running_requests)
 
     def _native_kernels(self) -> NativeKernels | None:
         """The native CPU kernels where this CPU runs them (AVX2) and they build, else None."""
@@ -177,7 +194,10 @@ class Engine:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
-        """Compute one batch and sample a token for each of its `sample_rows`."""
+        """Compute one batch and sample a token for each of its `sample_rows` (with
+        speculative decoding: verify each speculative row's drafts)."""
+        if self.speculator is not None:
+            return self._forward_speculative(batch)
         input_ids = torch.tensor(batch.input_ids, dtype=torch.long)
         placeholders = (input_ids == PLACEHOLDER_TOKEN).nonzero().flatten()
         if placeholders.numel():
@@ -186,38 +206,88 @@ class Engine:
             )
             slots = torch.tensor(batch.slots)[row_of_token[placeholders]]
             input_ids[placeholders] = self._last_sampled[slots]
-        meta = build_attention_metadata(
-            batch.kv_starts, batch.q_lens, batch.page_tables, self.page_size, self.device
-        )
         ends = torch.tensor(batch.q_lens).cumsum(0) - 1
         logits_indices = ends[torch.tensor(batch.sample_rows, dtype=torch.long)]
+        logits = self._logits(input_ids, batch.kv_starts, batch.q_lens, batch, logits_indices)
+        token_ids, logprobs, top_logprobs, failed_rows = self._sample(
+            logits, list(range(len(batch.sample_rows))), batch
+        )
+        return ForwardOutput(
+            [[token] for token in token_ids], logprobs, top_logprobs, failed_rows=failed_rows
+        )
+
+    def _forward_speculative(self, batch: ForwardBatch) -> ForwardOutput:
+        resolved = self.speculator.resolve(batch)
+        logits = self._logits(
+            torch.tensor(resolved.input_ids, dtype=torch.long),
+            resolved.kv_starts,
+            resolved.q_lens,
+            batch,
+            torch.tensor(resolved.logits_indices, dtype=torch.long),
+        )
+        verdict = self.speculator.verify(
+            logits,
+            resolved,
+            batch,
+            lambda rows_logits, rows: self._sample(rows_logits, rows, batch),
+        )
+        return ForwardOutput(
+            verdict.token_ids,
+            verdict.logprobs,
+            verdict.top_logprobs,
+            failed_rows=verdict.failed_rows,
+            num_drafted=verdict.num_drafted,
+        )
+
+    def _logits(
+        self,
+        input_ids: torch.Tensor,
+        kv_starts: list[int],
+        q_lens: list[int],
+        batch: ForwardBatch,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run the model over the rows (K/V into the pool); float32 logits at `logits_indices`."""
+        meta = build_attention_metadata(
+            kv_starts, q_lens, batch.page_tables, self.page_size, self.device
+        )
         if self.decode_step is not None and self.decode_step.handles(meta):
-            logits = self.decode_step(input_ids, meta, logits_indices)
-        else:
-            self.attention.plan(meta)
-            logits = self.model(
-                input_ids.to(self.device),
-                meta.positions,
-                self.kv_pool,
-                self.attention,
-                meta,
-                logits_indices.to(self.device),
-            )
-        _suppress(logits, batch.suppressed_token_ids)
-        sampling = SamplingBatch.from_params(batch.sampling_params, batch.generators, self.device)
+            return self.decode_step(input_ids, meta, logits_indices)
+        self.attention.plan(meta)
+        return self.model(
+            input_ids.to(self.device),
+            meta.positions,
+            self.kv_pool,
+            self.attention,
+            meta,
+            logits_indices.to(self.device),
+        )
+
+    def _sample(
+        self, logits: torch.Tensor, rows: list[int], batch: ForwardBatch
+    ) -> tuple[list[int], list | None, list | None, list[int]]:
+        """Sample one token for each of the given sampled rows (indices into `sample_rows`)
+        from its logits row: (tokens, logprobs, top logprobs, failed rows as indices into
+        `rows`). Each row's slot remembers its token for a decode scheduled before it was known."""
+        _suppress(logits, [batch.suppressed_token_ids[i] for i in rows])
+        sampling = SamplingBatch.from_params(
+            [batch.sampling_params[i] for i in rows],
+            [batch.generators[i] for i in rows],
+            self.device,
+        )
         sampled = self.sampler.sample(logits, sampling)
         token_ids = sampled.token_ids.cpu()
         sample_slots = torch.tensor(
-            [batch.slots[row] for row in batch.sample_rows], dtype=torch.long
+            [batch.slots[batch.sample_rows[i]] for i in rows], dtype=torch.long
         )
         self._last_sampled[sample_slots] = token_ids
         failed_rows = sampled.failed.cpu().nonzero().flatten().tolist()
         if failed_rows:
             logger.error("sampling failed for %d rows of the batch", len(failed_rows))
-        return ForwardOutput(
+        return (
             token_ids.tolist(),
             *_logprob_lists(sampled, sampling.num_logprobs),
-            failed_rows=failed_rows,
+            failed_rows,
         )
 
 

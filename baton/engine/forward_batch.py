@@ -27,6 +27,11 @@ class ForwardBatch:
     generators: list[torch.Generator | None]  # per sampled row
     # Per sampled row: token ids it must not sample now (EOS and stop ids before min_tokens).
     suppressed_token_ids: list[list[int]] = field(default_factory=list)
+    # Speculative decoding, per row: how many drafts the engine proposes and verifies after the
+    # row's one known (or placeholder) input token, and the tokens the scheduler knew of its
+    # sequence when it scheduled the row (what drafts are proposed from; [] for other rows).
+    num_drafts: list[int] = field(default_factory=list)
+    contexts: list[list[int]] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:
@@ -39,11 +44,14 @@ class ForwardBatch:
 
 @dataclass
 class ForwardOutput:
-    """Per sampled row: the token, and log-probabilities where the request asked for them;
-    `failed_rows` (indices into the sampled rows) could not be sampled: their requests end with
-    an error, the batch's other rows go on."""
+    """Per sampled row: its tokens (one; for a speculative row its accepted drafts and the token
+    sampled after them), and log-probabilities where the request asked for them (rows that ask
+    never speculate); `failed_rows` (indices into the sampled rows) could not be sampled: their
+    requests end with an error, the batch's other rows go on. `num_drafted`, per sampled row:
+    the drafts verified (0 without speculation)."""
 
-    token_ids: list[int]
+    token_ids: list[list[int]]
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = field(default=None)
     failed_rows: list[int] = field(default_factory=list)
+    num_drafted: list[int] | None = None

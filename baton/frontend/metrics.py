@@ -65,6 +65,11 @@ class SchedulerStatsCollector(Collector):
              stats.prompt_tokens),
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
              stats.cached_prompt_tokens),
+            ("spec_decode_num_drafts", "Speculative steps.", stats.spec_decode_num_drafts),
+            ("spec_decode_num_draft_tokens", "Draft tokens verified.",
+             stats.spec_decode_num_draft_tokens),
+            ("spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+             stats.spec_decode_num_accepted_tokens),
         ):  # fmt: skip
             yield self._family(CounterMetricFamily, name, doc, value)
 

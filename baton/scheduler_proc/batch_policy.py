@@ -32,6 +32,11 @@ class BatchPolicy:
     remain after a one-page reserve per decoding sequence. When a decode cannot get a page the
     least urgent running sequence is preempted (`preempt` callback), which may be the sequence
     itself.
+
+    With speculative decoding a decode becomes a speculative step of up to
+    `num_speculative_tokens` drafts, fewer near max_tokens or the context's end; a sequence that
+    asks for logprobs, or whose stop tokens are still suppressed (min_tokens), decodes plainly.
+    When the pages for the drafts are not there it decodes plainly before anyone is preempted.
     """
 
     def __init__(
@@ -43,7 +48,11 @@ class BatchPolicy:
         waiting: list[Sequence],
         free_slots: list[int],
         preempt: Callable[[Sequence], bool],
+        max_model_len: int,
     ) -> None:
+        self.max_model_len = max_model_len
+        spec = config.speculative_config
+        self.num_speculative_tokens = spec.num_speculative_tokens if spec else 0
         self.chunk_size = config.chunk_size
         self.max_running = config.max_running_requests
         self.decode_first = config.batch_order == "decode-first"
@@ -113,11 +122,22 @@ class BatchPolicy:
                 continue  # paused, or preempted earlier in this loop
             if not (seq.prefill_done and seq.can_schedule and seq.decode_budget_left > 0):
                 continue
+            if seq.kv_position >= self.max_model_len:
+                # Past the context only by drafts still in flight: wait for their verdict.
+                continue
+            num_drafts = self._num_drafts(seq)
             while True:
                 try:
-                    rows.append(ScheduledRow(seq, seq.schedule_decode(self.kv)))
+                    if num_drafts:
+                        step = seq.schedule_speculative(num_drafts, self.kv)
+                    else:
+                        step = seq.schedule_decode(self.kv)
+                    rows.append(ScheduledRow(seq, step))
                     break
                 except AllocationFailed:
+                    if num_drafts:
+                        num_drafts = 0
+                        continue
                     # Preempt from the back: never a sequence already in this batch (they are
                     # all in front of `seq`), possibly `seq` itself.
                     victim = self.running[-1]
@@ -125,3 +145,14 @@ class BatchPolicy:
                     if victim is seq or not pages_freed_now:
                         break
         return rows
+
+    def _num_drafts(self, seq: Sequence) -> int:
+        """How many drafts `seq`'s next decode verifies (0: a plain decode). Each draft may
+        become an output, so they stay within max_tokens (counting the one token the step
+        yields anyway) and within the context."""
+        if not self.num_speculative_tokens:
+            return 0
+        if seq.params.logprobs is not None or seq.num_output_tokens < seq.params.min_tokens:
+            return 0
+        room = min(seq.decode_budget_left - 1, self.max_model_len - 1 - seq.kv_position)
+        return max(0, min(self.num_speculative_tokens, room))

@@ -11,11 +11,14 @@ from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.sequence import Sequence
 
 
-def build_forward_batch(rows: list[ScheduledRow], eos_token_ids: Seq[int]) -> ForwardBatch:
+def build_forward_batch(
+    rows: list[ScheduledRow], eos_token_ids: Seq[int], speculative: bool = False
+) -> ForwardBatch:
     """Snapshot the rows into a ForwardBatch.
 
     Page tables are copied: the scheduler keeps mutating them (caching, reverting, growing) while
-    the batch computes on the worker thread.
+    the batch computes on the worker thread. With speculative decoding each speculative row
+    carries its sequence's known tokens, which the engine proposes drafts from.
     """
     batch = ForwardBatch([], [], [], [], [], [], [], [])
     for index, row in enumerate(rows):
@@ -29,6 +32,9 @@ def build_forward_batch(rows: list[ScheduledRow], eos_token_ids: Seq[int]) -> Fo
         batch.q_lens.append(step.num_tokens)
         batch.page_tables.append(seq.page_table[: -(-end // seq.page_size)])
         batch.slots.append(seq.slot)
+        if speculative:
+            batch.num_drafts.append(step.num_drafts)
+            batch.contexts.append(list(seq.tokens) if step.num_drafts else [])
         if step.samples:
             batch.sample_rows.append(index)
             batch.sampling_params.append(seq.params)
@@ -46,16 +52,20 @@ def _suppressed(seq: Sequence, eos_token_ids: Seq[int]) -> list[int]:
     return [*(params.stop_token_ids or ()), *(() if params.ignore_eos else eos_token_ids)]
 
 
-def finish_reason(seq: Sequence, token: int, eos_token_ids: Seq[int]) -> str | None:
-    """Why `seq` stops after sampling `token`, or None to go on."""
+def kept_tokens(
+    seq: Sequence, tokens: list[int], eos_token_ids: Seq[int]
+) -> tuple[list[int], str | None]:
+    """The prefix of a step's `tokens` that `seq` keeps, and why it stops after them (None to go
+    on): a speculative step may yield tokens past a stop token or past max_tokens."""
     params = seq.params
-    if params.stop_token_ids and token in params.stop_token_ids:
-        return "stop"
-    if not params.ignore_eos and token in eos_token_ids:
-        return "stop"
-    if seq.num_output_tokens >= seq.max_tokens:
-        return "length"
-    return None
+    room = seq.max_tokens - seq.num_output_tokens
+    for index, token in enumerate(tokens[:room]):
+        if (params.stop_token_ids and token in params.stop_token_ids) or (
+            not params.ignore_eos and token in eos_token_ids
+        ):
+            return tokens[: index + 1], "stop"
+    kept = tokens[:room]
+    return kept, "length" if seq.num_output_tokens + len(kept) >= seq.max_tokens else None
 
 
 def apply_results(
@@ -65,15 +75,17 @@ def apply_results(
 
     Rows of sequences that finished while the batch was in flight are skipped: their tokens are
     discarded and their still-scheduled steps are reverted when they are released. A row the
-    engine could not sample (`output.failed_rows`) finishes its sequence with "error".
+    engine could not sample (`output.failed_rows`) finishes its sequence with "error". A page
+    that fills with computed tokens goes to the prefix cache at once.
     """
     results = []
     sampled_index = 0
     failed = set(output.failed_rows)
     for row in rows:
         seq, step = row.seq, row.step
-        token = None
+        tokens: list[int] = []
         logprobs = None
+        num_drafted = 0
         if step.samples and sampled_index in failed:
             # Its step stays unapplied: releasing the finished sequence reverts it.
             sampled_index += 1
@@ -81,7 +93,9 @@ def apply_results(
                 results.append((seq, [], None, "error"))
             continue
         if step.samples:
-            token = output.token_ids[sampled_index]
+            tokens = output.token_ids[sampled_index]
+            if output.num_drafted is not None:
+                num_drafted = output.num_drafted[sampled_index]
             if output.logprobs is not None and seq.params.logprobs is not None:
                 logprobs = [
                     TokenLogprob(output.logprobs[sampled_index], output.top_logprobs[sampled_index])
@@ -89,12 +103,19 @@ def apply_results(
             sampled_index += 1
         if seq.is_finished:
             continue
+        if not tokens:  # a prefill chunk that does not finish the prefill
+            seq.apply_prefill(None)
+            continue
+        kept, reason = kept_tokens(seq, tokens, eos_token_ids)
         if step.is_prefill:
-            seq.apply_prefill(token)
-            if token is not None:
-                seq.cache_computed_prefix(kv)
+            seq.apply_prefill(kept[0])
+            seq.cache_computed_prefix(kv)
         else:
-            seq.apply_decode(token)
-        if token is not None:
-            results.append((seq, [token], logprobs, finish_reason(seq, token, eos_token_ids)))
+            if step.num_drafts:
+                outcome = seq.apply_speculative(kept, num_drafted, kv)
+            else:
+                outcome = seq.apply_decode(kept[0])
+            if outcome.block_completed:
+                seq.cache_computed_prefix(kv)
+        results.append((seq, kept, logprobs, reason))
     return results

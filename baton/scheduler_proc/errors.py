@@ -54,3 +54,7 @@ class TokenOnNonFinalChunk(ApplyError):
 
 class MissingTokenOnFinalChunk(ApplyError):
     """No sampled token given for the chunk that finishes the prefill."""
+
+
+class AcceptedExceedsScheduled(ApplyError):
+    """A speculative step applied with more accepted drafts than it scheduled."""

@@ -68,7 +68,14 @@ class Scheduler:
         self.requests: dict[str, Sequence] = {}
         self.free_slots = list(range(config.max_running_requests - 1, -1, -1))
         self.policy = BatchPolicy(
-            config, self.kv, self.order, self.running, self.waiting, self.free_slots, self._preempt
+            config,
+            self.kv,
+            self.order,
+            self.running,
+            self.waiting,
+            self.free_slots,
+            self._preempt,
+            engine.max_model_len,
         )
         self.stats = StatsCollector()
         self._in_flight: deque[InFlightBatch] = deque()
@@ -160,7 +167,9 @@ class Scheduler:
         return outputs
 
     def _launch(self, rows: list[ScheduledRow]) -> None:
-        batch = build_forward_batch(rows, self.engine.checkpoint.eos_token_ids)
+        batch = build_forward_batch(
+            rows, self.engine.checkpoint.eos_token_ids, self.engine.speculator is not None
+        )
         for row in rows:
             row.seq.enter_batch()
         if self.order.changes_as_requests_run:  # lrs: remaining times from measured costs
@@ -254,7 +263,13 @@ class Scheduler:
     def aggregate_stats(self) -> AggregateStats:
         engine = self.engine
         return self.stats.aggregate(
-            len(self.running), len(self.waiting), self._num_paused, self.kv, engine.cpu, engine.plan
+            len(self.running),
+            len(self.waiting),
+            self._num_paused,
+            self.requests.values(),
+            self.kv,
+            engine.cpu,
+            engine.plan,
         )
 
     def shutdown(self) -> None:

@@ -6,10 +6,17 @@ returning its pages. Up to `max_in_flight` steps may be scheduled before the old
 1 for the plain loop, 2 for the overlap loop, where batch N+1 is scheduled while batch N still
 computes. A token that is scheduled to be sampled but not yet known is a *placeholder* (vLLM's
 num_output_placeholders): it counts in `total_tokens` and so in `tail_tokens`.
+
+A speculative step (`schedule_speculative(k)`) computes the tail token and k drafts, and counts
+1 + k placeholders: positions advance as if every draft will be accepted (the seed's scenario 4).
+`apply_speculative` rolls `kv_position` back by the rejected ones, moves any step scheduled
+after it down by as much (the engine does the same when it runs that step), and drops the pages
+nothing uses any more, newest first.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 
@@ -18,6 +25,7 @@ import torch
 from baton.messages import FinishReason
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.errors import (
+    AcceptedExceedsScheduled,
     GenerationComplete,
     MissingTokenOnFinalChunk,
     NothingScheduled,
@@ -32,6 +40,7 @@ from baton.scheduler_proc.errors import (
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.radix_cache import RadixNode
 from baton.scheduler_proc.sequence_state import (
+    DecodeOutcome,
     EventKind,
     RequestTimes,
     ScheduledStep,
@@ -79,6 +88,11 @@ class Sequence:
         self.slot: int | None = None  # row of the engine's sampled-token buffer while admitted
         self.in_flight_batches = 0  # batches launched but not yet processed that contain it
         self.num_preemptions = 0
+        # Speculative decoding: its speculative steps, the drafts the engine verified for it,
+        # and how many it accepted.
+        self.num_speculative_steps = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
         # Its client is not reading: not scheduled (nor admitted) until resumed.
         self.paused = False
         self.times = RequestTimes(arrival_time if arrival_time is not None else time.monotonic())
@@ -124,8 +138,11 @@ class Sequence:
 
     @property
     def decode_budget_left(self) -> int:
-        """Outputs still allowed, counting the in-flight placeholders."""
-        return self.max_tokens - self.num_output_tokens - self.num_placeholders
+        """Outputs still allowed beyond those the scheduled steps are sure to yield: one each
+        (a speculative step may yield more; the seed's worst-case check of scenario 4). A decode
+        may be scheduled while this is positive."""
+        pending_samples = sum(1 for step in self._pending if step.samples)
+        return self.max_tokens - self.num_output_tokens - pending_samples
 
     @property
     def history(self) -> tuple[SequenceEvent, ...]:
@@ -203,6 +220,22 @@ class Sequence:
 
     def schedule_decode(self, kv: KVCacheManager) -> ScheduledStep:
         """Schedule one decode step: compute the tail token's K/V and sample the next token."""
+        self._check_decodable()
+        step = self._schedule_generation(kv, 0)
+        self._record(EventKind.DECODE_SCHEDULED, 1)
+        return step
+
+    def schedule_speculative(self, num_drafts: int, kv: KVCacheManager) -> ScheduledStep:
+        """Schedule a speculative step: the tail token and `num_drafts` draft tokens (proposed by
+        the engine when it runs the step) are computed and verified in one forward."""
+        self._check_decodable()
+        if num_drafts < 1:
+            raise ValueError(f"a speculative step needs drafts, got {num_drafts}")
+        step = self._schedule_generation(kv, num_drafts)
+        self._record(EventKind.SPECULATIVE_SCHEDULED, num_drafts)
+        return step
+
+    def _check_decodable(self) -> None:
         if not self.can_schedule:
             raise NotIdle(f"{self.rid}: {len(self._pending)} steps already scheduled")
         if not self.prefill_done:
@@ -211,12 +244,14 @@ class Sequence:
             raise GenerationComplete(f"{self.rid}: max_tokens={self.max_tokens} reached")
         if self.tail_tokens != 1:
             raise WrongDanglingCount(f"{self.rid}: {self.tail_tokens} tail tokens, need 1")
-        allocated = self._grow_page_table(kv, self.kv_position + 1)
-        step = ScheduledStep(self.kv_position, 1, True, False, allocated)
-        self.kv_position += 1
-        self.num_placeholders += 1
+
+    def _schedule_generation(self, kv: KVCacheManager, num_drafts: int) -> ScheduledStep:
+        num_tokens = 1 + num_drafts
+        allocated = self._grow_page_table(kv, self.kv_position + num_tokens)
+        step = ScheduledStep(self.kv_position, num_tokens, True, False, allocated, num_drafts)
+        self.kv_position += num_tokens
+        self.num_placeholders += num_tokens
         self._pending.append(step)
-        self._record(EventKind.DECODE_SCHEDULED, 1)
         return step
 
     def _pop_oldest(self, is_prefill: bool) -> ScheduledStep:
@@ -237,12 +272,69 @@ class Sequence:
             self._append_output(token)
         self._record(EventKind.PREFILL_APPLIED, step.num_tokens)
 
-    def apply_decode(self, token: int) -> None:
+    def apply_decode(self, token: int) -> DecodeOutcome:
         """Commit the oldest scheduled decode step with its sampled token."""
-        self._pop_oldest(is_prefill=False)
+        step = self._pop_oldest(is_prefill=False)
+        if step.num_drafts:
+            raise WrongState(f"{self.rid}: oldest scheduled step is speculative")
         self._pending.popleft()
         self._append_output(token)
         self._record(EventKind.DECODE_APPLIED, 1)
+        return self._outcome(step.start, step.start + 1)
+
+    def apply_speculative(
+        self, tokens: list[int], num_drafted: int, kv: KVCacheManager
+    ) -> DecodeOutcome:
+        """Commit the oldest scheduled speculative step: `tokens` are its accepted drafts and
+        the one token sampled after them; `num_drafted` (<= the scheduled drafts) is how many
+        drafts the engine proposed and verified. The rejected positions are rolled back."""
+        step = self._pop_oldest(is_prefill=False)
+        if not step.num_drafts:
+            raise WrongState(f"{self.rid}: oldest scheduled step is not speculative")
+        if not 1 <= len(tokens) <= 1 + min(num_drafted, step.num_drafts):
+            raise AcceptedExceedsScheduled(
+                f"{self.rid}: {len(tokens)} tokens from {num_drafted} verified of "
+                f"{step.num_drafts} scheduled drafts"
+            )
+        self._pending.popleft()
+        rejected = step.num_tokens - len(tokens)
+        self.num_placeholders -= step.num_tokens - len(tokens)
+        for token in tokens:
+            self._append_output(token)
+        self.kv_position -= rejected
+        self.num_speculative_steps += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += len(tokens) - 1
+        if rejected:
+            # A step scheduled after this one assumed every draft accepted: it starts lower.
+            for index, later in enumerate(self._pending):
+                self._pending[index] = dataclasses.replace(later, start=later.start - rejected)
+            self._drop_unassigned_pages(kv, kv_needed=self.kv_position)
+        self._record(EventKind.SPECULATIVE_APPLIED, len(tokens) - 1)
+        return self._outcome(step.start, step.start + len(tokens))
+
+    def _drop_unassigned_pages(self, kv: KVCacheManager, kv_needed: int) -> None:
+        """Free the pages past the `kv_needed` tokens still scheduled (LIFO), taking them off
+        the allocations of the newest steps so a revert never frees them twice."""
+        excess = len(self.page_table) - -(-kv_needed // self.page_size)
+        if excess <= 0:
+            return
+        dropped = self.page_table[-excess:]
+        del self.page_table[-excess:]
+        kv.free(dropped)
+        for index in range(len(self._pending) - 1, -1, -1):
+            step = self._pending[index]
+            taken = min(step.num_pages_allocated, excess)
+            self._pending[index] = dataclasses.replace(
+                step, num_pages_allocated=step.num_pages_allocated - taken
+            )
+            excess -= taken
+        self._record(EventKind.UNASSIGNED_DROPPED, len(dropped) * self.page_size)
+
+    def _outcome(self, computed_before: int, computed_after: int) -> DecodeOutcome:
+        """Whether the step filled a page with computed tokens, and reached max_tokens."""
+        block_completed = computed_after // self.page_size > computed_before // self.page_size
+        return DecodeOutcome.of(block_completed, self.num_output_tokens >= self.max_tokens)
 
     def _append_output(self, token: int) -> None:
         """A sampled token replaces its placeholder; the first one stamps the first-token time."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Iterable
 
 from baton.engine.compute_plan import ComputePlan, CpuCapabilities
 from baton.messages import AggregateStats, RequestStats, StepOutput, TokenLogprob
@@ -21,6 +22,10 @@ class StatsCollector:
         self.cached_prompt_tokens = 0
         self.generated_tokens = 0
         self.preemptions = 0
+        # Speculative decoding, of finished requests (running ones add theirs when asked).
+        self.speculative_steps = 0
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
 
     def count_tokens(self, new_tokens: list[int]) -> None:
         """Account newly sampled tokens."""
@@ -33,6 +38,9 @@ class StatsCollector:
         self.finished_requests += 1
         self.prompt_tokens += seq.num_prompt_tokens
         self.cached_prompt_tokens += seq.num_cached_tokens
+        self.speculative_steps += seq.num_speculative_steps
+        self.draft_tokens += seq.num_draft_tokens
+        self.accepted_tokens += seq.num_accepted_tokens
         times = seq.times
         end = times.finished or time.monotonic()
         first_token = times.first_token
@@ -51,6 +59,8 @@ class StatsCollector:
             e2e_latency=end - times.arrival,
             decode_tokens_per_s=decoded / decode_time if decode_time > 0 else 0.0,
             preemptions=seq.num_preemptions,
+            spec_draft_tokens=seq.num_draft_tokens,
+            spec_accepted_tokens=seq.num_accepted_tokens,
         )
         return StepOutput(
             rid=seq.rid,
@@ -66,12 +76,15 @@ class StatsCollector:
         running: int,
         waiting: int,
         paused: int,
+        live: Iterable[Sequence],
         kv: KVCacheManager,
         cpu: CpuCapabilities,
         compute_plan: ComputePlan,
     ) -> AggregateStats:
-        """A snapshot of scheduler-wide state and totals, with the engine's machine and plan."""
+        """A snapshot of scheduler-wide state and totals (`live`: the unfinished requests),
+        with the engine's machine and plan."""
         uptime = time.monotonic() - self.started
+        live = [seq for seq in live if not seq.is_finished]
         return AggregateStats(
             running_requests=running,
             waiting_requests=waiting,
@@ -88,6 +101,12 @@ class StatsCollector:
             cached_prompt_tokens=self.cached_prompt_tokens,
             generated_tokens=self.generated_tokens,
             preemptions=self.preemptions,
+            spec_decode_num_drafts=self.speculative_steps
+            + sum(seq.num_speculative_steps for seq in live),
+            spec_decode_num_draft_tokens=self.draft_tokens
+            + sum(seq.num_draft_tokens for seq in live),
+            spec_decode_num_accepted_tokens=self.accepted_tokens
+            + sum(seq.num_accepted_tokens for seq in live),
             uptime=uptime,
             generation_throughput=self.generated_tokens / uptime if uptime > 0 else 0.0,
             cpu=cpu,

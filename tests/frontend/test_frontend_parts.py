@@ -100,8 +100,9 @@ def test_metrics_observe_requests_and_stats() -> None:
         running_requests=2, waiting_requests=1, paused_requests=1, total_pages=10, free_pages=5,
         cached_pages=1, used_pages=4, peak_used_pages=7, peak_memory_bytes=3 << 30,
         finished_requests=3, prompt_tokens=30, cached_prompt_tokens=8, generated_tokens=40,
-        preemptions=1, uptime=1.0, generation_throughput=40.0, cpu=SAMPLE_CPU,
-        compute_plan=SAMPLE_PLAN,
+        preemptions=1, spec_decode_num_drafts=5, spec_decode_num_draft_tokens=20,
+        spec_decode_num_accepted_tokens=12, uptime=1.0, generation_throughput=40.0,
+        cpu=SAMPLE_CPU, compute_plan=SAMPLE_PLAN,
     )  # fmt: skip
     samples = {
         (sample.name, sample.labels.get("finished_reason")): sample.value
@@ -118,6 +119,9 @@ def test_metrics_observe_requests_and_stats() -> None:
     assert samples[("baton:num_requests_waiting", None)] == 1
     assert samples[("baton:num_requests_paused", None)] == 1
     assert samples[("baton:prefix_cache_hits_total", None)] == 8
+    assert samples[("baton:spec_decode_num_drafts_total", None)] == 5
+    assert samples[("baton:spec_decode_num_draft_tokens_total", None)] == 20
+    assert samples[("baton:spec_decode_num_accepted_tokens_total", None)] == 12
     without_stats = metrics.render(None).decode()
     assert "baton:num_requests_running" not in without_stats
 

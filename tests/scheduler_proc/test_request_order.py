@@ -144,7 +144,9 @@ def test_deadline_policies_run_the_queue_in_their_order(
 
 def test_preemption_takes_the_least_urgent_request(tiny_llama_dir: Path) -> None:
     """Two running requests outgrow a small pool: under priority, the one with the larger
-    priority number is preempted, though it arrived first; under fcfs, the later arrival."""
+    priority number is preempted, though it arrived first; under fcfs, the later arrival.
+    (Different prompts: identical ones would share their filled pages through the prefix
+    cache, and fit.)"""
     preempted = {}
     for policy in ("priority", "fcfs"):
         config = BatonConfig(
@@ -157,7 +159,7 @@ def test_preemption_takes_the_least_urgent_request(tiny_llama_dir: Path) -> None
         )
         scheduler = Scheduler(config)
         scheduler.add_request("early-unimportant", PROMPT, greedy(36), priority=5)
-        scheduler.add_request("late-important", PROMPT, greedy(36), priority=0)
+        scheduler.add_request("late-important", [9, 10, 11, 12], greedy(36), priority=0)
         while scheduler.has_unfinished_requests():
             scheduler.step()
             for rid, seq in scheduler.requests.items():

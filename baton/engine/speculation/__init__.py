@@ -1,0 +1,1 @@
+"""Speculative decoding: proposing draft tokens and verifying them against the target model."""

@@ -1,0 +1,193 @@
+"""The engine's side of speculative decoding: where each row really starts, its drafts, and the
+verdict on them.
+
+The scheduler schedules a speculative row as the tail token plus k drafts and, in the overlap
+loop, may schedule a sequence's next step before this one's verdict is known: it then assumes
+every draft accepted (vLLM's scenario 4). The engine runs batches one at a time, so when it runs
+that next step it knows the verdict; it keeps, per slot, the tokens the slot's latest step
+yielded and how many of its positions were rejected, and a row whose first input is still a
+placeholder starts that many positions lower and reads its input token from there. The
+scheduler makes the same correction when it applies the verdict (`Sequence.apply_speculative`).
+
+Drafts are proposed here, when the row runs, from the context the scheduler knew plus what the
+slot's latest step yielded: so they always continue the verified text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch
+from baton.engine.sampler import greedy_argmax
+from baton.engine.speculation.drafter import Draft, Drafter, DraftRequest
+from baton.engine.speculation.verify import target_probs, verify_greedy, verify_sampled
+
+# Samples the plain rows of a batch as the engine does without speculation: (their logits, their
+# indices among the batch's sampled rows) -> (a token each, logprobs, top logprobs, failed rows,
+# as indices into the given rows).
+PlainSample = tuple[list[int], list | None, list | None, list[int]]
+PlainSampler = Callable[[torch.Tensor, list[int]], PlainSample]
+
+
+@dataclass
+class ResolvedBatch:
+    """A batch as it really runs: corrected starts, known inputs, drafts proposed."""
+
+    input_ids: list[int]
+    kv_starts: list[int]
+    q_lens: list[int]
+    logits_indices: list[int]  # per sampled row, its 1 + len(drafts) positions
+    drafts: list[Draft | None]  # per sampled row; None for a plain row
+
+
+@dataclass
+class Verdict:
+    """Per sampled row: its tokens, and how many drafts were verified."""
+
+    token_ids: list[list[int]]
+    num_drafted: list[int]
+    logprobs: list | None
+    top_logprobs: list | None
+    failed_rows: list[int]
+
+
+class Speculator:
+    """Per-slot state of speculative decoding, and the draft/verify halves of a forward."""
+
+    def __init__(self, drafter: Drafter, num_slots: int) -> None:
+        self.drafter = drafter
+        # Of each slot's latest step: the tokens it yielded, and its rejected positions.
+        self._last_outputs: list[list[int]] = [[] for _ in range(num_slots)]
+        self._rejected = [0] * num_slots
+
+    def resolve(self, batch: ForwardBatch) -> ResolvedBatch:
+        """Correct each row's start and input after its slot's latest verdict; propose drafts."""
+        input_ids: list[int] = []
+        kv_starts: list[int] = []
+        q_lens: list[int] = []
+        requests: list[DraftRequest] = []
+        sample_index = {row: i for i, row in enumerate(batch.sample_rows)}
+        offset = 0
+        for row in range(batch.num_rows):
+            q_len = batch.q_lens[row]
+            ids = batch.input_ids[offset : offset + q_len]
+            offset += q_len
+            start, slot = batch.kv_starts[row], batch.slots[row]
+            follows_in_flight = ids[0] == PLACEHOLDER_TOKEN
+            if follows_in_flight:  # a decode scheduled before its slot's latest step was done
+                start -= self._rejected[slot]
+                ids[0] = self._last_outputs[slot][-1]
+            num_drafts = batch.num_drafts[row] if batch.num_drafts else 0
+            if num_drafts:
+                ids = ids[:1]
+                context = batch.contexts[row]
+                if follows_in_flight:
+                    context = context + self._last_outputs[slot]
+                if len(context) != start + 1:
+                    raise RuntimeError(
+                        f"slot {slot}: context of {len(context)} tokens for a row at {start}"
+                    )
+                sampled = sample_index[row]
+                requests.append(
+                    DraftRequest(
+                        slot,
+                        context,
+                        num_drafts,
+                        batch.page_tables[row],
+                        batch.sampling_params[sampled],
+                        batch.generators[sampled],
+                    )
+                )
+            input_ids.extend(ids)
+            kv_starts.append(start)
+            q_lens.append(len(ids))
+        drafts = iter(self.drafter.propose(requests) if requests else [])
+        sampled_drafts: list[Draft | None] = []
+        logits_indices: list[int] = []
+        # Drafts go after each speculative row's input: rebuild the flat layout with them.
+        flat: list[int] = []
+        position = 0
+        sample_rows = set(batch.sample_rows)
+        for row in range(batch.num_rows):
+            ids = input_ids[position : position + q_lens[row]]
+            position += q_lens[row]
+            draft = next(drafts) if batch.num_drafts and batch.num_drafts[row] else None
+            if draft is not None:
+                ids = ids + draft.tokens
+                q_lens[row] = len(ids)
+            flat.extend(ids)
+            if row in sample_rows:
+                sampled_drafts.append(draft)
+                first = len(flat) - 1 - (len(draft.tokens) if draft else 0)
+                logits_indices.extend(range(first, len(flat)))
+        return ResolvedBatch(flat, kv_starts, q_lens, logits_indices, sampled_drafts)
+
+    def verify(
+        self,
+        logits: torch.Tensor,
+        resolved: ResolvedBatch,
+        batch: ForwardBatch,
+        sample_plain: PlainSampler,
+    ) -> Verdict:
+        """Turn the logits of every sampled position into each row's tokens, and remember per
+        slot what its step yielded and rejected."""
+        drafts = resolved.drafts
+        first_rows: list[int] = []  # per sampled row: its first logits row
+        index = 0
+        for draft in drafts:
+            first_rows.append(index)
+            index += 1 + (len(draft.tokens) if draft is not None else 0)
+        plain = [i for i, draft in enumerate(drafts) if draft is None]
+        token_ids: list[list[int]] = [[] for _ in drafts]
+        num_drafted = [0] * len(drafts)
+        logprobs = top_logprobs = None
+        failed: list[int] = []
+        if plain:
+            plain_logits = logits.index_select(0, torch.tensor([first_rows[i] for i in plain]))
+            tokens, plain_logprobs, plain_top, plain_failed = sample_plain(plain_logits, plain)
+            for i, token in zip(plain, tokens):
+                token_ids[i] = [token]
+            failed.extend(plain[j] for j in plain_failed)
+            if plain_logprobs is not None:  # rows asking for logprobs never speculate
+                logprobs = [float("nan")] * len(drafts)
+                top_logprobs = [[] for _ in drafts]
+                for j, i in enumerate(plain):
+                    logprobs[i], top_logprobs[i] = plain_logprobs[j], plain_top[j]
+        speculative = [i for i, draft in enumerate(drafts) if draft is not None]
+        greedy = [i for i in speculative if batch.sampling_params[i].is_greedy]
+        if greedy:
+            rows = [first_rows[i] + j for i in greedy for j in range(1 + len(drafts[i].tokens))]
+            argmax = greedy_argmax(logits.index_select(0, torch.tensor(rows))).tolist()
+            at = 0
+            for i in greedy:
+                count = 1 + len(drafts[i].tokens)
+                token_ids[i] = verify_greedy(argmax[at : at + count], drafts[i].tokens)
+                at += count
+        for i in speculative:
+            draft = drafts[i]
+            num_drafted[i] = len(draft.tokens)
+            params = batch.sampling_params[i]
+            if params.is_greedy:
+                continue
+            rows_logits = logits[first_rows[i] : first_rows[i] + 1 + len(draft.tokens)]
+            try:
+                probs = target_probs(rows_logits, params)
+                token_ids[i] = verify_sampled(probs, draft.tokens, draft.probs, batch.generators[i])
+            except ValueError:  # not a distribution (NaN logits): this row alone fails
+                failed.append(i)
+                token_ids[i] = [0]
+        self._remember(batch, resolved, token_ids)
+        return Verdict(token_ids, num_drafted, logprobs, top_logprobs, sorted(failed))
+
+    def _remember(
+        self, batch: ForwardBatch, resolved: ResolvedBatch, token_ids: list[list[int]]
+    ) -> None:
+        for i, row in enumerate(batch.sample_rows):
+            slot = batch.slots[row]
+            self._last_outputs[slot] = token_ids[i]
+            # The scheduler assumed every scheduled draft accepted (a plain row has none).
+            num_drafts = batch.num_drafts[row] if batch.num_drafts else 0
+            self._rejected[slot] = 1 + num_drafts - len(token_ids[i]) if num_drafts else 0
