@@ -164,6 +164,11 @@ def run(config: BatonConfig) -> int:
     try:
         # Refused here in one line rather than by every child with a traceback.
         load_model_config(config.model).served_context_length(config.max_model_len)
+        if config.speculative_config is not None and config.speculative_config.model:
+            try:
+                load_model_config(config.speculative_config.model)
+            except CheckpointError as error:
+                raise CheckpointError(f"the draft model of --speculative-config: {error}") from None
         config = resolve_cpu_binding(config)
     except (CheckpointError, ValueError) as error:
         logger.error("%s", error)

@@ -21,9 +21,12 @@ and shape `--burstiness` (1 = a Poisson process); an infinite rate sends everyth
 
 from __future__ import annotations
 
+import builtins
 import json
+import keyword
 import math
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,3 +222,63 @@ def build_workload(
 
 
 DATASET_NAMES = ("random", "fixed", "sharegpt-synthetic", "jsonl")
+
+
+# Names a rename would make the answer too easy, or wrong, to change.
+_NOT_RENAMED = frozenset({"self", "cls", "None", "True", "False", "annotations", "__future__"})
+_IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
+
+
+def _python_windows(source_dir: Path, lines: int) -> list[tuple[Path, list[str]]]:
+    """Every .py file under `source_dir` (sorted) with at least `lines` lines, and its lines."""
+    files = []
+    for path in sorted(source_dir.rglob("*.py")):
+        text = path.read_text(encoding="utf-8").splitlines()
+        if len(text) >= lines:
+            files.append((path, text))
+    return files
+
+
+def _name_to_rename(code: str, rng: random.Random) -> str:
+    """An identifier used at least twice in `code` (a common one, seeded), not a keyword."""
+    counts: dict[str, int] = {}
+    for name in _IDENTIFIER.findall(code):
+        ordinary = not keyword.iskeyword(name) and not hasattr(builtins, name)
+        if len(name) >= 3 and name not in _NOT_RENAMED and ordinary:
+            counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return "value"  # a window without names of its own: the instruction still reads sensibly
+    ranked = sorted(counts, key=lambda name: (-counts[name], name))
+    return rng.choice(ranked[:3])
+
+
+def code_edit_requests(
+    num: int,
+    seed: int,
+    output_len: int,
+    window_lines: int = 40,
+    source_dir: Path | None = None,
+) -> list[BenchRequest]:
+    """A repetitive workload for speculative decoding: each prompt gives a `window_lines`-line
+    window of real Python (seeded choice among Baton's own sources, or `source_dir`'s) and asks for
+    the whole code back with one identifier renamed, so a correct answer quotes most of the
+    prompt. Text prompts, meant for /v1/chat/completions; `prompt_len` is a rough estimate (4
+    characters a token) that the server's usage replaces."""
+    source_dir = source_dir or Path(__file__).resolve().parents[1]
+    files = _python_windows(source_dir, window_lines)
+    if not files:
+        raise ValueError(f"no .py file of at least {window_lines} lines under {source_dir}")
+    rng = random.Random(seed)
+    requests = []
+    for _ in range(num):
+        _, lines = rng.choice(files)
+        start = rng.randrange(len(lines) - window_lines + 1)
+        code = "\n".join(lines[start : start + window_lines]).strip("\n")
+        old = _name_to_rename(code, rng)
+        prompt = (
+            f"Rewrite this Python code, renaming `{old}` to `{old}_new`. Change nothing else, "
+            "and output the whole rewritten code in one ```python block.\n\n"
+            f"```python\n{code}\n```"
+        )
+        requests.append(BenchRequest(prompt, max(1, len(prompt) // 4), output_len))
+    return requests

@@ -146,8 +146,13 @@ class Engine:
             )
         else:
             drafter = DraftModel(spec, config, self.vocab_size, self.num_pages, self.dtype)
+        # On a CPU a decode step of a few rows costs little more than one (it is bound by
+        # dispatch and weight reads), but each row costs its full compute, and past the native
+        # step's rows the step is compute-bound: drafts that would take a batch past that are
+        # not worth verifying. An accelerator verifies them all.
+        max_batch_tokens = NATIVE_STEP_MAX_ROWS if self.device.type == "cpu" else None
         logger.info("speculative decoding: %s", spec)
-        return Speculator(drafter, config.max_running_requests)
+        return Speculator(drafter, config.max_running_requests, max_batch_tokens)
 
     def _native_kernels(self) -> NativeKernels | None:
         """The native CPU kernels where this CPU runs them (AVX2) and they build, else None."""
@@ -208,7 +213,9 @@ class Engine:
             input_ids[placeholders] = self._last_sampled[slots]
         ends = torch.tensor(batch.q_lens).cumsum(0) - 1
         logits_indices = ends[torch.tensor(batch.sample_rows, dtype=torch.long)]
-        logits = self._logits(input_ids, batch.kv_starts, batch.q_lens, batch, logits_indices)
+        logits = self._logits(
+            input_ids, batch.kv_starts, batch.q_lens, batch.page_tables, logits_indices
+        )
         token_ids, logprobs, top_logprobs, failed_rows = self._sample(
             logits, list(range(len(batch.sample_rows))), batch
         )
@@ -222,7 +229,7 @@ class Engine:
             torch.tensor(resolved.input_ids, dtype=torch.long),
             resolved.kv_starts,
             resolved.q_lens,
-            batch,
+            resolved.page_tables,
             torch.tensor(resolved.logits_indices, dtype=torch.long),
         )
         verdict = self.speculator.verify(
@@ -244,13 +251,11 @@ class Engine:
         input_ids: torch.Tensor,
         kv_starts: list[int],
         q_lens: list[int],
-        batch: ForwardBatch,
+        page_tables: list[list[int]],
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """Run the model over the rows (K/V into the pool); float32 logits at `logits_indices`."""
-        meta = build_attention_metadata(
-            kv_starts, q_lens, batch.page_tables, self.page_size, self.device
-        )
+        meta = build_attention_metadata(kv_starts, q_lens, page_tables, self.page_size, self.device)
         if self.decode_step is not None and self.decode_step.handles(meta):
             return self.decode_step(input_ids, meta, logits_indices)
         self.attention.plan(meta)

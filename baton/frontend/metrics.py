@@ -65,7 +65,7 @@ class SchedulerStatsCollector(Collector):
              stats.prompt_tokens),
             ("prefix_cache_hits", "Prompt tokens found in the prefix cache.",
              stats.cached_prompt_tokens),
-            ("spec_decode_num_drafts", "Speculative steps.", stats.spec_decode_num_drafts),
+            ("spec_decode_num_drafts", "Steps that verified drafts.", stats.spec_decode_num_drafts),
             ("spec_decode_num_draft_tokens", "Draft tokens verified.",
              stats.spec_decode_num_draft_tokens),
             ("spec_decode_num_accepted_tokens", "Draft tokens accepted.",

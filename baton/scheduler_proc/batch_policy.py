@@ -35,7 +35,8 @@ class BatchPolicy:
 
     With speculative decoding a decode becomes a speculative step of up to
     `num_speculative_tokens` drafts, fewer near max_tokens or the context's end; a sequence that
-    asks for logprobs, or whose stop tokens are still suppressed (min_tokens), decodes plainly.
+    asks for logprobs, or whose stop tokens (EOS, stop_token_ids) are still suppressed
+    (min_tokens), decodes plainly.
     When the pages for the drafts are not there it decodes plainly before anyone is preempted.
     """
 
@@ -70,7 +71,8 @@ class BatchPolicy:
             self.order.sort(self.running)
         if self.decode_first:
             rows = self._schedule_decodes()
-            return rows + self._schedule_prefills(self.chunk_size - len(rows))
+            decode_tokens = sum(row.step.num_tokens for row in rows)
+            return rows + self._schedule_prefills(self.chunk_size - decode_tokens)
         return self._schedule_prefills(self.chunk_size) or self._schedule_decodes()
 
     def _schedule_prefills(self, budget: int) -> list[ScheduledRow]:
@@ -152,7 +154,11 @@ class BatchPolicy:
         yields anyway) and within the context."""
         if not self.num_speculative_tokens:
             return 0
-        if seq.params.logprobs is not None or seq.num_output_tokens < seq.params.min_tokens:
+        params = seq.params
+        suppresses = params.stop_token_ids or not params.ignore_eos  # before min_tokens
+        if params.logprobs is not None or (
+            seq.num_output_tokens < params.min_tokens and suppresses
+        ):
             return 0
         room = min(seq.decode_budget_left - 1, self.max_model_len - 1 - seq.kv_position)
         return max(0, min(self.num_speculative_tokens, room))

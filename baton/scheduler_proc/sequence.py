@@ -88,7 +88,7 @@ class Sequence:
         self.slot: int | None = None  # row of the engine's sampled-token buffer while admitted
         self.in_flight_batches = 0  # batches launched but not yet processed that contain it
         self.num_preemptions = 0
-        # Speculative decoding: its speculative steps, the drafts the engine verified for it,
+        # Speculative decoding: its steps with drafts, the drafts the engine verified for it,
         # and how many it accepted.
         self.num_speculative_steps = 0
         self.num_draft_tokens = 0
@@ -302,7 +302,7 @@ class Sequence:
         for token in tokens:
             self._append_output(token)
         self.kv_position -= rejected
-        self.num_speculative_steps += 1
+        self.num_speculative_steps += num_drafted > 0  # vLLM counts steps with drafts
         self.num_draft_tokens += num_drafted
         self.num_accepted_tokens += len(tokens) - 1
         if rejected:
@@ -314,22 +314,18 @@ class Sequence:
         return self._outcome(step.start, step.start + len(tokens))
 
     def _drop_unassigned_pages(self, kv: KVCacheManager, kv_needed: int) -> None:
-        """Free the pages past the `kv_needed` tokens still scheduled (LIFO), taking them off
-        the allocations of the newest steps so a revert never frees them twice."""
-        excess = len(self.page_table) - -(-kv_needed // self.page_size)
-        if excess <= 0:
-            return
-        dropped = self.page_table[-excess:]
-        del self.page_table[-excess:]
-        kv.free(dropped)
-        for index in range(len(self._pending) - 1, -1, -1):
-            step = self._pending[index]
-            taken = min(step.num_pages_allocated, excess)
-            self._pending[index] = dataclasses.replace(
-                step, num_pages_allocated=step.num_pages_allocated - taken
-            )
-            excess -= taken
-        self._record(EventKind.UNASSIGNED_DROPPED, len(dropped) * self.page_size)
+        """Free the pages past the `kv_needed` tokens still scheduled (LIFO), and give each
+        pending step the pages its moved positions need, so a revert frees exactly those."""
+        excess = len(self.page_table) - kv.pages_for(kv_needed)
+        if excess > 0:
+            dropped = self.page_table[-excess:]
+            del self.page_table[-excess:]
+            kv.free(dropped)
+            self._record(EventKind.UNASSIGNED_DROPPED, len(dropped) * self.page_size)
+        for index, step in enumerate(self._pending):
+            end = step.start + step.num_tokens
+            needed = kv.pages_for(end) - kv.pages_for(step.start)
+            self._pending[index] = dataclasses.replace(step, num_pages_allocated=needed)
 
     def _outcome(self, computed_before: int, computed_after: int) -> DecodeOutcome:
         """Whether the step filled a page with computed tokens, and reached max_tokens."""
@@ -349,7 +345,8 @@ class Sequence:
             raise NothingScheduled(f"{self.rid}: nothing to revert")
         step = self._pending.pop()
         self.kv_position -= step.num_tokens
-        self.num_placeholders -= int(step.samples)
+        # What scheduling it added: a decode's every position is a placeholder, 1 + drafts.
+        self.num_placeholders -= int(step.samples) if step.is_prefill else step.num_tokens
         if step.num_pages_allocated:
             kv.free(self.page_table[-step.num_pages_allocated :])
             del self.page_table[-step.num_pages_allocated :]

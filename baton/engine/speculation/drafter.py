@@ -13,9 +13,9 @@ from baton.sampling_params import SamplingParams
 
 @dataclass(frozen=True)
 class DraftRequest:
-    """One speculative row: its slot, its sequence's tokens (the last one, at position len - 1, is the
-    row's input whose K/V is not computed yet), how many drafts it may take, and its pages
-    (covering every draft position), sampling params and random source."""
+    """One speculative row: its slot, its sequence's tokens (the last one, at position
+    len - 1, is the row's input whose K/V is not computed yet), how many drafts it may take, its
+    pages (covering every draft position), sampling params and random source."""
 
     slot: int
     context: list[int]

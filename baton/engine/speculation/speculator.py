@@ -39,8 +39,15 @@ class ResolvedBatch:
     input_ids: list[int]
     kv_starts: list[int]
     q_lens: list[int]
+    page_tables: list[list[int]]
     logits_indices: list[int]  # per sampled row, its 1 + len(drafts) positions
     drafts: list[Draft | None]  # per sampled row; None for a plain row
+
+    def add_row(self, ids: list[int], start: int, page_table: list[int]) -> None:
+        self.input_ids.extend(ids)
+        self.kv_starts.append(start)
+        self.q_lens.append(len(ids))
+        self.page_tables.append(page_table)
 
 
 @dataclass
@@ -57,8 +64,11 @@ class Verdict:
 class Speculator:
     """Per-slot state of speculative decoding, and the draft/verify halves of a forward."""
 
-    def __init__(self, drafter: Drafter, num_slots: int) -> None:
+    def __init__(self, drafter: Drafter, num_slots: int, max_batch_tokens: int | None) -> None:
         self.drafter = drafter
+        # Drafts are verified only while the batch stays within this many tokens (None: no
+        # limit); the rest are dropped, most urgent rows keeping theirs.
+        self.max_batch_tokens = max_batch_tokens
         # Of each slot's latest step: the tokens it yielded, and its rejected positions.
         self._last_outputs: list[list[int]] = [[] for _ in range(num_slots)]
         self._rejected = [0] * num_slots
@@ -104,26 +114,46 @@ class Speculator:
             input_ids.extend(ids)
             kv_starts.append(start)
             q_lens.append(len(ids))
-        drafts = iter(self.drafter.propose(requests) if requests else [])
-        sampled_drafts: list[Draft | None] = []
-        logits_indices: list[int] = []
-        # Drafts go after each speculative row's input: rebuild the flat layout with them.
-        flat: list[int] = []
+        proposed = self.drafter.propose(requests) if requests else []
+        drafts = iter(self._within_budget(proposed, len(input_ids)))
+        resolved = ResolvedBatch([], [], [], [], [], [])
         position = 0
         sample_rows = set(batch.sample_rows)
         for row in range(batch.num_rows):
             ids = input_ids[position : position + q_lens[row]]
             position += q_lens[row]
+            start, table = kv_starts[row], batch.page_tables[row]
             draft = next(drafts) if batch.num_drafts and batch.num_drafts[row] else None
-            if draft is not None:
-                ids = ids + draft.tokens
-                q_lens[row] = len(ids)
-            flat.extend(ids)
+            if draft is None:
+                resolved.add_row(ids, start, table)
+            else:
+                # Verified as 1 + m decode rows over the same pages, the j-th seeing the K/V of
+                # positions up to start + j: every backend writes a layer's K/V for the whole
+                # batch before it attends, so the rows see each other's, and the step stays a
+                # decode step (the native one, on CPU) instead of a prefill.
+                for offset, token in enumerate([*ids, *draft.tokens]):
+                    resolved.add_row([token], start + offset, table)
             if row in sample_rows:
-                sampled_drafts.append(draft)
-                first = len(flat) - 1 - (len(draft.tokens) if draft else 0)
-                logits_indices.extend(range(first, len(flat)))
-        return ResolvedBatch(flat, kv_starts, q_lens, logits_indices, sampled_drafts)
+                resolved.drafts.append(draft)
+                num_logits = 1 + (len(draft.tokens) if draft else 0)
+                end = len(resolved.input_ids)
+                resolved.logits_indices.extend(range(end - num_logits, end))
+        return resolved
+
+    def _within_budget(self, drafts: list[Draft], num_tokens: int) -> list[Draft]:
+        """Trim the drafts to the batch's token budget, in row order."""
+        if self.max_batch_tokens is None:
+            return drafts
+        spare = max(0, self.max_batch_tokens - num_tokens)
+        trimmed = []
+        for draft in drafts:
+            keep = min(len(draft.tokens), spare)
+            spare -= keep
+            if keep < len(draft.tokens):
+                probs = None if draft.probs is None else draft.probs[:keep]
+                draft = Draft(draft.tokens[:keep], probs)
+            trimmed.append(draft)
+        return trimmed
 
     def verify(
         self,
