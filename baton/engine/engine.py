@@ -20,7 +20,8 @@ from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardO
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
-from baton.engine.sampler import Sampler, SamplingBatch
+from baton.engine.sampler import Sampler, SamplingBatch, greedy_argmax
+from baton.engine.speculation.draft_budget import DraftBudget, StepCost
 from baton.engine.speculation.draft_model import DraftModel
 from baton.engine.speculation.drafter import Drafter, NgramDrafter
 from baton.engine.speculation.speculator import Speculator
@@ -146,13 +147,31 @@ class Engine:
             )
         else:
             drafter = DraftModel(spec, config, self.vocab_size, self.num_pages, self.dtype)
-        # On a CPU a decode step of a few rows costs little more than one (it is bound by
-        # dispatch and weight reads), but each row costs its full compute, and past the native
-        # step's rows the step is compute-bound: drafts that would take a batch past that are
-        # not worth verifying. An accelerator verifies them all.
-        max_batch_tokens = NATIVE_STEP_MAX_ROWS if self.device.type == "cpu" else None
-        logger.info("speculative decoding: %s", spec)
-        return Speculator(drafter, config.max_running_requests, max_batch_tokens)
+        cost = StepCost.measure(self._decode_rows, min(16, self.num_pages * self.page_size))
+        logger.info(
+            "speculative decoding: %s; a decode step costs %.1f ms + %.2f ms a row",
+            spec,
+            cost.fixed_s * 1e3,
+            cost.per_row_s * 1e3,
+        )
+        # On a CPU, rows past the native decode step's would leave it for the op-by-op path.
+        max_rows = NATIVE_STEP_MAX_ROWS if self.device.type == "cpu" else None
+        budget = DraftBudget(cost, config.max_running_requests, max_rows)
+        return Speculator(drafter, config.max_running_requests, budget)
+
+    def _decode_rows(self, num_rows: int) -> None:
+        """A decode step of `num_rows` rows over the pool's first pages, which hold no request
+        yet (to time steps at start-up)."""
+        pages = list(range(-(-num_rows // self.page_size)))
+        with torch.inference_mode():
+            logits = self._logits(
+                torch.zeros(num_rows, dtype=torch.long),
+                list(range(num_rows)),
+                [1] * num_rows,
+                [pages] * num_rows,
+                torch.arange(num_rows),
+            )
+            greedy_argmax(logits)
 
     def _native_kernels(self) -> NativeKernels | None:
         """The native CPU kernels where this CPU runs them (AVX2) and they build, else None."""

@@ -32,6 +32,8 @@ class ForwardBatch:
     # sequence when it scheduled the row (what drafts are proposed from; [] for other rows).
     num_drafts: list[int] = field(default_factory=list)
     contexts: list[list[int]] = field(default_factory=list)
+    # Per row: whether it is its request's first step in its slot (per-slot state starts over).
+    entered_slot: list[bool] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:

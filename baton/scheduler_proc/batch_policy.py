@@ -19,6 +19,7 @@ class ScheduledRow:
 
     seq: Sequence
     step: ScheduledStep
+    entered_slot: bool = False  # its sequence's first step since it was given its slot
 
 
 class BatchPolicy:
@@ -111,7 +112,7 @@ class BatchPolicy:
         if pages_needed + reserve > self.kv.available_pages:
             seq.release(self.kv)  # drops the prefix lock taken above; nothing was computed
             return None
-        row = ScheduledRow(seq, seq.schedule_prefill(num_tokens, self.kv))
+        row = ScheduledRow(seq, seq.schedule_prefill(num_tokens, self.kv), entered_slot=True)
         self.waiting.remove(seq)
         seq.admit(self.free_slots.pop(), row.step)
         self.order.insert(self.running, seq)

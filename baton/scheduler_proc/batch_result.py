@@ -35,6 +35,7 @@ def build_forward_batch(
         if speculative:
             batch.num_drafts.append(step.num_drafts)
             batch.contexts.append(list(seq.tokens) if step.num_drafts else [])
+            batch.entered_slot.append(row.entered_slot)
         if step.samples:
             batch.sample_rows.append(index)
             batch.sampling_params.append(seq.params)

@@ -111,6 +111,9 @@ class DraftModel:
             for drafted, row_probs in zip(tokens, probs)
         ]
 
+    def forget(self, slot: int) -> None:
+        self._computed.pop(slot, None)
+
     def _valid_prefix(self, request: DraftRequest) -> int:
         """How many leading context tokens already have the draft's K/V, in this row's pages
         (always leaving the last one to compute: its logits give the first draft)."""

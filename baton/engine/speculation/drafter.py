@@ -39,6 +39,9 @@ class Drafter(Protocol):
 
     def propose(self, requests: list[DraftRequest]) -> list[Draft]: ...
 
+    def forget(self, slot: int) -> None:
+        """A new request took the slot: nothing known of the previous one applies."""
+
 
 class NgramDrafter:
     """Prompt lookup: no model, so any number of drafts (maybe none) per row."""
@@ -51,3 +54,6 @@ class NgramDrafter:
             Draft(self.proposer.propose(request.context, request.num_drafts))
             for request in requests
         ]
+
+    def forget(self, slot: int) -> None:
+        pass  # keeps nothing per slot

@@ -22,6 +22,7 @@ import torch
 
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch
 from baton.engine.sampler import greedy_argmax
+from baton.engine.speculation.draft_budget import DraftBudget
 from baton.engine.speculation.drafter import Draft, Drafter, DraftRequest
 from baton.engine.speculation.verify import target_probs, verify_greedy, verify_sampled
 
@@ -64,11 +65,9 @@ class Verdict:
 class Speculator:
     """Per-slot state of speculative decoding, and the draft/verify halves of a forward."""
 
-    def __init__(self, drafter: Drafter, num_slots: int, max_batch_tokens: int | None) -> None:
+    def __init__(self, drafter: Drafter, num_slots: int, budget: DraftBudget) -> None:
         self.drafter = drafter
-        # Drafts are verified only while the batch stays within this many tokens (None: no
-        # limit); the rest are dropped, most urgent rows keeping theirs.
-        self.max_batch_tokens = max_batch_tokens
+        self.budget = budget  # which of the proposed drafts are worth verifying
         # Of each slot's latest step: the tokens it yielded, and its rejected positions.
         self._last_outputs: list[list[int]] = [[] for _ in range(num_slots)]
         self._rejected = [0] * num_slots
@@ -86,6 +85,9 @@ class Speculator:
             ids = batch.input_ids[offset : offset + q_len]
             offset += q_len
             start, slot = batch.kv_starts[row], batch.slots[row]
+            if batch.entered_slot and batch.entered_slot[row]:
+                self.budget.reset(slot)
+                self.drafter.forget(slot)
             follows_in_flight = ids[0] == PLACEHOLDER_TOKEN
             if follows_in_flight:  # a decode scheduled before its slot's latest step was done
                 start -= self._rejected[slot]
@@ -115,7 +117,9 @@ class Speculator:
             kv_starts.append(start)
             q_lens.append(len(ids))
         proposed = self.drafter.propose(requests) if requests else []
-        drafts = iter(self._within_budget(proposed, len(input_ids)))
+        slots = [request.slot for request in requests]
+        num_outputs = len(batch.sample_rows)
+        drafts = iter(self.budget.trim(slots, proposed, len(input_ids), num_outputs))
         resolved = ResolvedBatch([], [], [], [], [], [])
         position = 0
         sample_rows = set(batch.sample_rows)
@@ -139,21 +143,6 @@ class Speculator:
                 end = len(resolved.input_ids)
                 resolved.logits_indices.extend(range(end - num_logits, end))
         return resolved
-
-    def _within_budget(self, drafts: list[Draft], num_tokens: int) -> list[Draft]:
-        """Trim the drafts to the batch's token budget, in row order."""
-        if self.max_batch_tokens is None:
-            return drafts
-        spare = max(0, self.max_batch_tokens - num_tokens)
-        trimmed = []
-        for draft in drafts:
-            keep = min(len(draft.tokens), spare)
-            spare -= keep
-            if keep < len(draft.tokens):
-                probs = None if draft.probs is None else draft.probs[:keep]
-                draft = Draft(draft.tokens[:keep], probs)
-            trimmed.append(draft)
-        return trimmed
 
     def verify(
         self,
@@ -221,3 +210,5 @@ class Speculator:
             # The scheduler assumed every scheduled draft accepted (a plain row has none).
             num_drafts = batch.num_drafts[row] if batch.num_drafts else 0
             self._rejected[slot] = 1 + num_drafts - len(token_ids[i]) if num_drafts else 0
+            if resolved.drafts[i] is not None:
+                self.budget.observe(slot, len(resolved.drafts[i].tokens), len(token_ids[i]) - 1)
