@@ -113,7 +113,7 @@ def apply_results(
             seq.cache_computed_prefix(kv)
         else:
             if step.num_drafts:
-                outcome = seq.apply_speculative(kept, num_drafted, kv)
+                outcome = seq.apply_speculative(kept, num_drafted, kv, len(tokens) - 1)
             else:
                 outcome = seq.apply_decode(kept[0])
             if outcome.block_completed:

@@ -283,11 +283,17 @@ class Sequence:
         return self._outcome(step.start, step.start + 1)
 
     def apply_speculative(
-        self, tokens: list[int], num_drafted: int, kv: KVCacheManager
+        self,
+        tokens: list[int],
+        num_drafted: int,
+        kv: KVCacheManager,
+        num_accepted: int | None = None,
     ) -> DecodeOutcome:
         """Commit the oldest scheduled speculative step: `tokens` are its accepted drafts and
         the one token sampled after them; `num_drafted` (<= the scheduled drafts) is how many
-        drafts the engine proposed and verified. The rejected positions are rolled back."""
+        drafts the engine proposed and verified, `num_accepted` how many it accepted (more than
+        `tokens` holds when a stop token or max_tokens cut them short; default: all of them).
+        The rejected positions are rolled back."""
         step = self._pop_oldest(is_prefill=False)
         if not step.num_drafts:
             raise WrongState(f"{self.rid}: oldest scheduled step is not speculative")
@@ -304,7 +310,7 @@ class Sequence:
         self.kv_position -= rejected
         self.num_speculative_steps += num_drafted > 0  # vLLM counts steps with drafts
         self.num_draft_tokens += num_drafted
-        self.num_accepted_tokens += len(tokens) - 1
+        self.num_accepted_tokens += len(tokens) - 1 if num_accepted is None else num_accepted
         if rejected:
             # A step scheduled after this one assumed every draft accepted: it starts lower.
             for index, later in enumerate(self._pending):
