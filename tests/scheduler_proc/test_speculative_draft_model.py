@@ -65,7 +65,7 @@ def test_greedy_output_unchanged(
     """Chunked prefill (chunks of 16), a shared prefix and preemption (a small pool) in the mix."""
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     # Two rounds: the second's prompt shares 30 tokens with one of the first's.
-    rounds = [prompts(6) + [[3] * 30 + [4, 5]], [[3] * 30 + [6, 7]]]
+    rounds = [[*prompts(6), [3] * 30 + [4, 5]], [[3] * 30 + [6, 7]]]
     config = {"dtype": "float32", "chunk_size": 16, "page_size": 4, "num_pages": 40}
     config["max_model_len"] = 80
     plain = LLM(str(tiny_llama_dir), disable_overlap=True, **config)
