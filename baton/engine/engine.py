@@ -20,11 +20,8 @@ from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardO
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
-from baton.engine.sampler import Sampler, SamplingBatch, greedy_argmax
-from baton.engine.speculation.draft_budget import DraftBudget, StepCost
-from baton.engine.speculation.draft_model import DraftModel
-from baton.engine.speculation.drafter import Drafter, NgramDrafter
-from baton.engine.speculation.speculator import Speculator
+from baton.engine.sampler import Sampler, SamplingBatch
+from baton.engine.speculation.setup import make_speculator
 from baton.engine.weights import iter_compact_weights, iter_weights
 
 logger = logging.getLogger(__name__)
@@ -127,7 +124,7 @@ class Engine:
         )
         self.sampler = Sampler()
         self._last_sampled = torch.zeros(config.max_running_requests, dtype=torch.long)
-        self.speculator = self._speculator(config)
+        self.speculator = make_speculator(config, self)
         logger.info(
             "engine ready: %s, %s, %d KV pages of %d tokens, max_model_len %d",
             self.checkpoint.name,
@@ -136,42 +133,6 @@ class Engine:
             self.page_size,
             self.max_model_len,
         )
-
-    def _speculator(self, config: BatonConfig) -> Speculator | None:
-        spec = config.speculative_config
-        if spec is None:
-            return None
-        if spec.method == "ngram":
-            drafter: Drafter = NgramDrafter(
-                spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
-            )
-        else:
-            drafter = DraftModel(spec, config, self.vocab_size, self.num_pages, self.dtype)
-        cost = StepCost.measure(self._decode_rows, min(16, self.num_pages * self.page_size))
-        logger.info(
-            "speculative decoding: %s; a decode step costs %.1f ms + %.2f ms a row",
-            spec,
-            cost.fixed_s * 1e3,
-            cost.per_row_s * 1e3,
-        )
-        # On a CPU, rows past the native decode step's would leave it for the op-by-op path.
-        max_rows = NATIVE_STEP_MAX_ROWS if self.device.type == "cpu" else None
-        budget = DraftBudget(cost, config.max_running_requests, max_rows)
-        return Speculator(drafter, config.max_running_requests, budget)
-
-    def _decode_rows(self, num_rows: int) -> None:
-        """A decode step of `num_rows` rows over the pool's first pages, which hold no request
-        yet (to time steps at start-up)."""
-        pages = list(range(-(-num_rows // self.page_size)))
-        with torch.inference_mode():
-            logits = self._logits(
-                torch.zeros(num_rows, dtype=torch.long),
-                list(range(num_rows)),
-                [1] * num_rows,
-                [pages] * num_rows,
-                torch.arange(num_rows),
-            )
-            greedy_argmax(logits)
 
     def _native_kernels(self) -> NativeKernels | None:
         """The native CPU kernels where this CPU runs them (AVX2) and they build, else None."""
@@ -232,7 +193,7 @@ class Engine:
             input_ids[placeholders] = self._last_sampled[slots]
         ends = torch.tensor(batch.q_lens).cumsum(0) - 1
         logits_indices = ends[torch.tensor(batch.sample_rows, dtype=torch.long)]
-        logits = self._logits(
+        logits = self.logits(
             input_ids, batch.kv_starts, batch.q_lens, batch.page_tables, logits_indices
         )
         token_ids, logprobs, top_logprobs, failed_rows = self._sample(
@@ -244,7 +205,7 @@ class Engine:
 
     def _forward_speculative(self, batch: ForwardBatch) -> ForwardOutput:
         resolved = self.speculator.resolve(batch)
-        logits = self._logits(
+        logits = self.logits(
             torch.tensor(resolved.input_ids, dtype=torch.long),
             resolved.kv_starts,
             resolved.q_lens,
@@ -265,7 +226,7 @@ class Engine:
             num_drafted=verdict.num_drafted,
         )
 
-    def _logits(
+    def logits(
         self,
         input_ids: torch.Tensor,
         kv_starts: list[int],

@@ -22,7 +22,6 @@ from collections import deque
 
 import torch
 
-from baton.messages import FinishReason
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.errors import (
     AcceptedExceedsScheduled,
@@ -39,20 +38,14 @@ from baton.scheduler_proc.errors import (
 )
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.radix_cache import RadixNode
-from baton.scheduler_proc.sequence_state import (
-    DecodeOutcome,
-    EventKind,
-    RequestTimes,
-    ScheduledStep,
-    SequenceEvent,
-    SequenceStatus,
-)
+from baton.scheduler_proc.request_lifecycle import RequestLifecycle
+from baton.scheduler_proc.sequence_state import DecodeOutcome, EventKind, ScheduledStep
 
 
-class Sequence:
+class Sequence(RequestLifecycle):
     """A request's tokens, KV pages and protocol state. Its own methods are the one place its
-    state changes (the protocol's schedule/apply/revert/release, and the coarse transitions
-    admit/preempt/finish); the scheduler calls them."""
+    state changes (the protocol's schedule/apply/revert/release here, the coarse transitions
+    admit/preempt/finish in `RequestLifecycle`); the scheduler calls them."""
 
     def __init__(
         self,
@@ -67,7 +60,7 @@ class Sequence:
         priority: int = 0,
         deadline_ms: float | None = None,
     ) -> None:
-        self.rid = rid
+        super().__init__(rid, arrival_time, priority, deadline_ms)
         self.params = params
         self.max_tokens = max_tokens
         self.page_size = page_size
@@ -82,26 +75,12 @@ class Sequence:
         self.prefill_len = len(prompt_ids)
         self.page_table: list[int] = []
         self.prefix_node: RadixNode | None = None  # locked radix node covering page_table's head
-        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
-        self.status = SequenceStatus.WAITING
-        self.finish_reason: FinishReason | None = None
-        self.slot: int | None = None  # row of the engine's sampled-token buffer while admitted
-        self.in_flight_batches = 0  # batches launched but not yet processed that contain it
-        self.num_preemptions = 0
         # Speculative decoding: its steps with drafts, the drafts the engine verified for it,
         # and how many it accepted.
         self.num_speculative_steps = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
-        # Its client is not reading: not scheduled (nor admitted) until resumed.
-        self.paused = False
-        self.times = RequestTimes(arrival_time if arrival_time is not None else time.monotonic())
-        # How urgent it is, for the scheduling policy (request_order.py): lower priority first;
-        # the deadline is absolute (monotonic clock), None when the request gave none.
-        self.priority = priority
-        self.deadline = None if deadline_ms is None else self.times.arrival + deadline_ms / 1000
         self._pending: deque[ScheduledStep] = deque()
-        self._history: list[SequenceEvent] = []
         self._record(EventKind.CREATED, len(prompt_ids))
 
     # --- derived state -----------------------------------------------------------------------
@@ -143,14 +122,6 @@ class Sequence:
         may be scheduled while this is positive."""
         pending_samples = sum(1 for step in self._pending if step.samples)
         return self.max_tokens - self.num_output_tokens - pending_samples
-
-    @property
-    def history(self) -> tuple[SequenceEvent, ...]:
-        return tuple(self._history)
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
 
     # --- prefix matching and page bookkeeping --------------------------------------------------
     def match_and_add_prefix(self, kv: KVCacheManager) -> int:
@@ -387,56 +358,3 @@ class Sequence:
         matched = self.match_and_add_prefix(kv)
         self._record(EventKind.REACQUIRED, matched)
         return matched
-
-    # --- transitions of the coarse state (only these write status, slot and counters) ---------
-    def set_paused(self, paused: bool) -> bool:
-        """Pause (RUNNING -> PAUSED: pages kept, no step scheduled) or resume; a waiting
-        sequence that is paused is not admitted, and becomes RUNNING only once resumed. True if
-        this changed anything."""
-        if paused == self.paused or self.status is SequenceStatus.FINISHED:
-            return False
-        self.paused = paused
-        if paused and self.status is SequenceStatus.RUNNING:
-            self.status = SequenceStatus.PAUSED
-        elif not paused and self.status is SequenceStatus.PAUSED:
-            self.status = SequenceStatus.RUNNING
-        self._record(EventKind.PAUSED if paused else EventKind.RESUMED, self.num_output_tokens)
-        return True
-
-    def admit(self, slot: int, first_step: ScheduledStep) -> None:
-        """WAITING or WAITING_PREEMPT -> RUNNING, sampling into `slot`. A first admission fixes
-        the prompt tokens the prefix cache served and when the request was first scheduled."""
-        if self.status is SequenceStatus.WAITING:
-            self.num_cached_tokens = first_step.start
-            self.times.first_scheduled = time.monotonic()
-        self.status = SequenceStatus.RUNNING
-        self.slot = slot
-
-    def preempt(self) -> None:
-        """RUNNING or PAUSED -> WAITING_PREEMPT; its pages and slot go back once no in-flight
-        batch uses it (`release`, `vacate_slot`)."""
-        self.status = SequenceStatus.WAITING_PREEMPT
-        self.num_preemptions += 1
-
-    def vacate_slot(self) -> int | None:
-        """Give up its slot (None if it had none)."""
-        slot, self.slot = self.slot, None
-        return slot
-
-    def enter_batch(self) -> None:
-        """A launched batch contains it: its pages may not be freed until `leave_batch`."""
-        self.in_flight_batches += 1
-
-    def leave_batch(self) -> None:
-        """A batch containing it was processed."""
-        self.in_flight_batches -= 1
-
-    def finish(self, reason: FinishReason) -> None:
-        """Mark finished (stop, length, abort, error); pages are released separately, once."""
-        self.status = SequenceStatus.FINISHED
-        self.finish_reason = reason
-        self.times.finished = time.monotonic()
-        self._record(EventKind.FINISHED, self.num_output_tokens)
-
-    def _record(self, kind: EventKind, num_tokens: int) -> None:
-        self._history.append(SequenceEvent(kind, num_tokens, time.monotonic()))

@@ -128,6 +128,8 @@ class Speculator:
             position += q_lens[row]
             start, table = kv_starts[row], batch.page_tables[row]
             draft = next(drafts) if batch.num_drafts and batch.num_drafts[row] else None
+            if draft is not None and not draft.tokens:
+                draft = None  # nothing to verify: sampled as a plain row
             if draft is None:
                 resolved.add_row(ids, start, table)
             else:

@@ -1,0 +1,65 @@
+"""Building an engine's speculator from `--speculative-config`: the drafter, and the draft budget
+with this machine's measured step cost."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from baton.config import BatonConfig
+from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS
+from baton.engine.sampler import greedy_argmax
+from baton.engine.speculation.draft_budget import DraftBudget, StepCost
+from baton.engine.speculation.draft_model import DraftModel
+from baton.engine.speculation.drafter import Drafter, NgramDrafter
+from baton.engine.speculation.speculator import Speculator
+
+if TYPE_CHECKING:  # the engine builds its speculator: a type only, no import cycle
+    from baton.engine.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+# Rows of the larger step timed at start-up (with one row: the fixed and the per-row cost).
+_TIMED_ROWS = 16
+
+
+def make_speculator(config: BatonConfig, engine: Engine) -> Speculator | None:
+    """The engine's speculator, None without `--speculative-config`."""
+    spec = config.speculative_config
+    if spec is None:
+        return None
+    if spec.method == "ngram":
+        drafter: Drafter = NgramDrafter(
+            spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
+        )
+    else:
+        drafter = DraftModel(spec, config, engine.vocab_size, engine.num_pages, engine.dtype)
+    many_rows = min(_TIMED_ROWS, engine.num_pages * engine.page_size)
+    cost = StepCost.measure(lambda rows: _decode_step(engine, rows), many_rows)
+    logger.info(
+        "speculative decoding: %s; a decode step costs %.1f ms + %.2f ms a row",
+        spec,
+        cost.fixed_s * 1e3,
+        cost.per_row_s * 1e3,
+    )
+    # On a CPU, rows past the native decode step's would leave it for the op-by-op path.
+    max_rows = NATIVE_STEP_MAX_ROWS if engine.device.type == "cpu" else None
+    budget = DraftBudget(cost, config.max_running_requests, max_rows)
+    return Speculator(drafter, config.max_running_requests, budget)
+
+
+def _decode_step(engine: Engine, num_rows: int) -> None:
+    """A decode step of `num_rows` rows over the pool's first pages, which hold no request yet
+    (called at start-up only), greedy sampling included."""
+    pages = list(range(-(-num_rows // engine.page_size)))
+    with torch.inference_mode():
+        logits = engine.logits(
+            torch.zeros(num_rows, dtype=torch.long),
+            list(range(num_rows)),
+            [1] * num_rows,
+            [pages] * num_rows,
+            torch.arange(num_rows),
+        )
+        greedy_argmax(logits)
