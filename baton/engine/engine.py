@@ -11,7 +11,7 @@ from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.config import BatonConfig, ConfigurationError
 from baton.cpu_binding import bind_engine_thread
 from baton.engine.attention.metadata import build_attention_metadata
-from baton.engine.attention.select import make_attention_backend
+from baton.engine.attention.select import model_attention_backend
 from baton.engine.compact_weights import COMPACT_MAX_ROWS
 from baton.engine.compute_plan import choose_compute_plan, isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
@@ -92,22 +92,14 @@ class Engine:
             self.model.use_native_kernels(attention_kernels)
         if self.plan.pack_weights:
             self.model.pack_linear_weights()
-        self.kv_pool = KVPool(
-            model_config.num_layers,
-            self.num_pages,
-            self.page_size,
-            model_config.num_kv_heads,
-            model_config.head_dim,
-            self.dtype,
-            self.device,
+        self.kv_pool = KVPool.for_model(
+            model_config, self.num_pages, self.page_size, self.dtype, self.device
         )
-        self.attention = make_attention_backend(
+        self.attention = model_attention_backend(
             config.attention_backend,
-            self.device,
-            model_config.num_heads,
-            model_config.num_kv_heads,
-            model_config.head_dim,
+            model_config,
             self.dtype,
+            self.device,
             native=attention_kernels,
         )
         self.decode_step: NativeDecodeStep | None = None

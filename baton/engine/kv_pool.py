@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from baton.checkpoint.model_config import ModelConfig
+
 
 class KVPool:
     """K/V storage for every layer, carved out of one allocation."""
@@ -30,6 +32,26 @@ class KVPool:
             (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim),
             dtype=dtype,
             device=device,
+        )
+
+    @classmethod
+    def for_model(
+        cls,
+        config: ModelConfig,
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> KVPool:
+        """A pool shaped for `config`'s layers and KV heads."""
+        return cls(
+            config.num_layers,
+            num_pages,
+            page_size,
+            config.num_kv_heads,
+            config.head_dim,
+            dtype,
+            device,
         )
 
     @staticmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from baton.checkpoint.model_config import ModelConfig
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.flashinfer_backend import FlashInferAttention, flashinfer_available
 from baton.engine.attention.torch_backend import TorchPagedAttention
@@ -32,3 +33,16 @@ def make_attention_backend(
     if name == "flashinfer" or (name == "auto" and on_cuda and flashinfer_available()):
         return FlashInferAttention(num_q_heads, num_kv_heads, head_dim, dtype, device)
     return TorchPagedAttention(num_q_heads, num_kv_heads, native=native)
+
+
+def model_attention_backend(
+    name: str,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    native: NativeKernels | None = None,
+) -> AttentionBackend:
+    """`make_attention_backend` for `config`'s heads."""
+    return make_attention_backend(
+        name, device, config.num_heads, config.num_kv_heads, config.head_dim, dtype, native
+    )

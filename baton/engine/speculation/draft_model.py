@@ -21,7 +21,7 @@ import torch
 from baton.checkpoint.load import load_checkpoint
 from baton.config import BatonConfig, ConfigurationError
 from baton.engine.attention.metadata import build_attention_metadata
-from baton.engine.attention.select import make_attention_backend
+from baton.engine.attention.select import model_attention_backend
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
 from baton.engine.sampler import _draw, greedy_argmax
@@ -56,22 +56,11 @@ class DraftModel:
         self.page_size = config.page_size
         self.model = CausalLM(model_config, dtype, self.device)
         self.model.load_weights(iter_weights(checkpoint))
-        self.kv_pool = KVPool(
-            model_config.num_layers,
-            num_pages,
-            config.page_size,
-            model_config.num_kv_heads,
-            model_config.head_dim,
-            dtype,
-            self.device,
+        self.kv_pool = KVPool.for_model(
+            model_config, num_pages, config.page_size, dtype, self.device
         )
-        self.attention = make_attention_backend(
-            config.attention_backend,
-            self.device,
-            model_config.num_heads,
-            model_config.num_kv_heads,
-            model_config.head_dim,
-            dtype,
+        self.attention = model_attention_backend(
+            config.attention_backend, model_config, dtype, self.device
         )
         # Per slot: the tokens whose draft K/V are in the pool, and the pages they are in.
         self._computed: dict[int, tuple[list[int], list[int]]] = {}
