@@ -14,15 +14,13 @@ from bench.fake_openai_server import FakeOpenAIServer, FakeServerConfig
 
 import baton
 from baton.bench import serving, speculative
-from baton.bench.speculative import (
-    DEFAULT_SPECULATIVE_CONFIG,
+from baton.bench.speculative import DEFAULT_SPECULATIVE_CONFIG, build_parser, server_command
+from baton.bench.speculative_report import (
     Cell,
     acceptance,
-    build_parser,
     counter_delta,
     format_table,
     parse_spec_counters,
-    server_command,
     summarize_cells,
     target_line,
 )
