@@ -35,7 +35,8 @@ class BatchPolicy:
     itself.
 
     With speculative decoding a decode becomes a speculative step of up to
-    `num_speculative_tokens` drafts, fewer near max_tokens or the context's end; a sequence that
+    `num_speculative_tokens` drafts, fewer near max_tokens or the context's end or the token
+    budget's (which decodes respect too: the least urgent past it wait a step); a sequence that
     asks for logprobs, or whose stop tokens (EOS, stop_token_ids) are still suppressed
     (min_tokens), decodes plainly.
     When the pages for the drafts are not there it decodes plainly before anyone is preempted.
@@ -71,10 +72,10 @@ class BatchPolicy:
             self.order.sort(self.waiting)
             self.order.sort(self.running)
         if self.decode_first:
-            rows = self._schedule_decodes()
+            rows = self._schedule_decodes(self.chunk_size)
             decode_tokens = sum(row.step.num_tokens for row in rows)
             return rows + self._schedule_prefills(self.chunk_size - decode_tokens)
-        return self._schedule_prefills(self.chunk_size) or self._schedule_decodes()
+        return self._schedule_prefills(self.chunk_size) or self._schedule_decodes(self.chunk_size)
 
     def _schedule_prefills(self, budget: int) -> list[ScheduledRow]:
         rows: list[ScheduledRow] = []
@@ -118,7 +119,9 @@ class BatchPolicy:
         self.order.insert(self.running, seq)
         return row
 
-    def _schedule_decodes(self) -> list[ScheduledRow]:
+    def _schedule_decodes(self, budget: int) -> list[ScheduledRow]:
+        """Decode every running sequence that can, most urgent first, within `budget` tokens:
+        those past it are displaced for this step (and drafts shrink to fit first)."""
         rows: list[ScheduledRow] = []
         for seq in list(self.running):
             if seq.status is not SequenceStatus.RUNNING:
@@ -128,7 +131,10 @@ class BatchPolicy:
             if seq.kv_position >= self.max_model_len:
                 # Past the context only by drafts still in flight: wait for their verdict.
                 continue
-            num_drafts = self._num_drafts(seq)
+            if budget < 1:
+                seq.displace()
+                continue
+            num_drafts = min(self._num_drafts(seq), budget - 1)
             while True:
                 try:
                     if num_drafts:
@@ -136,6 +142,7 @@ class BatchPolicy:
                     else:
                         step = seq.schedule_decode(self.kv)
                     rows.append(ScheduledRow(seq, step))
+                    budget -= step.num_tokens
                     break
                 except AllocationFailed:
                     if num_drafts:

@@ -68,6 +68,11 @@ class RequestLifecycle:
         self._record(EventKind.PAUSED if paused else EventKind.RESUMED, self.num_output_tokens)
         return True
 
+    def displace(self) -> None:
+        """Skipped for one step: more urgent work took the batch's token budget. Its status
+        stays RUNNING (PAUSED lasts until a resume); the history records it."""
+        self._record(EventKind.DISPLACED, self.num_output_tokens)
+
     def admit(self, slot: int, first_step: ScheduledStep) -> None:
         """WAITING or WAITING_PREEMPT -> RUNNING, sampling into `slot`. A first admission fixes
         the prompt tokens the prefix cache served and when the request was first scheduled."""

@@ -35,6 +35,7 @@ class EventKind(enum.Enum):
     REACQUIRED = "reacquired"
     PAUSED = "paused"
     RESUMED = "resumed"
+    DISPLACED = "displaced"  # skipped one step for more urgent work (the token budget)
     FINISHED = "finished"
 
 

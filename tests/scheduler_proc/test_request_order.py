@@ -11,6 +11,7 @@ from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.request_order import RequestOrder, WorkCosts
 from baton.scheduler_proc.scheduler import Scheduler
 from baton.scheduler_proc.sequence import Sequence
+from baton.scheduler_proc.sequence_state import EventKind, SequenceStatus
 
 PROMPT = [5, 6, 7, 8]
 
@@ -186,3 +187,60 @@ def test_batch_order_decides_what_a_batch_holds(tiny_llama_dir: Path, batch_orde
         assert kinds == [("new", "prefill")]
     else:
         assert kinds == [("decoding", "decode"), ("new", "prefill")]
+
+
+@pytest.mark.parametrize("batch_order", ["prefill-first", "decode-first"])
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "ngram"])
+def test_the_least_urgent_decodes_wait_when_the_token_budget_is_full(
+    tiny_llama_dir: Path, batch_order: str, speculative: bool
+) -> None:
+    """A budget of 2 tokens a batch and three requests. Prefill-first admits all three, so each
+    decode step takes the two most urgent (priority) and the third is displaced until one of
+    them finishes, as its history says; decode-first admits no more than the budget decodes,
+    so the least urgent waits in its prefill instead. No batch exceeds the budget (drafts shrink
+    to fit it first), and the outputs are unchanged."""
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    config = BatonConfig(
+        model=str(tiny_llama_dir),
+        dtype="float32",
+        chunk_size=2,
+        scheduling_policy="priority",
+        batch_order=batch_order,  # type: ignore[arg-type]
+        speculative_config=spec if speculative else None,
+    )
+    scheduler = Scheduler(config)
+    forward = scheduler.engine.forward
+    batch_tokens: list[int] = []
+
+    def counted_forward(batch):
+        batch_tokens.append(batch.num_tokens)
+        return forward(batch)
+
+    scheduler.engine.forward = counted_forward
+    for rid, priority in (("low", 2), ("high", 0), ("mid", 1)):
+        scheduler.add_request(rid, PROMPT, greedy(6), priority=priority)
+    sequences = dict(scheduler.requests)
+    finished: list[str] = []
+    tokens: dict[str, list[int]] = {}
+    while scheduler.has_unfinished_requests():
+        for output in scheduler.step():
+            tokens.setdefault(output.rid, []).extend(output.new_token_ids)
+            if output.finished:
+                finished.append(output.rid)
+    assert finished[-1] == "low"
+    displaced = {
+        rid: sum(event.kind is EventKind.DISPLACED for event in seq.history)
+        for rid, seq in sequences.items()
+    }
+    assert displaced["high"] == 0
+    assert (displaced["low"] > 0) == (batch_order == "prefill-first")
+    assert batch_tokens and max(batch_tokens) <= 2
+    assert all(seq.status is SequenceStatus.FINISHED for seq in sequences.values())
+    reference = Scheduler(BatonConfig(model=str(tiny_llama_dir), dtype="float32"))
+    for rid in ("low", "high", "mid"):
+        reference.add_request(rid, PROMPT, greedy(6))
+    expected: dict[str, list[int]] = {}
+    while reference.has_unfinished_requests():
+        for output in reference.step():
+            expected.setdefault(output.rid, []).extend(output.new_token_ids)
+    assert tokens == expected
