@@ -23,6 +23,10 @@ from baton.engine.speculation.drafter import Draft
 # would never verify one, and never learn); a few verdicts outweigh it.
 _PRIOR_ACCEPTED = 4.0
 _PRIOR_REJECTED = 1.0
+# A request whose drafts are all turned down keeps this much of its evidence per step, so the
+# prior slowly wins back and a draft is tried again now and then: text that turns repetitive
+# later is not ignored for good.
+_FORGET = 0.9
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,10 @@ class DraftBudget:
             num_rows += 1
             step_s += self.cost.per_row_s
             expected += probability
+        for slot, draft, kept in zip(slots, drafts, keep):
+            if draft.tokens and not kept:
+                self._accepted[slot] *= _FORGET
+                self._rejected[slot] *= _FORGET
         return [
             draft if kept == len(draft.tokens) else _prefix(draft, kept)
             for draft, kept in zip(drafts, keep)

@@ -104,3 +104,14 @@ def test_step_cost_never_makes_a_row_free(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(draft_budget.time, "perf_counter", lambda: clock[0])
     cost = StepCost.measure(run_rows, 16)
     assert cost.per_row_s > 0 and cost.fixed_s >= 0
+
+
+def test_a_request_turned_down_gets_a_draft_tried_again_later() -> None:
+    """Each step its drafts are all turned down, a request forgets some of its poor record, so
+    after a few steps one draft is verified again (and a new verdict counts in full)."""
+    budget = DraftBudget(CPU_COST, num_slots=1, max_rows=None)
+    learned(budget, 0, accepted=0, rejected=20)
+    kept_per_step = [len(budget.trim([0], drafts(4), 1, 1)[0].tokens) for _ in range(12)]
+    assert kept_per_step[0] == 0 and max(kept_per_step) >= 1
+    first_retry = next(step for step, kept in enumerate(kept_per_step) if kept)
+    assert 3 <= first_retry <= 10
