@@ -92,10 +92,10 @@ class LLM:
     ) -> None:
         """Fold one step's tokens into the output; a stop string ends the request here."""
         if output.finish_reason is None and step.new_token_ids:
-            output.token_ids.extend(step.new_token_ids)
-            if step.logprobs is not None:
-                output.logprobs = (output.logprobs or []) + step.logprobs
             delta = detok.push(step.new_token_ids, step.ends_on_stop_token)
+            output.token_ids.extend(step.new_token_ids[: delta.num_tokens])
+            if step.logprobs is not None:
+                output.logprobs = (output.logprobs or []) + step.logprobs[: delta.num_tokens]
             output.text += delta.text
             if delta.stop_string is not None:
                 output.finish_reason = "stop"

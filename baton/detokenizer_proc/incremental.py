@@ -26,10 +26,13 @@ CONTEXT_TOKENS = 5
 
 @dataclass(frozen=True)
 class DetokenizedDelta:
-    """What one push produced: new text safe to emit, and the stop string that ended it, if any."""
+    """What one push produced: new text safe to emit, the stop string that ended it, if any, and
+    how many of the pushed tokens the output keeps (all of them, unless a stop string completed
+    before the last)."""
 
     text: str
     stop_string: str | None
+    num_tokens: int
 
 
 class IncrementalDetokenizer:
@@ -83,18 +86,35 @@ class IncrementalDetokenizer:
         """Add newly generated tokens; return the text that is now safe to emit.
 
         `ends_on_stop_token`: the last token stopped the request (EOS or a stop_token_id); it
-        counts as generated but, as in vLLM, is not spelled out.
-        Raises RuntimeError after a stop string matched or after `flush()`.
+        counts as generated but, as in vLLM, is not spelled out. Several tokens at once (a
+        speculative step's) are taken one by one while stop strings are in play, as generation
+        without speculation would: the output ends at the token that completed a stop string,
+        and min_tokens counts exactly. Raises RuntimeError after a stop string matched or after
+        `flush()`.
         """
         if self._finished:
             raise RuntimeError("push() after the generation ended (stop string or flush)")
-        self._num_generated += len(token_ids)
+        if not self._stops or len(token_ids) <= 1:
+            return self._push(token_ids, ends_on_stop_token)
+        texts = []
+        for index, token in enumerate(token_ids):
+            last = index == len(token_ids) - 1
+            delta = self._push([token], ends_on_stop_token and last)
+            texts.append(delta.text)
+            if delta.stop_string is not None:
+                return DetokenizedDelta("".join(texts), delta.stop_string, index + 1)
+        return DetokenizedDelta("".join(texts), None, len(token_ids))
+
+    def _push(self, token_ids: Sequence[int], ends_on_stop_token: bool) -> DetokenizedDelta:
+        num_tokens = len(token_ids)
+        self._num_generated += num_tokens
         if ends_on_stop_token and not self._include_stop:
             token_ids = token_ids[:-1]
         if not token_ids:
-            return DetokenizedDelta(text="", stop_string=None)
+            return DetokenizedDelta(text="", stop_string=None, num_tokens=num_tokens)
         self._ids.extend(token_ids)
-        return self._emit(self._new_text(), final=False)
+        text, stop_string = self._emit(self._new_text(), final=False)
+        return DetokenizedDelta(text, stop_string, num_tokens)
 
     def flush(self) -> str:
         """End the generation (not by a stop string) and return whatever was still held back."""
@@ -103,9 +123,9 @@ class IncrementalDetokenizer:
         window_text = self._decode(self._ids[self._window_start :])
         # Whatever is still held is an incomplete character at the very end; the full decode shows
         # it as U+FFFD too, so it is emitted as such.
-        delta = self._emit(window_text[self._window_emitted :], final=True)
+        text, _ = self._emit(window_text[self._window_emitted :], final=True)
         self._finished = True
-        return delta.text
+        return text
 
     def _decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=self._skip_special_tokens)
@@ -161,8 +181,9 @@ class IncrementalDetokenizer:
         self._window_start = start
         self._window_emitted = len(context_text)
 
-    def _emit(self, new_text: str, final: bool) -> DetokenizedDelta:
-        """Apply stop strings to held + new text; hand on what is safe and record it."""
+    def _emit(self, new_text: str, final: bool) -> tuple[str, str | None]:
+        """Apply stop strings to held + new text; hand on what is safe and record it: (that
+        text, the stop string that ended the output or None)."""
         candidate = self._held + new_text
         # Before min_tokens nothing is held back either: no stop string can end the output yet.
         stops = self._stops if self._num_generated >= self._min_tokens else ()
@@ -179,7 +200,7 @@ class IncrementalDetokenizer:
             self._held = candidate[len(candidate) - hold :]
         if text:
             self._parts.append(text)
-        return DetokenizedDelta(text=text, stop_string=stop_string)
+        return text, stop_string
 
 
 def _first_completed_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:

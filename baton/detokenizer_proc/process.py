@@ -165,24 +165,26 @@ class DetokenizerService:
     def _delta(self, state: _RequestState, step: StepOutput) -> GenerateDelta | None:
         """The client's delta for one step (None if there is nothing to tell)."""
         pushed = state.detokenizer.push(step.new_token_ids, step.ends_on_stop_token)
-        state.completion_tokens += len(step.new_token_ids)
+        # A stop string may end the output before the step's last token (speculation).
+        token_ids = step.new_token_ids[: pushed.num_tokens]
+        state.completion_tokens += len(token_ids)
         if step.cached_tokens is not None:
             state.cached_tokens = step.cached_tokens
         text = pushed.text
         stopped_by_string = pushed.stop_string is not None
         if step.finished and not stopped_by_string:
             text += state.detokenizer.flush()
-        if not (step.finished or stopped_by_string or step.new_token_ids):
+        if not (step.finished or stopped_by_string or token_ids):
             return None
         finished = step.finished or stopped_by_string
         logprobs = None
         if step.logprobs is not None:
             logprobs, state.logprob_context = self._logprob_texts.entries(
-                state.logprob_context, step.new_token_ids, step.logprobs
+                state.logprob_context, token_ids, step.logprobs[: len(token_ids)]
             )
         delta = GenerateDelta(
             request_id=state.request_id,
-            token_ids=step.new_token_ids,
+            token_ids=token_ids,
             text=text,
             logprobs=logprobs,
             finished=finished,

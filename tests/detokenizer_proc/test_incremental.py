@@ -93,7 +93,7 @@ def _stream(
         position += size
         if deltas[-1].stop_string is not None:
             return detokenizer, deltas
-    deltas.append(DetokenizedDelta(detokenizer.flush(), None))
+    deltas.append(DetokenizedDelta(detokenizer.flush(), None, 0))
     return detokenizer, deltas
 
 
@@ -183,7 +183,7 @@ def test_partial_match_is_held_then_released(byte_tokenizer):
 def test_stop_string_at_the_very_first_token(stories_tokenizer):
     generated = _encode(stories_tokenizer, "Once upon a time")
     detokenizer, deltas = _stream(stories_tokenizer, generated, stop=["Once"])
-    assert deltas == [DetokenizedDelta("", "Once")] and detokenizer.text == ""
+    assert deltas == [DetokenizedDelta("", "Once", 1)] and detokenizer.text == ""
     with pytest.raises(RuntimeError):
         detokenizer.push(generated[1:2])
     assert detokenizer.flush() == ""
@@ -219,16 +219,16 @@ def test_nothing_later_trimmed_is_ever_emitted(any_tokenizer: PreTrainedTokenize
 def test_min_tokens_holds_back_stop_strings(byte_tokenizer):
     """vLLM ignores stop strings until min_tokens outputs exist (byte tokenizer: a token a byte)."""
     detokenizer = IncrementalDetokenizer(byte_tokenizer, [], stop=[","], min_tokens=5)
-    assert detokenizer.push(_encode(byte_tokenizer, "a,b")) == DetokenizedDelta("a,b", None)
-    assert detokenizer.push(_encode(byte_tokenizer, ",")) == DetokenizedDelta(",", None)
+    assert detokenizer.push(_encode(byte_tokenizer, "a,b")) == DetokenizedDelta("a,b", None, 3)
+    assert detokenizer.push(_encode(byte_tokenizer, ",")) == DetokenizedDelta(",", None, 1)
     # The fifth token may stop: the check runs from the min_tokens-th output on.
-    assert detokenizer.push(_encode(byte_tokenizer, "c,d")) == DetokenizedDelta("c", ",")
+    assert detokenizer.push(_encode(byte_tokenizer, "c,d")) == DetokenizedDelta("c", ",", 2)
     assert detokenizer.text == "a,b,c"
 
 
 def test_include_stop_str_in_output_keeps_the_stop_string_and_the_stop_token(byte_tokenizer):
     kept = IncrementalDetokenizer(byte_tokenizer, [], stop=[","], include_stop_str_in_output=True)
-    assert kept.push(_encode(byte_tokenizer, "a,b")) == DetokenizedDelta("a,", ",")
+    assert kept.push(_encode(byte_tokenizer, "a,b")) == DetokenizedDelta("a,", ",", 2)
     ids = _encode(byte_tokenizer, "xyz")
     spelled = IncrementalDetokenizer(byte_tokenizer, [], include_stop_str_in_output=True)
     assert spelled.push(ids, ends_on_stop_token=True).text + spelled.flush() == "xyz"
@@ -239,7 +239,7 @@ def test_include_stop_str_in_output_keeps_the_stop_string_and_the_stop_token(byt
 
 def test_push_after_flush_is_an_error(byte_tokenizer):
     detokenizer = IncrementalDetokenizer(byte_tokenizer, [], stop=["zz"])
-    assert detokenizer.push(_encode(byte_tokenizer, "a z")) == DetokenizedDelta("a ", None)
+    assert detokenizer.push(_encode(byte_tokenizer, "a z")) == DetokenizedDelta("a ", None, 3)
     assert detokenizer.flush() == "z" and detokenizer.text == "a z"
     with pytest.raises(RuntimeError):
         detokenizer.push([1])
@@ -319,3 +319,16 @@ def test_per_push_work_stays_bounded_over_a_long_generation(stories_tokenizer):
     assert max(window_lengths) <= 16
     full = stories_tokenizer.decode(generated, skip_special_tokens=True)
     assert detokenizer.text + detokenizer.flush() == full
+
+
+def test_several_tokens_at_once_end_at_the_token_that_completes_the_stop_string(byte_tokenizer):
+    """A speculative step hands over several tokens: the output keeps those up to the one that
+    completed the stop string, as one token at a time would, and says how many."""
+    generated = _encode(byte_tokenizer, "abc STOP xyz")
+    detokenizer = IncrementalDetokenizer(byte_tokenizer, [], stop=["STOP"])
+    assert detokenizer.push(generated[:4]) == DetokenizedDelta("abc ", None, 4)
+    assert detokenizer.push(generated[4:]) == DetokenizedDelta("", "STOP", 4)  # "S", "T", "O", "P"
+    assert detokenizer.text == "abc "
+    # Without stop strings every token is kept in one go.
+    plain = IncrementalDetokenizer(byte_tokenizer, [])
+    assert plain.push(generated).num_tokens == len(generated)

@@ -185,8 +185,10 @@ def test_stop_string_across_steps_ends_the_request_and_aborts_it(
     handled = service.handle_message(SchedulerOutputs(steps=[_step(CLIENT_A, "r1", second)]))
     [final] = _deltas(handled, CLIENT_A)
     assert (final.text, final.finished, final.finish_reason) == ("", True, "stop")
-    assert final.usage is not None
-    assert final.usage.completion_tokens == len(first) + len(second)
+    # Only the tokens up to the one that completed the stop string count ("OP"), as
+    # one token at a time would have stopped there.
+    assert final.usage is not None and final.token_ids == second[:2]
+    assert final.usage.completion_tokens == len(first) + 2
     assert final.usage.cached_tokens == 3  # known before the scheduler's final output
     assert handled.to_scheduler == [AbortRid(rid=started.rid, reason="stop")]
 

@@ -508,3 +508,31 @@ def test_decode_first_token_budget_counts_draft_tokens(
         n > 1 for batch in mixed for p, n in batch if not p
     )  # speculative rows with prefills
     assert all(sum(n for _, n in batch) <= chunk_size for batch in mixed)
+
+
+@OVERLAP
+def test_stop_strings_end_where_they_would_without_speculation(
+    stories260k_dir: Path, overlap: bool
+) -> None:
+    """A speculative step may yield tokens past a stop string: text, token ids and finish
+    reasons still end at the token that completed it, as without speculation."""
+    stories = [
+        "Once upon a time there was a little girl. Once upon a time there was a little",
+        "Lily and Tom went to the park. Lily and Tom",
+    ]
+    plain = LLM(str(stories260k_dir), dtype="float32", disable_overlap=not overlap)
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
+    speculating = LLM(
+        str(stories260k_dir),
+        dtype="float32",
+        disable_overlap=not overlap,
+        speculative_config=spec,
+    )
+    for stop in (["park"], ["She loved"], ["and"]):
+        params = SamplingParams(temperature=0, max_tokens=80, stop=stop)
+        expected = plain.generate(stories, params)
+        outputs = speculating.generate(stories, params)
+        assert [(o.text, o.token_ids, o.finish_reason) for o in outputs] == [
+            (o.text, o.token_ids, o.finish_reason) for o in expected
+        ]
+    assert speculating.scheduler.aggregate_stats().spec_decode_num_accepted_tokens > 0
