@@ -277,16 +277,17 @@ def _suppress(logits: torch.Tensor, suppressed_token_ids: list[list[int]]) -> No
 
 
 def _logprob_lists(sampled, num_logprobs) -> tuple[list | None, list | None]:
-    """Host-side logprobs, top-n trimmed to what each row asked for."""
+    """Host-side logprobs, top-n trimmed to what each row asked for: per row, a list of one
+    (ForwardOutput's layout: one entry per token the row yields)."""
     if sampled.logprobs is None:
         return None, None
-    chosen = sampled.logprobs.cpu().tolist()
+    chosen = [[value] for value in sampled.logprobs.cpu().tolist()]
     if sampled.top_logprob_ids is None:
-        return chosen, [[] for _ in chosen]
+        return chosen, [[[]] for _ in chosen]
     ids = sampled.top_logprob_ids.cpu().tolist()
     values = sampled.top_logprobs.cpu().tolist()
     top = [
-        list(zip(row_ids[: n or 0], row_values[: n or 0]))
+        [list(zip(row_ids[: n or 0], row_values[: n or 0]))]
         for row_ids, row_values, n in zip(ids, values, num_logprobs)
     ]
     return chosen, top

@@ -47,13 +47,13 @@ class ForwardBatch:
 @dataclass
 class ForwardOutput:
     """Per sampled row: its tokens (one; for a speculative row its accepted drafts and the token
-    sampled after them), and log-probabilities where the request asked for them (rows that ask
-    never speculate); `failed_rows` (indices into the sampled rows) could not be sampled: their
-    requests end with an error, the batch's other rows go on. `num_drafted`, per sampled row:
-    the drafts verified (0 without speculation)."""
+    sampled after them), and for each of them its log-probability and the top-n alternatives
+    where the request asked for them; `failed_rows` (indices into the sampled rows) could not
+    be sampled: their requests end with an error, the batch's other rows go on. `num_drafted`,
+    per sampled row: the drafts verified (0 without speculation)."""
 
     token_ids: list[list[int]]
-    logprobs: list[float] | None = None
-    top_logprobs: list[list[tuple[int, float]]] | None = field(default=None)
+    logprobs: list[list[float]] | None = None
+    top_logprobs: list[list[list[tuple[int, float]]]] | None = field(default=None)
     failed_rows: list[int] = field(default_factory=list)
     num_drafted: list[int] | None = None

@@ -36,9 +36,8 @@ class BatchPolicy:
 
     With speculative decoding a decode becomes a speculative step of up to
     `num_speculative_tokens` drafts, fewer near max_tokens or the context's end or the token
-    budget's (which decodes respect too: the least urgent past it wait a step); a sequence that
-    asks for logprobs, or whose stop tokens (EOS, stop_token_ids) are still suppressed
-    (min_tokens), decodes plainly.
+    budget's (which decodes respect too: the least urgent past it wait a step); a sequence whose
+    stop tokens (EOS, stop_token_ids) are still suppressed (min_tokens) decodes plainly.
     When the pages for the drafts are not there it decodes plainly before anyone is preempted.
     """
 
@@ -164,9 +163,7 @@ class BatchPolicy:
             return 0
         params = seq.params
         suppresses = params.stop_token_ids or not params.ignore_eos  # before min_tokens
-        if params.logprobs is not None or (
-            seq.num_output_tokens < params.min_tokens and suppresses
-        ):
+        if seq.num_output_tokens < params.min_tokens and suppresses:
             return 0
         room = min(seq.decode_budget_left - 1, self.max_model_len - 1 - seq.kv_position)
         return max(0, min(self.num_speculative_tokens, room))

@@ -99,7 +99,10 @@ def apply_results(
                 num_drafted = output.num_drafted[sampled_index]
             if output.logprobs is not None and seq.params.logprobs is not None:
                 logprobs = [
-                    TokenLogprob(output.logprobs[sampled_index], output.top_logprobs[sampled_index])
+                    TokenLogprob(logprob, top)
+                    for logprob, top in zip(
+                        output.logprobs[sampled_index], output.top_logprobs[sampled_index]
+                    )
                 ]
             sampled_index += 1
         if seq.is_finished:
@@ -118,5 +121,5 @@ def apply_results(
                 outcome = seq.apply_decode(kept[0])
             if outcome.block_completed:
                 seq.cache_computed_prefix(kv)
-        results.append((seq, kept, logprobs, reason))
+        results.append((seq, kept, logprobs and logprobs[: len(kept)], reason))
     return results

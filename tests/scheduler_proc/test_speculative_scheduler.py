@@ -2,7 +2,8 @@
 where drafts must be accepted often: greedy outputs equal to those without speculation in the
 overlap and plain loops, under chunked prefill, prefix hits, preemption and slot reuse; max_tokens
 and stop tokens exact although accepted drafts run past them; pages back in the pool; the
-spec_decode counters; rows that must not speculate (logprobs, min_tokens); sampled requests.
+spec_decode counters; rows that must not speculate (min_tokens); logprobs of accepted drafts;
+stop strings; sampled requests.
 Exact-distribution statistics are tests/engine/speculation/test_verify.py's."""
 
 from __future__ import annotations
@@ -398,7 +399,7 @@ def test_aggregate_counters_sum_the_requests(tiny_llama_dir: Path) -> None:
 
 # --- rows that do not speculate ----------------------------------------------------------------
 @OVERLAP
-def test_logprobs_and_min_tokens_rows_do_not_speculate(
+def test_min_tokens_rows_do_not_speculate_and_logprobs_rows_do(
     tiny_llama_dir: Path,
     reference: list[list[int]],
     overlap: bool,
@@ -409,6 +410,7 @@ def test_logprobs_and_min_tokens_rows_do_not_speculate(
     index, stop = first_repeat_free_stop(reference[2], earliest=2)
     params = [
         GREEDY,  # speculates, in the same batches as the others
+        # Speculates too: each accepted draft gets its log-probability, as without speculation.
         SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2),
         # Its stop token is suppressed for the first 12 outputs: it must not come out of a draft.
         SamplingParams(
@@ -430,9 +432,7 @@ def test_logprobs_and_min_tokens_rows_do_not_speculate(
 
     def spy(seq: Sequence, num_drafts: int, kv: object) -> object:
         suppressing = seq.params.stop_token_ids or not seq.params.ignore_eos
-        if seq.params.logprobs is not None or (
-            suppressing and seq.num_output_tokens < seq.params.min_tokens
-        ):
+        if suppressing and seq.num_output_tokens < seq.params.min_tokens:
             early.append((seq.rid, seq.num_output_tokens))
         return original(seq, num_drafts, kv)
 
@@ -442,8 +442,8 @@ def test_logprobs_and_min_tokens_rows_do_not_speculate(
     assert token_ids(outputs) == token_ids(expected)
     assert [o.finish_reason for o in outputs] == [o.finish_reason for o in expected]
     drafts = [o.stats.spec_draft_tokens for o in outputs]
-    assert drafts[0] > 0 and drafts[4] > 0
-    assert drafts[1] == 0 and drafts[3] == 0
+    assert drafts[0] > 0 and drafts[1] > 0 and drafts[4] > 0
+    assert drafts[3] == 0
     got, want = outputs[1].logprobs, expected[1].logprobs
     assert got is not None and want is not None and len(got) == len(want) == 24
     for mine, theirs in zip(got, want):
@@ -536,3 +536,22 @@ def test_stop_strings_end_where_they_would_without_speculation(
             (o.text, o.token_ids, o.finish_reason) for o in expected
         ]
     assert speculating.scheduler.aggregate_stats().spec_decode_num_accepted_tokens > 0
+
+
+def test_accepted_drafts_get_their_logprobs(stories260k_dir: Path) -> None:
+    """Log-probabilities (and the top alternatives) of every token, accepted drafts included,
+    as without speculation."""
+    story = ["Once upon a time there was a little girl. Once upon a time there was a little"]
+    params = SamplingParams(temperature=0, max_tokens=40, logprobs=3)
+    expected = LLM(str(stories260k_dir), dtype="float32").generate(story, params)[0]
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
+    engine = LLM(str(stories260k_dir), dtype="float32", speculative_config=spec)
+    output = engine.generate(story, params)[0]
+    assert output.stats.spec_accepted_tokens > 0
+    assert output.token_ids == expected.token_ids
+    assert output.logprobs is not None and expected.logprobs is not None
+    assert len(output.logprobs) == len(expected.logprobs) == len(expected.token_ids)
+    for mine, theirs in zip(output.logprobs, expected.logprobs):
+        assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-4)
+        assert [t for t, _ in mine.top] == [t for t, _ in theirs.top]
+        assert [v for _, v in mine.top] == pytest.approx([v for _, v in theirs.top], abs=1e-4)

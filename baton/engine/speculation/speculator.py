@@ -172,9 +172,8 @@ class Speculator:
             for i, token in zip(plain, tokens):
                 token_ids[i] = [token]
             failed.extend(plain[j] for j in plain_failed)
-            if plain_logprobs is not None:  # rows asking for logprobs never speculate
-                logprobs = [float("nan")] * len(drafts)
-                top_logprobs = [[] for _ in drafts]
+            if plain_logprobs is not None:
+                logprobs, top_logprobs = [[] for _ in drafts], [[] for _ in drafts]
                 for j, i in enumerate(plain):
                     logprobs[i], top_logprobs[i] = plain_logprobs[j], plain_top[j]
         speculative = [i for i, draft in enumerate(drafts) if draft is not None]
@@ -200,6 +199,15 @@ class Speculator:
             except ValueError:  # not a distribution (NaN logits): this row alone fails
                 failed.append(i)
                 token_ids[i] = [0]
+        asking = [i for i in speculative if batch.sampling_params[i].logprobs is not None]
+        if asking:
+            if logprobs is None:
+                logprobs, top_logprobs = [[] for _ in drafts], [[] for _ in drafts]
+            for i in asking:
+                rows_logits = logits[first_rows[i] : first_rows[i] + len(token_ids[i])]
+                logprobs[i], top_logprobs[i] = _token_logprobs(
+                    rows_logits, token_ids[i], batch.sampling_params[i].logprobs or 0
+                )
         self._remember(batch, resolved, token_ids)
         return Verdict(token_ids, num_drafted, logprobs, top_logprobs, sorted(failed))
 
@@ -214,3 +222,17 @@ class Speculator:
             self._rejected[slot] = 1 + num_drafts - len(token_ids[i]) if num_drafts else 0
             if resolved.drafts[i] is not None:
                 self.budget.observe(slot, len(resolved.drafts[i].tokens), len(token_ids[i]) - 1)
+
+
+def _token_logprobs(
+    logits: torch.Tensor, tokens: list[int], num_top: int
+) -> tuple[list[float], list[list[tuple[int, float]]]]:
+    """Each token's log-probability under the raw distribution of the logits row before it
+    (as the sampler reports it), and the row's top `num_top` alternatives."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()
+    if not num_top:
+        return chosen, [[] for _ in tokens]
+    values, ids = logprobs.topk(num_top, dim=-1)
+    return chosen, [list(zip(row_ids, row_values)) for row_ids, row_values in
+                    zip(ids.tolist(), values.tolist())]  # fmt: skip
