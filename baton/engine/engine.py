@@ -204,18 +204,11 @@ class Engine:
             resolved.page_tables,
             torch.tensor(resolved.logits_indices, dtype=torch.long),
         )
-        verdict = self.speculator.verify(
+        return self.speculator.verify(
             logits,
             resolved,
             batch,
             lambda rows_logits, rows: self._sample(rows_logits, rows, batch),
-        )
-        return ForwardOutput(
-            verdict.token_ids,
-            verdict.logprobs,
-            verdict.top_logprobs,
-            failed_rows=verdict.failed_rows,
-            num_drafted=verdict.num_drafted,
         )
 
     def logits(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch
+from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.sampler import greedy_argmax
 from baton.engine.speculation.draft_budget import DraftBudget
 from baton.engine.speculation.drafter import Draft, Drafter, DraftRequest
@@ -49,17 +49,6 @@ class ResolvedBatch:
         self.kv_starts.append(start)
         self.q_lens.append(len(ids))
         self.page_tables.append(page_table)
-
-
-@dataclass
-class Verdict:
-    """Per sampled row: its tokens, and how many drafts were verified."""
-
-    token_ids: list[list[int]]
-    num_drafted: list[int]
-    logprobs: list | None
-    top_logprobs: list | None
-    failed_rows: list[int]
 
 
 class Speculator:
@@ -152,7 +141,7 @@ class Speculator:
         resolved: ResolvedBatch,
         batch: ForwardBatch,
         sample_plain: PlainSampler,
-    ) -> Verdict:
+    ) -> ForwardOutput:
         """Turn the logits of every sampled position into each row's tokens, and remember per
         slot what its step yielded and rejected."""
         drafts = resolved.drafts
@@ -209,7 +198,9 @@ class Speculator:
                     rows_logits, token_ids[i], batch.sampling_params[i].logprobs or 0
                 )
         self._remember(batch, resolved, token_ids)
-        return Verdict(token_ids, num_drafted, logprobs, top_logprobs, sorted(failed))
+        return ForwardOutput(
+            token_ids, logprobs, top_logprobs, failed_rows=sorted(failed), num_drafted=num_drafted
+        )
 
     def _remember(
         self, batch: ForwardBatch, resolved: ResolvedBatch, token_ids: list[list[int]]
