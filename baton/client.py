@@ -156,11 +156,14 @@ class BatonClient:
         request_id: str | None = None,
         priority: int = 0,
         deadline_ms: float | None = None,
+        return_stats: bool = False,
     ) -> AsyncIterator[GenerateDelta]:
         """Yield the request's deltas as they come; the last one has `finished` set.
 
         A prompt is text, token ids, or chat messages; `priority` and `deadline_ms` matter under
-        the server's --scheduling-policy. Raises ServerError on a typed error.
+        the server's --scheduling-policy. The last delta has the request's stats, but when a stop
+        string ended the request only with `return_stats` (it then comes one step later).
+        Raises ServerError on a typed error.
         """
         request_id = request_id or uuid.uuid4().hex
         request = GenerateRequest(
@@ -168,6 +171,7 @@ class BatonClient:
             params=params or SamplingParams(),
             priority=priority,
             deadline_ms=deadline_ms,
+            return_stats=return_stats,
         )
         if isinstance(prompt, str):
             request.prompt = prompt
@@ -206,10 +210,11 @@ class BatonClient:
         request_id: str | None = None,
         priority: int = 0,
         deadline_ms: float | None = None,
+        return_stats: bool = False,
     ) -> GenerateResult:
-        """Run a request to completion and return its output."""
+        """Run a request to completion and return its output (`return_stats`: see `stream`)."""
         result: GenerateResult | None = None
-        stream = self.stream(prompt, params, request_id, priority, deadline_ms)
+        stream = self.stream(prompt, params, request_id, priority, deadline_ms, return_stats)
         try:
             async for delta in stream:
                 result = result or GenerateResult(delta.request_id)

@@ -127,6 +127,9 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True):
     # arrival (edf, lrs).
     priority: int = 0
     deadline_ms: float | None = None
+    # The final reply carries the request's stats even when a stop string ended it: that
+    # reply then waits for the scheduler's final output (one more step).
+    return_stats: bool = False
 
 
 class AbortRequest(msgspec.Struct, tag="abort", kw_only=True):
@@ -179,6 +182,7 @@ class RequestStarted(msgspec.Struct, tag="started", kw_only=True):
     skip_special_tokens: bool
     min_tokens: int = 0  # stop strings are ignored until this many tokens are generated
     include_stop_str_in_output: bool = False
+    return_stats: bool = False  # see GenerateRequest
 
 
 class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True):

@@ -58,9 +58,12 @@ class _RequestState:
     cached_tokens: int = 0  # from the scheduler's first output of the request
     # The last few generated tokens: the context each logprob token's text is decoded in.
     logprob_context: list[int] = field(default_factory=list)
-    # A stop string matched: the client has its final delta; only the scheduler's own final
-    # output (which deletes this state) is still to come.
+    # A stop string matched: the client has its final delta, or with `return_stats` the delta
+    # waits in `held` for the stats of the scheduler's own final output (which deletes this
+    # state), the only output still to come.
     stopped: bool = False
+    return_stats: bool = False
+    held: GenerateDelta | None = None
 
 
 class Handled(NamedTuple):
@@ -133,6 +136,7 @@ class DetokenizerService:
             request_id=started.request_id,
             detokenizer=detokenizer,
             prompt_tokens=started.prompt_tokens,
+            return_stats=started.return_stats,
         )
 
     def _apply_step(self, step: StepOutput, handled: Handled) -> None:
@@ -142,6 +146,9 @@ class DetokenizerService:
         if state.stopped:
             if step.finished:
                 del self._requests[step.rid]
+                if state.held is not None:
+                    state.held.stats = step.stats
+                    _add_reply(handled, state.client_id, state.held)
             return
         try:
             delta = self._delta(state, step)
@@ -155,12 +162,15 @@ class DetokenizerService:
             return
         if delta is None:
             return
-        _add_reply(handled, state.client_id, delta)
         if step.finished:
             del self._requests[step.rid]
-        elif delta.finished:
+        elif delta.finished:  # a stop string: the scheduler still generates until it aborts
             state.stopped = True
             handled.to_scheduler.append(AbortRid(rid=step.rid, reason="stop"))
+            if state.return_stats:
+                state.held = delta
+                return
+        _add_reply(handled, state.client_id, delta)
 
     def _delta(self, state: _RequestState, step: StepOutput) -> GenerateDelta | None:
         """The client's delta for one step (None if there is nothing to tell)."""

@@ -36,6 +36,7 @@ async def choice_stream(
         f"{request_id}-{choice.index}",
         choice.priority,
         choice.deadline_ms,
+        choice.return_stats,
     )
     state.in_flight.enter()
     try:
@@ -159,8 +160,7 @@ async def _disconnected(request: Request) -> None:
 
 
 def stats_body(stats: RequestStats | None) -> dict[str, object] | None:
-    """A request's stats as JSON (`return_stats`); None when a stop string ended it before the
-    scheduler's final output, which carries them."""
+    """A request's stats as JSON (`return_stats`)."""
     return None if stats is None else msgspec.structs.asdict(stats)
 
 

@@ -27,6 +27,7 @@ class ChoiceRequest:
     params: SamplingParams
     priority: int = 0
     deadline_ms: float | None = None
+    return_stats: bool = False
 
 
 def sampling_params(
@@ -79,6 +80,7 @@ def completion_choices(request: CompletionRequest) -> list[ChoiceRequest]:
             params=sampling_params(request, request.max_tokens, request.logprobs, choice),
             priority=request.priority,
             deadline_ms=request.deadline_ms,
+            return_stats=request.return_stats,
         )
         for group, prompt in enumerate(completion_prompts(request))
         for choice in range(request.n)
@@ -96,6 +98,7 @@ def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
             params=sampling_params(request, request.output_limit, request.logprob_count, choice),
             priority=request.priority,
             deadline_ms=request.deadline_ms,
+            return_stats=request.return_stats,
         )
         for choice in range(request.n)
     ]

@@ -148,6 +148,7 @@ class TokenizerService:
             skip_special_tokens=message.skip_special_tokens,
             min_tokens=params.min_tokens,
             include_stop_str_in_output=params.include_stop_str_in_output,
+            return_stats=message.return_stats,
         )
         tokenized = TokenizedRequest(
             rid=rid,

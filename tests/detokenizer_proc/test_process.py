@@ -62,7 +62,11 @@ def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def _started(
-    client_id: bytes, request_id: str, prompt_ids: Sequence[int], stop: Sequence[str] = ()
+    client_id: bytes,
+    request_id: str,
+    prompt_ids: Sequence[int],
+    stop: Sequence[str] = (),
+    return_stats: bool = False,
 ) -> RequestStarted:
     return RequestStarted(
         rid=make_rid(client_id, request_id),
@@ -72,6 +76,7 @@ def _started(
         prompt_tail=list(prompt_ids)[-PROMPT_TAIL_TOKENS:],
         stop=list(stop),
         skip_special_tokens=True,
+        return_stats=return_stats,
     )
 
 
@@ -434,3 +439,21 @@ def test_process_routes_replies_and_aborts_for_a_vanished_client(
 
     fake.send(Shutdown())
     assert process.wait(timeout=10) == 0
+
+
+def test_a_stop_string_final_delta_waits_for_the_stats_when_asked(tokenizer: Tokenizer) -> None:
+    """With return_stats, the delta a stop string ends waits for the scheduler's final output
+    (after the abort) and carries its stats; usage still counts up to the stop string."""
+    service = DetokenizerService(tokenizer)
+    started = _started(CLIENT_A, "r1", _encode(tokenizer, "go"), stop=["STOP"], return_stats=True)
+    service.handle_message(SchedulerOutputs(started=[started]))
+    tokens = _encode(tokenizer, "abc STOP")
+    handled = service.handle_message(SchedulerOutputs(steps=[_step(CLIENT_A, "r1", tokens)]))
+    assert _deltas(handled, CLIENT_A) == []  # held
+    assert handled.to_scheduler == [AbortRid(rid=started.rid, reason="stop")]
+    final_output = _step(CLIENT_A, "r1", [], reason="stop")
+    handled = service.handle_message(SchedulerOutputs(steps=[final_output]))
+    [final] = _deltas(handled, CLIENT_A)
+    assert (final.text, final.finished, final.finish_reason) == ("abc ", True, "stop")
+    assert final.stats == final_output.stats and final.usage.completion_tokens == len(tokens)
+    assert service.handle_message(SchedulerOutputs(steps=[final_output])).replies == {}

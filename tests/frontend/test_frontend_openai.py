@@ -258,3 +258,18 @@ def test_per_request_stats_when_asked(client: openai.OpenAI) -> None:
     with_stats = [c.choices[0].model_extra.get("stats") for c in chunks if c.choices]
     assert all(stats is None for stats in with_stats[:-1])
     assert with_stats[-1]["generated_tokens"] == 12
+    # A stop string ends the request before the scheduler knows: its stats still come.
+    stop = plain.choices[0].text[4:8]
+    assert stop.strip()
+    stopped = client.completions.create(
+        **request, stop=[stop], extra_body={**ignore_eos, "return_stats": True}
+    )
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].model_extra["stats"]["prompt_tokens"] == stopped.usage.prompt_tokens
+    chunks = list(
+        client.completions.create(
+            **request, stop=[stop], stream=True, extra_body={**ignore_eos, "return_stats": True}
+        )
+    )
+    final = [c for c in chunks if c.choices][-1].choices[0]
+    assert final.finish_reason == "stop" and final.model_extra["stats"] is not None
