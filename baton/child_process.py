@@ -82,6 +82,7 @@ def run_child(
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
+    sys.unraisablehook = exit_outside_finalizers
     # Before ZMQ's I/O threads start, so they inherit the mask (threads imports started move).
     bind_service_process(config.omp_threads_bind)
     context = zmq.Context()
@@ -108,6 +109,17 @@ def run_child(
     # Leave without the interpreter's own teardown: everything of value is done, and a thread
     # or a zmq context left blocked by the signal must not keep the process alive.
     os._exit(exit_code)
+
+
+def exit_outside_finalizers(unraisable: sys.UnraisableHookArgs) -> None:
+    """The SIGTERM handler's SystemExit can land inside a finalizer (a zmq socket's `__del__`,
+    say), where Python only prints it ("Exception ignored") and goes on: the exit is asked
+    again from another thread, so it lands in ordinary code, with no traceback on stderr.
+    Anything else unraisable is reported as usual."""
+    if isinstance(unraisable.exc_value, SystemExit):
+        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def _teardown(context: zmq.Context) -> None:
