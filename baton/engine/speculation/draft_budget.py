@@ -94,17 +94,19 @@ class DraftBudget:
         step_s = self.cost.fixed_s + self.cost.per_row_s * num_rows
         expected = float(num_outputs)
         keep = [0] * len(drafts)
+        turned_down = False  # by the value rule, not the cap on rows
         for probability, row, _ in candidates:
             if self.max_rows is not None and num_rows >= self.max_rows:
                 break
             if probability * step_s <= self.cost.per_row_s * expected:
+                turned_down = True
                 break
             keep[row] += 1
             num_rows += 1
             step_s += self.cost.per_row_s
             expected += probability
         for slot, draft, kept in zip(slots, drafts, keep):
-            if draft.tokens and not kept:
+            if turned_down and draft.tokens and not kept:
                 self._accepted[slot] *= _FORGET
                 self._rejected[slot] *= _FORGET
         return [

@@ -115,3 +115,14 @@ def test_a_request_turned_down_gets_a_draft_tried_again_later() -> None:
     assert kept_per_step[0] == 0 and max(kept_per_step) >= 1
     first_retry = next(step for step, kept in enumerate(kept_per_step) if kept)
     assert 3 <= first_retry <= 10
+
+
+def test_drafts_cut_by_the_row_cap_forget_nothing() -> None:
+    """A request whose drafts did not fit the batch's rows has shown nothing: it keeps its
+    record (only the value rule's refusals make a request forget)."""
+    budget = DraftBudget(StepCost(fixed_s=0.01, per_row_s=1e-6), num_slots=2, max_rows=4)
+    learned(budget, 1, accepted=3, rejected=3)
+    before = budget.acceptance(1)
+    kept = budget.trim([0, 1], drafts(4, 4), 4, 2)  # no spare row at all
+    assert [len(d.tokens) for d in kept] == [0, 0]
+    assert budget.acceptance(1) == before
