@@ -54,25 +54,51 @@ def test_rope_and_store_equals_apply_rope_and_the_pool_write_bit_for_bit(
     assert torch.equal(pool.v_cache(0), expected_pool.v_cache(0))
 
 
-@pytest.mark.parametrize("kv_len", [1, 7, 8, 9, 16, 33, 300])
-def test_decode_attention_matches_torch_at_every_softmax_length(
-    native: NativeKernels, kv_len: int
+def _native_against_torch_attention(
+    native: NativeKernels, kv_lens: list[int], page_size: int, seed: int
 ) -> None:
-    """Lengths around the kernel's 8-wide exp loop and its scalar tail, one key, many pages;
-    scores large enough that the max subtraction matters."""
-    generator = torch.Generator().manual_seed(kv_len)
-    pages_per_row, rows = -(-kv_len // 4), 3
-    pool = KVPool(1, rows * pages_per_row + 1, 4, 2, 16, torch.float32, "cpu")
+    """One decode query per row over its own shuffled pages; scores large enough that the max
+    subtraction matters."""
+    generator = torch.Generator().manual_seed(seed)
+    pages_per_row = [-(-kv_len // page_size) for kv_len in kv_lens]
+    pool = KVPool(1, sum(pages_per_row) + 1, page_size, 2, 16, torch.float32, "cpu")
     pool.k_cache(0).normal_(generator=generator).mul_(4)
     pool.v_cache(0).normal_(generator=generator)
-    order = torch.randperm(rows * pages_per_row, generator=generator).tolist()
-    tables = [order[i * pages_per_row : (i + 1) * pages_per_row] for i in range(rows)]
-    meta = build_attention_metadata([kv_len - 1] * rows, [1] * rows, tables, 4)
-    q = torch.randn(rows, 6, 16, generator=generator)
+    order = torch.randperm(sum(pages_per_row), generator=generator).tolist()
+    ends = torch.tensor(pages_per_row).cumsum(0).tolist()
+    tables = [order[end - count : end] for end, count in zip(ends, pages_per_row)]
+    meta = build_attention_metadata(
+        [kv_len - 1 for kv_len in kv_lens], [1] * len(kv_lens), tables, page_size
+    )
+    q = torch.randn(len(kv_lens), 6, 16, generator=generator)
     args = (q, pool.k_cache(0), pool.v_cache(0), meta, 0.25)
     out = TorchPagedAttention(6, 2, native=native).forward(*args)
     expected = TorchPagedAttention(6, 2).forward(*args)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kv_len", [1, 7, 8, 9, 16, 33, 300])
+def test_decode_attention_matches_torch_at_every_softmax_length(
+    native: NativeKernels, kv_len: int
+) -> None:
+    """Lengths around the kernel's 8-wide exp loop and its scalar tail, one key, many pages."""
+    _native_against_torch_attention(native, [kv_len] * 3, 4, kv_len)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+@pytest.mark.parametrize("kv_lens", [[1], [31], [64], [65], [1000], [300, 5], [70, 64, 2000]])
+def test_decode_attention_split_across_threads_matches_torch(
+    native: NativeKernels, threads: int, kv_lens: list[int]
+) -> None:
+    """Fewer rows than threads: each row's tokens are split into parts (page boundaries falling
+    inside parts, parts too short to use, uneven shares) whose softmaxes are merged."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # the kernel splits for the calling thread's team size
+    try:
+        for page_size in (1, 16):
+            _native_against_torch_attention(native, kv_lens, page_size, sum(kv_lens) + threads)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("dim", [64, 576, 67])

@@ -12,8 +12,9 @@
 
 #include "vector_math.h"
 
-/* Softmax of s[0 .. len) in place. */
-static void softmax(float *s, int64_t len) {
+/* s[t] = e^(s[t] - top) in place for t in [0, len), with top the largest s[t] and total the
+ * sum of the exponentials: a softmax left unnormalized, so parts of a row can be merged. */
+static void exponentiate(float *s, int64_t len, float *top_out, float *total_out) {
     float top = s[0];
     for (int64_t t = 1; t < len; t++) top = s[t] > top ? s[t] : top;
     __m256 top_v = _mm256_set1_ps(top), sum_v = _mm256_setzero_ps();
@@ -28,7 +29,26 @@ static void softmax(float *s, int64_t len) {
         s[t] = expf(s[t] - top);
         total += s[t];
     }
-    for (t = 0; t < len; t++) s[t] /= total;
+    *top_out = top;
+    *total_out = total;
+}
+
+/* out = the softmax-weighted V of one query from `parts` unnormalized parts (stride apart in
+ * the part arrays, counted in queries): each part's sums rescaled to the largest maximum. */
+static void merge_parts(const float *partial, const float *tops, const float *totals,
+                        int64_t parts, int64_t stride, int64_t head_dim, float *out) {
+    float top = tops[0];
+    for (int64_t p = 1; p < parts; p++) top = tops[p * stride] > top ? tops[p * stride] : top;
+    float total = 0.0f;
+    for (int64_t d = 0; d < head_dim; d++) out[d] = 0.0f;
+    for (int64_t p = 0; p < parts; p++) {
+        if (totals[p * stride] == 0.0f) continue; /* an empty part */
+        const float weight = expf(tops[p * stride] - top);
+        total += weight * totals[p * stride];
+        for (int64_t d = 0; d < head_dim; d++)
+            out[d] += weight * partial[p * stride * head_dim + d];
+    }
+    for (int64_t d = 0; d < head_dim; d++) out[d] /= total;
 }
 
 static inline float dot(const float *a, const float *b, int64_t n) {
@@ -109,80 +129,118 @@ void baton_rope_and_store(float *qk, int64_t qk_stride, const float *v, int64_t 
     }
 }
 
-/* Attention of one row's query heads of KV heads [h0, h1) over its `len` cached tokens. Tokens
- * are walked page by page (no division per key) and, within a page, token by token across the
+/* One row's attention over its cached tokens [begin, end), left unnormalized: for query head
+ * j, top[j] = its largest score,
+ * total[j] = sum of e^(score - top[j]) and out[j] = sum of e^(score - top[j]) * V. Tokens are
+ * walked page by page (no division per key) and, within a page, token by token across the
  * heads, so each token's K and V (all heads side by side) are read front to back. */
-static int attend_row(const float *q, const float *k_cache, const float *v_cache,
-                      const int32_t *pages, int64_t len, int64_t h0, int64_t h1, int64_t group,
-                      int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale,
-                      float *out) {
-    const int64_t token_stride = kv_heads * head_dim, queries = (h1 - h0) * group;
+static int attend_range(const float *q, const float *k_cache, const float *v_cache,
+                        const int32_t *pages, int64_t begin, int64_t end, int64_t group,
+                        int64_t kv_heads, int64_t head_dim, int64_t page_size,
+                        float scale, float *out, float *top, float *total) {
+    const int64_t token_stride = kv_heads * head_dim, queries = kv_heads * group;
+    const int64_t len = end - begin;
     float *scores = malloc(sizeof(float) * queries * len);
     if (!scores) return -1;
-    /* scores[(h - h0) * group + g][t]: query head h * group + g against token t. */
-    for (int64_t t0 = 0; t0 < len; t0 += page_size) {
-        const float *page = k_cache + (int64_t)pages[t0 / page_size] * page_size * token_stride;
-        const int64_t in_page = len - t0 < page_size ? len - t0 : page_size;
+    /* scores[h * group + g][t - begin]: query head h * group + g against token t. */
+    for (int64_t t = begin; t < end;) {
+        const int64_t offset = t % page_size, run = end - t < page_size - offset
+                                                        ? end - t : page_size - offset;
+        const float *keys = k_cache + ((int64_t)pages[t / page_size] * page_size + offset) *
+                                          token_stride;
+        float *s = scores + (t - begin);
         int64_t o = 0;
-        for (; o + 8 <= in_page; o += 8)
-            for (int64_t h = h0; h < h1; h++)
+        for (; o + 8 <= run; o += 8)
+            for (int64_t h = 0; h < kv_heads; h++)
                 for (int64_t g = 0; g < group; g++)
-                    dot_8_keys(q + (h * group + g) * head_dim,
-                               page + o * token_stride + h * head_dim, token_stride, head_dim,
-                               scale, scores + ((h - h0) * group + g) * len + t0 + o);
-        for (; o < in_page; o++)
-            for (int64_t h = h0; h < h1; h++)
+                    dot_8_keys(q + (h * group + g) * head_dim, keys + o * token_stride + h * head_dim,
+                               token_stride, head_dim, scale, s + (h * group + g) * len + o);
+        for (; o < run; o++)
+            for (int64_t h = 0; h < kv_heads; h++)
                 for (int64_t g = 0; g < group; g++)
-                    scores[((h - h0) * group + g) * len + t0 + o] =
-                        dot(q + (h * group + g) * head_dim, page + o * token_stride + h * head_dim,
+                    s[(h * group + g) * len + o] =
+                        dot(q + (h * group + g) * head_dim, keys + o * token_stride + h * head_dim,
                             head_dim) * scale;
+        t += run;
     }
-    float *out_h0 = out + h0 * group * head_dim;
     for (int64_t j = 0; j < queries; j++) {
-        softmax(scores + j * len, len);
-        for (int64_t d = 0; d < head_dim; d++) out_h0[j * head_dim + d] = 0.0f;
+        exponentiate(scores + j * len, len, &top[j], &total[j]);
+        for (int64_t d = 0; d < head_dim; d++) out[j * head_dim + d] = 0.0f;
     }
-    for (int64_t t0 = 0; t0 < len; t0 += page_size) {
-        const float *page = v_cache + (int64_t)pages[t0 / page_size] * page_size * token_stride;
-        const int64_t in_page = len - t0 < page_size ? len - t0 : page_size;
-        for (int64_t o = 0; o < in_page; o++)
-            for (int64_t h = h0; h < h1; h++) {
-                const float *value = page + o * token_stride + h * head_dim;
+    for (int64_t t = begin; t < end;) {
+        const int64_t offset = t % page_size, run = end - t < page_size - offset
+                                                        ? end - t : page_size - offset;
+        const float *values = v_cache + ((int64_t)pages[t / page_size] * page_size + offset) *
+                                            token_stride;
+        for (int64_t o = 0; o < run; o++)
+            for (int64_t h = 0; h < kv_heads; h++) {
+                const float *value = values + o * token_stride + h * head_dim;
                 for (int64_t g = 0; g < group; g++) {
-                    const int64_t j = (h - h0) * group + g;
-                    __m256 p = _mm256_set1_ps(scores[j * len + t0 + o]);
-                    float *out_j = out_h0 + j * head_dim;
+                    const int64_t j = h * group + g;
+                    __m256 p = _mm256_set1_ps(scores[j * len + t - begin + o]);
+                    float *out_j = out + j * head_dim;
                     for (int64_t d = 0; d < head_dim; d += 8)
                         _mm256_storeu_ps(out_j + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(value + d),
                                                                     _mm256_loadu_ps(out_j + d)));
                 }
             }
+        t += run;
     }
     free(scores);
     return 0;
 }
 
+/* Tokens per part below which a row is not split further: a part's fixed costs (its scores
+ * buffer, the merge) outweigh the parallelism on shorter ranges. */
+#define MIN_TOKENS_PER_PART 32
+
 /* One query per row: out[i, h] = softmax(scale * q[i, h] . K_row) V_row over the row's
  * kv_lens[rows[i]] cached tokens. q: [n, q_heads, head_dim] with row stride q_stride; rows: the
  * batch row of each query (its pages are kv_indices[kv_indptr[row] : kv_indptr[row + 1]]);
- * out: [n, q_heads, head_dim], contiguous. Returns 0, or -1 if memory ran out. A row is one
- * task while there are rows for every thread; fewer rows split by KV head instead. */
+ * out: [n, q_heads, head_dim], contiguous. Returns 0, or -1 if memory ran out.
+ *
+ * A row is one task while there are rows for every thread. Fewer rows are each split into
+ * parts of their tokens, all heads in each (split-K, as flash-decoding does): every thread gets
+ * an equal share of the K/V to read, and the parts' softmaxes are merged by their maxima. */
 int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows, int64_t n,
                            const float *k_cache, const float *v_cache, const int32_t *kv_indptr,
                            const int32_t *kv_indices, const int32_t *kv_lens, int64_t q_heads,
                            int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale,
                            float *out) {
-    const int64_t group = q_heads / kv_heads;
-    const int64_t heads_per_task = n >= omp_get_max_threads() ? kv_heads : 1;
-    const int64_t tasks_per_row = kv_heads / heads_per_task;
+    const int64_t group = q_heads / kv_heads, threads = omp_get_max_threads();
+    const int64_t parts = n >= threads ? 1 : (threads + n - 1) / n;
+    /* Per (row, part): q_heads unnormalized outputs, maxima and totals. */
+    float *partial = malloc(sizeof(float) * n * parts * q_heads * (head_dim + 2));
+    if (!partial) return -1;
+    float *tops = partial + n * parts * q_heads * head_dim, *totals = tops + n * parts * q_heads;
     int failed = 0;
-#pragma omp parallel for schedule(static) reduction(| : failed)
-    for (int64_t task = 0; task < n * tasks_per_row; task++) {
-        const int64_t i = task / tasks_per_row, h0 = task % tasks_per_row * heads_per_task;
-        const int32_t row = rows[i];
-        failed |= attend_row(q + i * q_stride, k_cache, v_cache, kv_indices + kv_indptr[row],
-                             kv_lens[row], h0, h0 + heads_per_task, group, kv_heads, head_dim,
-                             page_size, scale, out + i * q_heads * head_dim);
+#pragma omp parallel
+    {
+#pragma omp for schedule(static) reduction(| : failed)
+        for (int64_t task = 0; task < n * parts; task++) {
+            const int64_t i = task / parts, part = task % parts, len = kv_lens[rows[i]];
+            int64_t used = len / MIN_TOKENS_PER_PART < parts ? len / MIN_TOKENS_PER_PART : parts;
+            used = used > 1 ? used : 1;
+            const int64_t share = (len + used - 1) / used;
+            const int64_t begin = part * share, end = begin + share < len ? begin + share : len;
+            float *top = tops + task * q_heads, *total = totals + task * q_heads;
+            if (begin >= end) { /* an unused part: empty, weighs nothing in the merge */
+                for (int64_t j = 0; j < q_heads; j++) top[j] = -INFINITY, total[j] = 0.0f;
+                continue;
+            }
+            failed |= attend_range(q + i * q_stride, k_cache, v_cache,
+                                   kv_indices + kv_indptr[rows[i]], begin, end, group, kv_heads,
+                                   head_dim, page_size, scale,
+                                   partial + task * q_heads * head_dim, top, total);
+        }
+        /* The reduction has completed at the loop's barrier: every thread sees `failed`. */
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < q_heads && !failed; j++)
+                merge_parts(partial + (i * parts * q_heads + j) * head_dim,
+                            tops + i * parts * q_heads + j, totals + i * parts * q_heads + j,
+                            parts, q_heads, head_dim, out + (i * q_heads + j) * head_dim);
     }
+    free(partial);
     return failed ? -1 : 0;
 }
