@@ -11,10 +11,10 @@ vLLM's CPU backend binds its OpenMP threads and keeps a core for everything else
 
 Why bind: an OpenMP team stalls whenever one of its threads is descheduled, so the serving work
 (about 0.2 ms of CPU per streamed token, client included) interrupts every step it shares a core
-with. Measured on 2 cores (docs/benchmarks.md), tiny shape: 1850 tok/s bound to one core against
-about 1400 unbound on two when the load generator stays off the engine's core (as a remote client
-does), level when a local client floats over both; the 0.5B shape 94 bound against 126 unbound,
-since its decode step is long next to the serving work and needs both cores.
+with. On 4+ cores one reserved core costs little compute. On 2 cores it costs half of it: since
+the decode step became native kernels (docs/benchmarks.md, "CPU binding"), even the 12M-parameter
+tiny shape serves 1.2-1.5x faster unbound at 1, 16 and 32 concurrent requests, and the 0.5B shape
+126 tok/s unbound against 94 bound.
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ import os
 
 AUTO = "auto"
 NOBIND = "nobind"
-# Under this many parameters a decode step is short next to the per-token serving work, so a
-# core reserved for that work pays even when it is one of only two.
-SMALL_MODEL_PARAMETERS = 100_000_000
 # With this many cores, one reserved core costs little compute whatever the model.
 MANY_CORES = 4
 
@@ -54,12 +51,12 @@ def validate_setting(setting: str) -> None:
         parse_cpu_list(setting)
 
 
-def resolve_binding(setting: str, num_parameters: int, available: set[int]) -> str:
+def resolve_binding(setting: str, available: set[int]) -> str:
     """`setting` made concrete for a server on the `available` cores: NOBIND or a CPU list
     (ValueError for a list naming a core outside `available`).
 
     auto reserves the lowest core for the serving processes when there are at least MANY_CORES
-    cores, or at least two and a small model; otherwise nothing is bound.
+    cores; otherwise nothing is bound.
     """
     if setting != AUTO:
         unavailable = set(engine_cores(setting) or ()) - available
@@ -70,8 +67,7 @@ def resolve_binding(setting: str, num_parameters: int, available: set[int]) -> s
             )
         return setting
     cores = sorted(available)
-    small = num_parameters < SMALL_MODEL_PARAMETERS
-    if len(cores) < 2 or (len(cores) < MANY_CORES and not small):
+    if len(cores) < MANY_CORES:
         return NOBIND
     return ",".join(str(core) for core in cores[1:])
 

@@ -45,18 +45,17 @@ class ServerStartError(RuntimeError):
 
 
 def resolve_cpu_binding(config: BatonConfig) -> BatonConfig:
-    """`config` with `omp_threads_bind=auto` made concrete for this machine and model, once for
-    every child (each binds itself from it); CheckpointError for a model that cannot be read,
-    ValueError for a CPU list naming cores this process may not use."""
+    """`config` with `omp_threads_bind=auto` made concrete for this machine, once for every
+    child (each binds itself from it); ValueError for a CPU list naming cores this process may
+    not use."""
     available = os.sched_getaffinity(0)
     if config.omp_threads_bind != AUTO:
-        resolve_binding(config.omp_threads_bind, 0, available)  # checks a CPU list's cores
+        resolve_binding(config.omp_threads_bind, available)  # checks a CPU list's cores
         return config
     if config.device.partition(":")[0] != "cpu":
         return config.replace(omp_threads_bind=NOBIND)  # the engine's threads do no math
-    num_parameters = load_model_config(config.model).num_parameters
-    setting = resolve_binding(AUTO, num_parameters, available)
-    logger.info("engine CPU binding: %s (%.0fM parameters)", setting, num_parameters / 1e6)
+    setting = resolve_binding(AUTO, available)
+    logger.info("engine CPU binding: %s (%d cores)", setting, len(available))
     return config.replace(omp_threads_bind=setting)
 
 

@@ -87,16 +87,6 @@ class ModelConfig:
         """Width of the key (and of the value) projection."""
         return self.num_kv_heads * self.head_dim
 
-    @property
-    def num_parameters(self) -> int:
-        """Weights in the linear layers and embeddings (norms and biases are negligible)."""
-        qkv_and_output = self.q_size + 2 * self.kv_size + self.q_size
-        attention = self.hidden_size * qkv_and_output
-        mlp = 3 * self.hidden_size * self.intermediate_size
-        embeddings = self.vocab_size * self.hidden_size
-        heads = embeddings if self.tie_word_embeddings else 2 * embeddings
-        return self.num_layers * (attention + mlp) + heads
-
     @classmethod
     def from_hf(cls, config: dict[str, Any]) -> ModelConfig:
         """Parse a `config.json` dict; raises `CheckpointError` naming what is unsupported."""
