@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import torch
 
 # Rows up to which the compact kernel beats oneDNN's packed float32 GEMM. Measured on AMD EPYC
-# Zen 3 (2 threads, SmolLM2 and 0.5B layer shapes, weights out of cache): 2-4x faster at 1-4
-# rows, 1.2-1.4x at 16, 0.9-1.1x at 32 (docs/benchmarks.md).
-COMPACT_MAX_ROWS = 16
+# Zen 3 (2 threads, weights out of cache): 2-4x faster at 1-4 rows and 1.2-1.4x at 16 on SmolLM2
+# and 0.5B layer shapes; whole decode steps at 17-32 rows 1.1-2x faster than with float32
+# GEMMs past 16 rows (tiny shape, SmolLM2, 0.5B; docs/benchmarks.md).
+COMPACT_MAX_ROWS = 32
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,9 @@ from baton.engine.native.library import (
     NativeKernels,
 )
 
-# Decode batches up to this size run natively, in chunks of COMPACT_MAX_ROWS: on SmolLM2 (Zen 3)
-# 32 rows took 118 ms as two native chunks against 159 ms through the model's forward; beyond,
-# float32 GEMMs (compute-bound) overtake the compact GEMV.
-NATIVE_STEP_MAX_ROWS = 2 * COMPACT_MAX_ROWS
+# Decode batches up to this size run natively: as many rows as every linear layer multiplies
+# by its compact weights (beyond, float32 GEMMs, compute-bound, overtake the compact GEMV).
+NATIVE_STEP_MAX_ROWS = COMPACT_MAX_ROWS
 
 
 class NativeDecodeStep:
@@ -51,7 +50,7 @@ class NativeDecodeStep:
             + config.q_size
             + 3 * config.intermediate_size
         )
-        self._scratch = torch.empty(COMPACT_MAX_ROWS * per_row)
+        self._scratch = torch.empty(NATIVE_STEP_MAX_ROWS * per_row)
 
     @staticmethod
     def supports(model: CausalLM) -> bool:
@@ -95,24 +94,20 @@ class NativeDecodeStep:
         hidden = F.embedding(input_ids, model.embed_tokens).contiguous()
         batch_rows = torch.arange(meta.batch_size, dtype=torch.int32)
         kv_lens = torch.tensor(meta.kv_lens, dtype=torch.int32)
-        # Decode rows never attend to each other, so a larger batch runs as chunks of rows, each
-        # through every layer: the compact GEMV is fastest up to COMPACT_MAX_ROWS rows.
-        for first in range(0, meta.batch_size, COMPACT_MAX_ROWS):
-            rows = min(COMPACT_MAX_ROWS, meta.batch_size - first)
-            step = DecodeStepArgs(
-                rows,
-                meta.positions[first:].data_ptr(),
-                meta.slot_mapping[first:].data_ptr(),
-                batch_rows[first:].data_ptr(),
-                meta.kv_indptr.data_ptr(),
-                meta.kv_indices.data_ptr(),
-                kv_lens.data_ptr(),
-                model.rotary.cos.data_ptr(),
-                model.rotary.sin.data_ptr(),
-                self._scratch.data_ptr(),
-            )
-            step_ref, hidden_ptr = ctypes.byref(step), hidden[first:].data_ptr()
-            for layer in self._layers:
-                self.native.decode_layer(ctypes.byref(layer), step_ref, hidden_ptr)
+        step = DecodeStepArgs(
+            meta.batch_size,
+            meta.positions.data_ptr(),
+            meta.slot_mapping.data_ptr(),
+            batch_rows.data_ptr(),
+            meta.kv_indptr.data_ptr(),
+            meta.kv_indices.data_ptr(),
+            kv_lens.data_ptr(),
+            model.rotary.cos.data_ptr(),
+            model.rotary.sin.data_ptr(),
+            self._scratch.data_ptr(),
+        )
+        step_ref, hidden_ptr = ctypes.byref(step), hidden.data_ptr()
+        for layer in self._layers:
+            self.native.decode_layer(ctypes.byref(layer), step_ref, hidden_ptr)
         normed = self.native.rms_norm(hidden[logits_indices], model.norm.weight, model.norm.eps)
         return model.lm_head(normed)
