@@ -1,4 +1,4 @@
-"""The native decode step: a decode batch of a few rows runs each decoder layer as one C call.
+"""The native decode step: a decode batch of a few rows runs every decoder layer in one C call.
 
 What a captured CUDA graph is to a GPU engine, this is to the CPU one: eager PyTorch spends
 5-20 us dispatching each of a layer's ~25 small ops, which at one row costs more than the
@@ -41,7 +41,9 @@ class NativeDecodeStep:
         self.model = model
         self.native = native
         config = model.config
-        self._layers = [self._layer_args(layer, kv_pool, native) for layer in model.layers]
+        self._layers = (DecoderLayerArgs * len(model.layers))(
+            *(self._layer_args(layer, kv_pool, native) for layer in model.layers)
+        )
         # One scratch buffer for every layer's intermediates (decode_layer.c's DecodeStep).
         per_row = (
             2 * config.hidden_size
@@ -106,8 +108,8 @@ class NativeDecodeStep:
             model.rotary.sin.data_ptr(),
             self._scratch.data_ptr(),
         )
-        step_ref, hidden_ptr = ctypes.byref(step), hidden.data_ptr()
-        for layer in self._layers:
-            self.native.decode_layer(ctypes.byref(layer), step_ref, hidden_ptr)
+        self.native.decode_layers(
+            self._layers, len(self._layers), ctypes.byref(step), hidden.data_ptr()
+        )
         normed = self.native.rms_norm(hidden[logits_indices], model.norm.weight, model.norm.eps)
         return model.lm_head(normed)

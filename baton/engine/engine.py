@@ -112,7 +112,7 @@ class Engine:
         logger.info(
             "decode steps of up to %d rows: %s",
             NATIVE_STEP_MAX_ROWS,
-            "native, a C call per layer" if self.decode_step else "the model's forward, op by op",
+            "native, one C call a step" if self.decode_step else "the model's forward, op by op",
         )
         self.sampler = Sampler()
         self._last_sampled = torch.zeros(config.max_running_requests, dtype=torch.long)

@@ -54,7 +54,7 @@ static void linear(const Matrix *m, const float *x, int64_t rows, float *y) {
 }
 
 /* hidden [rows, hidden_size] += attention(norm(hidden)); hidden += mlp(norm(hidden)). */
-void baton_decode_layer(const DecoderLayer *layer, const DecodeStep *step, float *hidden) {
+static void decode_layer(const DecoderLayer *layer, const DecodeStep *step, float *hidden) {
     const int64_t rows = step->rows, hidden_size = layer->qkv.in_features;
     const int64_t qkv_size = layer->qkv.out_features, q_size = layer->o.in_features;
     const int64_t inter = layer->down.in_features, head_dim = layer->head_dim;
@@ -96,4 +96,12 @@ void baton_decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
     }
     linear(&layer->down, activated, rows, projected);
     for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] = projected[i] + hidden[i];
+}
+
+/* Every decoder layer of the step, in order: one foreign call per step, so the engine thread
+ * needs the GIL once, not once per layer (while the scheduler thread runs Python, each of those
+ * returns waited for it). */
+void baton_decode_layers(const DecoderLayer *layers, int64_t num_layers, const DecodeStep *step,
+                         float *hidden) {
+    for (int64_t i = 0; i < num_layers; i++) decode_layer(&layers[i], step, hidden);
 }

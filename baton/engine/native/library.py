@@ -99,10 +99,10 @@ class NativeKernels:
         self._rms_norm = _declare(
             library.baton_rms_norm, None, [_ptr, _i64, _i64, _ptr, ctypes.c_float, _ptr]
         )
-        self.decode_layer = _declare(
-            library.baton_decode_layer,
+        self.decode_layers = _declare(
+            library.baton_decode_layers,
             None,
-            [ctypes.POINTER(DecoderLayerArgs), ctypes.POINTER(DecodeStepArgs), _ptr],
+            [ctypes.POINTER(DecoderLayerArgs), _i64, ctypes.POINTER(DecodeStepArgs), _ptr],
         )
         self._attention = _declare(
             library.baton_decode_attention,
