@@ -27,9 +27,7 @@ enum { FMT_BF16 = 0, FMT_F16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4 };
 /* Bytes ahead of the block being read that each block asks the cache for: the hardware
  * prefetcher alone leaves one core reading a matrix at about 9 GB/s; asking 1 KB ahead
  * measured 5-10 % faster at one row on Zen 3 (a request past the matrix's end is harmless). */
-#ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 1024
-#endif
 
 static inline float f16_scalar(const uint8_t *p) { return _cvtsh_ss(*(const uint16_t *)p); }
 
