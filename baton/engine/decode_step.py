@@ -1,13 +1,18 @@
-"""The native decode step: a decode batch of a few rows runs every decoder layer in one C call.
+"""The native decode step: a decode batch of a few rows runs the whole model in one C call.
 
 What a captured CUDA graph is to a GPU engine, this is to the CPU one: eager PyTorch spends
 5-20 us dispatching each of a layer's ~25 small ops, which at one row costs more than the
 layer's arithmetic (SmolLM2, 30 layers: ~7 ms of a 20 ms step). `decode_layer.c` chains the very
 kernels the model calls one by one (compact GEMV, RMSNorm, RoPE + K/V store, paged attention),
-so both paths compute the same things in the same order; embedding, final norm and LM head stay
-in Python (once per step). It serves decode-only batches of up to NATIVE_STEP_MAX_ROWS rows of a
-float32 CPU model whose linear layers all read compact weights; everything else runs the model's
-forward. `--enforce-eager` turns it off (vLLM's flag for "no CUDA graphs").
+so both paths compute the same things in the same order, from the embedding to the LM head and,
+for greedy rows, the argmax. It serves decode-only batches of up to NATIVE_STEP_MAX_ROWS rows of
+a float32 CPU model whose linear layers all read compact weights; everything else runs the
+model's forward. `--enforce-eager` turns it off (vLLM's flag for "no CUDA graphs").
+
+Nothing on this path creates a torch tensor: in a server each torch op gives up the GIL and
+waits to retake it while the scheduler thread runs Python, and the ~40 small ops a step used to
+run around the C call (the batch's index tensors, embedding, sampling) cost SmolLM2 2-4 ms a
+token that way (docs/benchmarks.md, session 9).
 """
 
 from __future__ import annotations
@@ -15,14 +20,13 @@ from __future__ import annotations
 import ctypes
 
 import torch
-import torch.nn.functional as F
 
-from baton.engine.attention.metadata import AttentionMetadata
 from baton.engine.compact_weights import COMPACT_MAX_ROWS
 from baton.engine.kv_pool import KVPool
 from baton.engine.layers import Linear
 from baton.engine.model import CausalLM
 from baton.engine.native.library import (
+    DecodeModelArgs,
     DecoderLayerArgs,
     DecodeStepArgs,
     Matrix,
@@ -53,6 +57,23 @@ class NativeDecodeStep:
             + 3 * config.intermediate_size
         )
         self._scratch = torch.empty(NATIVE_STEP_MAX_ROWS * per_row)
+        # The residual stream and its final norm, then the logits; the C step owns their
+        # contents from one call to the next.
+        self._hidden = torch.empty(2, NATIVE_STEP_MAX_ROWS, config.hidden_size)
+        self._logits = torch.empty(NATIVE_STEP_MAX_ROWS, config.vocab_size)
+        self._model_args = DecodeModelArgs(
+            model.embed_tokens.data_ptr(),
+            model.norm.weight.data_ptr(),
+            Matrix.of(model.lm_head.compact, model.lm_head.bias),
+            self._hidden[0].data_ptr(),
+            self._hidden[1].data_ptr(),
+            self._logits.data_ptr(),
+            model.norm.eps,
+        )
+        self._batch_rows = (ctypes.c_int32 * NATIVE_STEP_MAX_ROWS)(*range(NATIVE_STEP_MAX_ROWS))
+        self._cos_table = model.rotary.cos.data_ptr()
+        self._sin_table = model.rotary.sin.data_ptr()
+        self.page_size = kv_pool.page_size
 
     @staticmethod
     def supports(model: CausalLM) -> bool:
@@ -62,9 +83,11 @@ class NativeDecodeStep:
             layer.self_attn.native is not None for layer in model.layers
         )
 
-    def handles(self, meta: AttentionMetadata) -> bool:
-        """Whether this batch runs here: decode rows only, at most NATIVE_STEP_MAX_ROWS."""
-        return meta.is_decode_only and meta.batch_size <= NATIVE_STEP_MAX_ROWS
+    @staticmethod
+    def handles(q_lens: list[int]) -> bool:
+        """Whether a batch with these rows runs here: decode rows only (one new token each), at
+        most NATIVE_STEP_MAX_ROWS."""
+        return len(q_lens) <= NATIVE_STEP_MAX_ROWS and all(n == 1 for n in q_lens)
 
     @staticmethod
     def _layer_args(layer, kv_pool: KVPool, native: NativeKernels) -> DecoderLayerArgs:
@@ -87,29 +110,49 @@ class NativeDecodeStep:
             attn.scale,
         )
 
-    @torch.inference_mode()
     def __call__(
-        self, input_ids: torch.Tensor, meta: AttentionMetadata, logits_indices: torch.Tensor
-    ) -> torch.Tensor:
-        """Float32 logits [len(logits_indices), vocab], as `CausalLM.forward` returns them."""
-        model = self.model
-        hidden = F.embedding(input_ids, model.embed_tokens).contiguous()
-        batch_rows = torch.arange(meta.batch_size, dtype=torch.int32)
-        kv_lens = torch.tensor(meta.kv_lens, dtype=torch.int32)
+        self, input_ids: list[int], kv_starts: list[int], page_tables: list[list[int]], greedy: bool
+    ) -> tuple[torch.Tensor, list[int] | None]:
+        """Decode one token per row: row i's `input_ids[i]` at position `kv_starts[i]`, its K/V
+        into the pages of `page_tables[i]`. Returns the float32 logits [rows, vocab] (a view of
+        a buffer the next step overwrites) and, when `greedy`, each row's argmax."""
+        rows, page_size = len(input_ids), self.page_size
+        slots, kv_indptr, kv_indices = [], [0], []
+        for start, table in zip(kv_starts, page_tables):
+            num_pages = start // page_size + 1
+            if len(table) < num_pages:
+                raise ValueError(f"page table has {len(table)} pages, {num_pages} needed")
+            kv_indices.extend(table[:num_pages])
+            kv_indptr.append(len(kv_indices))
+            slots.append(table[start // page_size] * page_size + start % page_size)
+        # Plain ctypes arrays: building torch tensors would release and retake the GIL for
+        # each, and every retake waits while the scheduler thread runs Python.
+        ids = (ctypes.c_int64 * rows)(*input_ids)
+        positions = (ctypes.c_int64 * rows)(*kv_starts)
+        slot_array = (ctypes.c_int64 * rows)(*slots)
+        indptr = (ctypes.c_int32 * (rows + 1))(*kv_indptr)
+        indices = (ctypes.c_int32 * len(kv_indices))(*kv_indices)
+        kv_lens = (ctypes.c_int32 * rows)(*(start + 1 for start in kv_starts))
+        tokens = (ctypes.c_int64 * rows)() if greedy else None
         step = DecodeStepArgs(
-            meta.batch_size,
-            meta.positions.data_ptr(),
-            meta.slot_mapping.data_ptr(),
-            batch_rows.data_ptr(),
-            meta.kv_indptr.data_ptr(),
-            meta.kv_indices.data_ptr(),
-            kv_lens.data_ptr(),
-            model.rotary.cos.data_ptr(),
-            model.rotary.sin.data_ptr(),
+            rows,
+            ctypes.addressof(ids),
+            None if tokens is None else ctypes.addressof(tokens),
+            ctypes.addressof(positions),
+            ctypes.addressof(slot_array),
+            ctypes.addressof(self._batch_rows),
+            ctypes.addressof(indptr),
+            ctypes.addressof(indices),
+            ctypes.addressof(kv_lens),
+            self._cos_table,
+            self._sin_table,
             self._scratch.data_ptr(),
         )
-        self.native.decode_layers(
-            self._layers, len(self._layers), ctypes.byref(step), hidden.data_ptr()
+        status = self.native.decode_step(
+            self._layers, len(self._layers), ctypes.byref(self._model_args), ctypes.byref(step)
         )
-        normed = self.native.rms_norm(hidden[logits_indices], model.norm.weight, model.norm.eps)
-        return model.lm_head(normed)
+        if status == -1:
+            raise ValueError(f"an input id of {input_ids} is outside the vocabulary")
+        if status != 0:
+            raise MemoryError("the native decode step ran out of memory")
+        return self._logits[:rows], None if tokens is None else list(tokens)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
@@ -115,7 +116,9 @@ class Engine:
             "native, one C call a step" if self.decode_step else "the model's forward, op by op",
         )
         self.sampler = Sampler()
-        self._last_sampled = torch.zeros(config.max_running_requests, dtype=torch.long)
+        # A plain list: read and written on the host every step, where torch ops cost a GIL
+        # round trip each (see NativeDecodeStep).
+        self._last_sampled = [0] * config.max_running_requests
         self.speculator = make_speculator(config, self)
         logger.info(
             "engine ready: %s, %s, %d KV pages of %d tokens, max_model_len %d",
@@ -175,18 +178,21 @@ class Engine:
         speculative decoding: verify each speculative row's drafts)."""
         if self.speculator is not None:
             return self._forward_speculative(batch)
-        input_ids = torch.tensor(batch.input_ids, dtype=torch.long)
-        placeholders = (input_ids == PLACEHOLDER_TOKEN).nonzero().flatten()
-        if placeholders.numel():
-            row_of_token = torch.repeat_interleave(
-                torch.arange(batch.num_rows), torch.tensor(batch.q_lens)
-            )
-            slots = torch.tensor(batch.slots)[row_of_token[placeholders]]
-            input_ids[placeholders] = self._last_sampled[slots]
-        ends = torch.tensor(batch.q_lens).cumsum(0) - 1
-        logits_indices = ends[torch.tensor(batch.sample_rows, dtype=torch.long)]
+        input_ids = self._resolve_placeholders(batch)
+        native = self.decode_step is not None and self.decode_step.handles(batch.q_lens)
+        if native and _plain_greedy(batch):  # the step's own argmax: nothing left to sample
+            _, tokens = self.decode_step(input_ids, batch.kv_starts, batch.page_tables, True)
+            chosen = [tokens[row] for row in batch.sample_rows]
+            for row, token in zip(batch.sample_rows, chosen):
+                self._last_sampled[batch.slots[row]] = token
+            return ForwardOutput([[token] for token in chosen])
+        ends = list(itertools.accumulate(batch.q_lens))
         logits = self.logits(
-            input_ids, batch.kv_starts, batch.q_lens, batch.page_tables, logits_indices
+            input_ids,
+            batch.kv_starts,
+            batch.q_lens,
+            batch.page_tables,
+            [ends[row] - 1 for row in batch.sample_rows],
         )
         token_ids, logprobs, top_logprobs, failed_rows = self._sample(
             logits, list(range(len(batch.sample_rows))), batch
@@ -195,14 +201,27 @@ class Engine:
             [[token] for token in token_ids], logprobs, top_logprobs, failed_rows=failed_rows
         )
 
+    def _resolve_placeholders(self, batch: ForwardBatch) -> list[int]:
+        """The batch's input ids, each placeholder replaced by the last token sampled for its
+        row's slot (the overlap loop scheduled the row before that token was known)."""
+        if PLACEHOLDER_TOKEN not in batch.input_ids:
+            return batch.input_ids
+        input_ids, start = list(batch.input_ids), 0
+        for slot, num_tokens in zip(batch.slots, batch.q_lens):
+            for index in range(start, start + num_tokens):
+                if input_ids[index] == PLACEHOLDER_TOKEN:
+                    input_ids[index] = self._last_sampled[slot]
+            start += num_tokens
+        return input_ids
+
     def _forward_speculative(self, batch: ForwardBatch) -> ForwardOutput:
         resolved = self.speculator.resolve(batch)
         logits = self.logits(
-            torch.tensor(resolved.input_ids, dtype=torch.long),
+            resolved.input_ids,
             resolved.kv_starts,
             resolved.q_lens,
             resolved.page_tables,
-            torch.tensor(resolved.logits_indices, dtype=torch.long),
+            resolved.logits_indices,
         )
         return self.speculator.verify(
             logits,
@@ -213,24 +232,26 @@ class Engine:
 
     def logits(
         self,
-        input_ids: torch.Tensor,
+        input_ids: list[int],
         kv_starts: list[int],
         q_lens: list[int],
         page_tables: list[list[int]],
-        logits_indices: torch.Tensor,
+        logits_indices: list[int],
     ) -> torch.Tensor:
         """Run the model over the rows (K/V into the pool); float32 logits at `logits_indices`."""
+        indices = torch.tensor(logits_indices, dtype=torch.long, device=self.device)
+        if self.decode_step is not None and self.decode_step.handles(q_lens):
+            logits, _ = self.decode_step(input_ids, kv_starts, page_tables, False)
+            return logits[indices]  # a copy: the step's buffer is overwritten by the next one
         meta = build_attention_metadata(kv_starts, q_lens, page_tables, self.page_size, self.device)
-        if self.decode_step is not None and self.decode_step.handles(meta):
-            return self.decode_step(input_ids, meta, logits_indices)
         self.attention.plan(meta)
         return self.model(
-            input_ids.to(self.device),
+            torch.tensor(input_ids, dtype=torch.long, device=self.device),
             meta.positions,
             self.kv_pool,
             self.attention,
             meta,
-            logits_indices.to(self.device),
+            indices,
         )
 
     def _sample(
@@ -246,19 +267,24 @@ class Engine:
             self.device,
         )
         sampled = self.sampler.sample(logits, sampling)
-        token_ids = sampled.token_ids.cpu()
-        sample_slots = torch.tensor(
-            [batch.slots[batch.sample_rows[i]] for i in rows], dtype=torch.long
-        )
-        self._last_sampled[sample_slots] = token_ids
+        token_ids = sampled.token_ids.tolist()
+        for i, token in zip(rows, token_ids):
+            self._last_sampled[batch.slots[batch.sample_rows[i]]] = token
         failed_rows = sampled.failed.cpu().nonzero().flatten().tolist()
         if failed_rows:
             logger.error("sampling failed for %d rows of the batch", len(failed_rows))
         return (
-            token_ids.tolist(),
+            token_ids,
             *_logprob_lists(sampled, sampling.num_logprobs),
             failed_rows,
         )
+
+
+def _plain_greedy(batch: ForwardBatch) -> bool:
+    """Every sampled row takes the argmax, wants no logprobs and has no token suppressed."""
+    return all(p.is_greedy and p.logprobs is None for p in batch.sampling_params) and not any(
+        batch.suppressed_token_ids
+    )
 
 
 def _suppress(logits: torch.Tensor, suppressed_token_ids: list[list[int]]) -> None:

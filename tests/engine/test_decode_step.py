@@ -31,8 +31,8 @@ class CountingStep:
     def __init__(self, step) -> None:
         self.step, self.batches = step, 0
 
-    def handles(self, meta) -> bool:
-        return self.step.handles(meta)
+    def handles(self, q_lens) -> bool:
+        return self.step.handles(q_lens)
 
     def __call__(self, *args):
         self.batches += 1
@@ -93,12 +93,16 @@ def test_logits_match_the_eager_forward_on_the_same_batch(
     decode = batch(lengths, [1, 1, 1], [5, 6, 7])
     meta_args = (decode.kv_starts, decode.q_lens, decode.page_tables, engine.page_size)
     meta = build_attention_metadata(*meta_args)
-    ids, rows = torch.tensor([5, 6, 7]), torch.arange(3)
-    assert engine.decode_step.handles(meta)
-    native_logits = engine.decode_step(ids, meta, rows)
+    assert engine.decode_step.handles(decode.q_lens)
+    native_logits, tokens = engine.decode_step(
+        decode.input_ids, decode.kv_starts, decode.page_tables, True
+    )
+    native_logits = native_logits.clone()
+    ids, rows = torch.tensor(decode.input_ids), torch.arange(3)
     engine.attention.plan(meta)
     eager_logits = engine.model(ids, meta.positions, engine.kv_pool, engine.attention, meta, rows)
     torch.testing.assert_close(native_logits, eager_logits, rtol=1e-5, atol=1e-5)
+    assert tokens == native_logits.argmax(dim=-1).tolist()
 
 
 def test_a_model_without_compact_weights_decodes_op_by_op(
@@ -140,3 +144,72 @@ def test_scheduling_around_the_native_step_keeps_the_eager_tokens(
     assert stats.used_pages == 0 and stats.running_requests == stats.waiting_requests == 0
     if "num_pages" in options:
         assert stats.preemptions > 0
+
+
+def _with_head(model_dir: Path, tmp_path: Path, edit: Callable[[torch.Tensor], None]) -> Path:
+    """A copy of the checkpoint whose LM head `edit` has changed in place."""
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "edited"
+    shutil.copytree(model_dir, copy)
+    weights_file = copy / "model.safetensors"
+    weights = load_file(weights_file)
+    edit(weights["lm_head.weight"])
+    save_file(weights, weights_file, metadata={"format": "pt"})
+    return copy
+
+
+def _tied_rows(head: torch.Tensor) -> None:
+    """Every row the same vector, the first 11 half of it: whatever the hidden state, the
+    largest logit is shared by many tokens (the first 11 or all the others)."""
+    head[:] = head[20]
+    head[:11] *= 0.5
+
+
+def _nan_row(head: torch.Tensor) -> None:
+    head[7] = float("nan")
+
+
+@pytest.mark.parametrize("edit", [_tied_rows, _nan_row], ids=["ties", "nan"])
+def test_the_steps_argmax_picks_what_torch_argmax_picks(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, edit: Callable[[torch.Tensor], None]
+) -> None:
+    """Ties go to the first maximum and a NaN logit wins, as in torch.argmax (the eager path
+    samples greedy rows with it)."""
+    model_dir = _with_head(
+        tiny_model_factory("llama", weights_dtype=torch.bfloat16), tmp_path, edit
+    )
+    prompts = [[3, 4, 5], [9, 8, 7, 6, 5, 4, 3]]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    native = LLM(str(model_dir), dtype="float32")
+    eager = LLM(str(model_dir), dtype="float32", enforce_eager=True)
+    got = [output.token_ids for output in native.generate(prompts, params)]
+    assert got == [output.token_ids for output in eager.generate(prompts, params)]
+    if edit is _nan_row:
+        assert got == [[7] * 6] * 2
+
+
+def test_rows_that_sample_or_want_logprobs_share_the_native_step(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """A batch mixing plain greedy rows with rows that ask for logprobs, sample with a seed or
+    must not end yet (min_tokens) runs natively and gives the eager path's tokens and
+    logprobs."""
+    model_dir = tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)
+    prompts = [[3 + i, 4, 5, 6 + i] for i in range(4)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0.8, seed=11, max_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=8, min_tokens=8),
+    ]
+    native = LLM(str(model_dir), dtype="float32")
+    counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
+    eager = LLM(str(model_dir), dtype="float32", enforce_eager=True)
+    got = native.generate(prompts, params)
+    want = eager.generate(prompts, params)
+    assert counting.batches == 7  # every decode step of the batch
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for got_entry, want_entry in zip(got[1].logprobs, want[1].logprobs, strict=True):
+        assert [token for token, _ in got_entry.top] == [token for token, _ in want_entry.top]
+        assert got_entry.logprob == pytest.approx(want_entry.logprob, abs=1e-4)

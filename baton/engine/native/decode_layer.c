@@ -1,11 +1,14 @@
-/* One decoder layer of a decode step in one call: the native engine's equivalent of a captured
- * CUDA graph. Each op is one of the other kernels (compact GEMV, RMSNorm, RoPE + K/V store,
- * paged decode attention), chained in C so no Python runs between them; the arithmetic is the
- * same as when the model calls those kernels one by one from Python (model.py).
+/* A whole decode step in one call, token ids in, logits (and greedy tokens) out: the native
+ * engine's equivalent of a captured CUDA graph. Each op is one of the other kernels (compact
+ * GEMV, RMSNorm, RoPE + K/V store, paged decode attention), chained in C so no Python runs
+ * between them; the arithmetic is the same as when the model calls those kernels one by one
+ * from Python (model.py).
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "vector_math.h"
 
@@ -40,8 +43,20 @@ typedef struct {
     float eps, scale;
 } DecoderLayer;
 
+/* The model around its layers (decode_step.py's DecodeModelArgs). */
+typedef struct {
+    const float *embeddings; /* [vocab_size, hidden_size] */
+    const float *final_norm;
+    Matrix lm_head;
+    float *hidden, *normed; /* [rows, hidden_size] each */
+    float *logits;          /* [rows, vocab_size] */
+    float eps;
+} DecodeModel;
+
 typedef struct {
     int64_t rows;
+    const int64_t *input_ids;
+    int64_t *tokens; /* each row's argmax, or NULL: the caller samples from the logits */
     const int64_t *positions, *slots;
     const int32_t *batch_rows, *kv_indptr, *kv_indices, *kv_lens;
     const float *cos_table, *sin_table;
@@ -53,8 +68,9 @@ static void linear(const Matrix *m, const float *x, int64_t rows, float *y) {
                        m->row_bytes, m->bias, y);
 }
 
-/* hidden [rows, hidden_size] += attention(norm(hidden)); hidden += mlp(norm(hidden)). */
-static void decode_layer(const DecoderLayer *layer, const DecodeStep *step, float *hidden) {
+/* hidden [rows, hidden_size] += attention(norm(hidden)); hidden += mlp(norm(hidden)).
+ * Returns 0, or -1 if memory ran out. */
+static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float *hidden) {
     const int64_t rows = step->rows, hidden_size = layer->qkv.in_features;
     const int64_t qkv_size = layer->qkv.out_features, q_size = layer->o.in_features;
     const int64_t inter = layer->down.in_features, head_dim = layer->head_dim;
@@ -76,10 +92,11 @@ static void decode_layer(const DecoderLayer *layer, const DecodeStep *step, floa
     baton_rope_and_store(qkv, qkv_size, qkv + v_offset, qkv_size, rows, layer->q_heads,
                          layer->kv_heads, head_dim, step->cos_table, step->sin_table,
                          step->positions, step->slots, layer->k_cache, layer->v_cache);
-    baton_decode_attention(qkv, qkv_size, step->batch_rows, rows, layer->k_cache,
-                           layer->v_cache, step->kv_indptr, step->kv_indices, step->kv_lens,
-                           layer->q_heads, layer->kv_heads, head_dim, layer->page_size,
-                           layer->scale, attended);
+    if (baton_decode_attention(qkv, qkv_size, step->batch_rows, rows, layer->k_cache,
+                               layer->v_cache, step->kv_indptr, step->kv_indices, step->kv_lens,
+                               layer->q_heads, layer->kv_heads, head_dim, layer->page_size,
+                               layer->scale, attended))
+        return -1;
     linear(&layer->o, attended, rows, projected);
     for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] = projected[i] + hidden[i];
 
@@ -96,12 +113,64 @@ static void decode_layer(const DecoderLayer *layer, const DecodeStep *step, floa
     }
     linear(&layer->down, activated, rows, projected);
     for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] = projected[i] + hidden[i];
+    return 0;
 }
 
-/* Every decoder layer of the step, in order: one foreign call per step, so the engine thread
- * needs the GIL once, not once per layer (while the scheduler thread runs Python, each of those
- * returns waited for it). */
-void baton_decode_layers(const DecoderLayer *layers, int64_t num_layers, const DecodeStep *step,
-                         float *hidden) {
-    for (int64_t i = 0; i < num_layers; i++) decode_layer(&layers[i], step, hidden);
+/* torch.argmax's answer for one row: the first NaN if there is one, else the first maximum.
+ * One vector pass finds the maximum (and whether a NaN is there), a second finds where. */
+static int64_t argmax_row(const float *x, int64_t n) {
+    __m256 top = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        top = _mm256_max_ps(top, v); /* a NaN in v leaves top as it was */
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    float best = hmax8(top);
+    int has_nan = _mm256_movemask_ps(nan) != 0;
+    for (int64_t j = i; j < n; j++) {
+        has_nan |= isnan(x[j]);
+        best = x[j] > best ? x[j] : best;
+    }
+    if (has_nan) {
+        for (int64_t j = 0; j < n; j++)
+            if (isnan(x[j])) return j;
+    }
+    const __m256 wanted = _mm256_set1_ps(best);
+    for (i = 0; i + 8 <= n; i += 8) {
+        const int hits = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), wanted, _CMP_EQ_OQ));
+        if (hits) return i + __builtin_ctz(hits);
+    }
+    for (; i < n; i++)
+        if (x[i] == best) return i;
+    return 0; /* unreachable: some element is the maximum */
+}
+
+/* The whole step for `step->rows` decode rows: embed the input ids, run every layer, normalise,
+ * multiply by the LM head into model->logits and, where step->tokens is given, write each
+ * row's argmax there. Returns 0, -1 for an input id outside the vocabulary (nothing written to
+ * the KV cache), or -2 if memory ran out. Everything runs in one foreign call, so the engine
+ * thread needs the GIL once a step: each return to Python waited for the scheduler thread,
+ * which runs Python while the step computes. */
+int baton_decode_step(const DecoderLayer *layers, int64_t num_layers, const DecodeModel *model,
+                      const DecodeStep *step) {
+    const int64_t rows = step->rows, hidden_size = model->lm_head.in_features;
+    const int64_t vocab_size = model->lm_head.out_features;
+    for (int64_t r = 0; r < rows; r++)
+        if (step->input_ids[r] < 0 || step->input_ids[r] >= vocab_size) return -1;
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(model->hidden + r * hidden_size,
+               model->embeddings + step->input_ids[r] * hidden_size,
+               sizeof(float) * hidden_size);
+    for (int64_t i = 0; i < num_layers; i++)
+        if (decode_layer(&layers[i], step, model->hidden)) return -2;
+    baton_rms_norm(model->hidden, rows, hidden_size, model->final_norm, model->eps,
+                   model->normed);
+    linear(&model->lm_head, model->normed, rows, model->logits);
+    if (step->tokens) {
+#pragma omp parallel for schedule(static) if (rows > 1)
+        for (int64_t r = 0; r < rows; r++)
+            step->tokens[r] = argmax_row(model->logits + r * vocab_size, vocab_size);
+    }
+    return 0;
 }

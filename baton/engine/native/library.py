@@ -63,11 +63,28 @@ class DecoderLayerArgs(ctypes.Structure):
     )
 
 
+class DecodeModelArgs(ctypes.Structure):
+    """The model around its decoder layers, and the step's buffers (decode_layer.c's
+    DecodeModel)."""
+
+    _fields_ = (
+        ("embeddings", _ptr),
+        ("final_norm", _ptr),
+        ("lm_head", Matrix),
+        ("hidden", _ptr),
+        ("normed", _ptr),
+        ("logits", _ptr),
+        ("eps", ctypes.c_float),
+    )
+
+
 class DecodeStepArgs(ctypes.Structure):
-    """What every layer of one decode step shares (decode_layer.c's DecodeStep)."""
+    """One decode step's rows, shared by every layer (decode_layer.c's DecodeStep)."""
 
     _fields_ = (
         ("rows", _i64),
+        ("input_ids", _ptr),
+        ("tokens", _ptr),
         ("positions", _ptr),
         ("slots", _ptr),
         ("batch_rows", _ptr),
@@ -99,10 +116,15 @@ class NativeKernels:
         self._rms_norm = _declare(
             library.baton_rms_norm, None, [_ptr, _i64, _i64, _ptr, ctypes.c_float, _ptr]
         )
-        self.decode_layers = _declare(
-            library.baton_decode_layers,
-            None,
-            [ctypes.POINTER(DecoderLayerArgs), _i64, ctypes.POINTER(DecodeStepArgs), _ptr],
+        self.decode_step = _declare(
+            library.baton_decode_step,
+            ctypes.c_int,
+            [
+                ctypes.POINTER(DecoderLayerArgs),
+                _i64,
+                ctypes.POINTER(DecodeModelArgs),
+                ctypes.POINTER(DecodeStepArgs),
+            ],
         )
         self._attention = _declare(
             library.baton_decode_attention,

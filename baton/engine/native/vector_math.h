@@ -11,6 +11,13 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+static inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
 /* e^x for x <= 0 (scores minus their maximum), within 2 ulp: x = n ln2 + r with |r| <= ln2 / 2,
  * e^r by its degree-7 Taylor-like polynomial (Cephes' coefficients), times 2^n. */
 static inline __m256 exp_nonpositive(__m256 x) {

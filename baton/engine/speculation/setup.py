@@ -56,10 +56,10 @@ def _decode_step(engine: Engine, num_rows: int) -> None:
     pages = list(range(-(-num_rows // engine.page_size)))
     with torch.inference_mode():
         logits = engine.logits(
-            torch.zeros(num_rows, dtype=torch.long),
+            [0] * num_rows,
             list(range(num_rows)),
             [1] * num_rows,
             [pages] * num_rows,
-            torch.arange(num_rows),
+            list(range(num_rows)),
         )
         greedy_argmax(logits)
