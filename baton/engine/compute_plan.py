@@ -93,6 +93,7 @@ def choose_compute_plan(
     device_type: str,
     caps: CpuCapabilities,
     stored_compactly: bool = False,
+    gguf: bool = False,
 ) -> ComputePlan:
     """The plan for `--dtype requested` on a checkpoint stored in `checkpoint_dtype`.
 
@@ -101,7 +102,8 @@ def choose_compute_plan(
     dtype is always honoured where the device has kernels for it. ValueError for a dtype the
     device cannot compute. `stored_compactly`: the checkpoint holds its matrices in fewer bytes
     than float32 (bf16, f16, GGUF blocks), which the native kernel reads on an AVX2 CPU (every
-    AVX2 CPU also has the FMA and F16C it needs).
+    AVX2 CPU also has the FMA and F16C it needs). `gguf`: the checkpoint is a GGUF file, whose
+    converted config says float32 (the dtype it computes in), whatever its blocks store.
     """
     if requested != "auto" and requested not in DTYPES:
         raise ValueError(f"unsupported dtype {requested!r}; choose auto, {', '.join(DTYPES)}")
@@ -123,6 +125,8 @@ def choose_compute_plan(
                 f"{checkpoint_dtype} checkpoint, but this CPU ({caps.isa}) has no native bf16: "
                 + EMULATED_BF16_COST
             )
+    elif gguf:
+        dtype, reason = "float32", "GGUF checkpoint, computed in float32 as llama.cpp and HF do"
     else:
         dtype, reason = "float32", f"{checkpoint_dtype or 'unknown-dtype'} checkpoint"
     pack = caps.can_pack(dtype)

@@ -64,6 +64,7 @@ class Engine:
             self.device.type,
             self.cpu,
             stored_compactly=self.checkpoint.stored_compactly,
+            gguf=self.checkpoint.gguf_file is not None,
         )
         logger.info("CPU: %s", self.cpu.summary())
         logger.info("compute plan: %s", self.plan.summary())

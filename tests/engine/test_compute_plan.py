@@ -212,6 +212,14 @@ def test_compactly_stored_weights_serve_small_batches_on_every_avx2_cpu(
     assert not choose_compute_plan("auto", checkpoint_dtype, "cpu", caps).compact_small_batches
 
 
+@pytest.mark.parametrize("caps", [ZEN3, ZEN5, SAPPHIRE_RAPIDS])
+def test_a_gguf_plan_says_gguf_not_float32_checkpoint(caps: CpuCapabilities) -> None:
+    """The converted config of a GGUF says float32; the log line names what was loaded."""
+    plan = choose_compute_plan("auto", "float32", "cpu", caps, stored_compactly=True, gguf=True)
+    assert plan.dtype == "float32" and plan.compact_small_batches
+    assert "GGUF checkpoint" in plan.summary() and "float32 checkpoint" not in plan.summary()
+
+
 def test_below_avx2_or_on_cuda_small_batches_read_the_computed_weights() -> None:
     below_avx2 = replace(ZEN3, isa="default", limited_by="--max-cpu-isa")
     plan = choose_compute_plan("auto", "bfloat16", "cpu", below_avx2, stored_compactly=True)
