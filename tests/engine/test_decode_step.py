@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
@@ -148,8 +149,6 @@ def test_scheduling_around_the_native_step_keeps_the_eager_tokens(
 
 def _with_head(model_dir: Path, tmp_path: Path, edit: Callable[[torch.Tensor], None]) -> Path:
     """A copy of the checkpoint whose LM head `edit` has changed in place."""
-    from safetensors.torch import load_file, save_file
-
     copy = tmp_path / "edited"
     shutil.copytree(model_dir, copy)
     weights_file = copy / "model.safetensors"
