@@ -11,8 +11,8 @@ model's forward. `--enforce-eager` turns it off (vLLM's flag for "no CUDA graphs
 
 Nothing on this path creates a torch tensor: in a server each torch op gives up the GIL and
 waits to retake it while the scheduler thread runs Python, and the ~40 small ops a step used to
-run around the C call (the batch's index tensors, embedding, sampling) cost SmolLM2 2-4 ms a
-token that way (docs/benchmarks.md, session 9).
+run around the C call (the batch's index tensors, embedding, sampling) cost SmolLM2 about 3 ms
+a token that way (docs/benchmarks.md, session 9).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import ctypes
 
 import torch
 
+from baton.engine.attention.metadata import page_lists
 from baton.engine.compact_weights import COMPACT_MAX_ROWS
 from baton.engine.kv_pool import KVPool
 from baton.engine.layers import Linear
@@ -116,30 +117,23 @@ class NativeDecodeStep:
         """Decode one token per row: row i's `input_ids[i]` at position `kv_starts[i]`, its K/V
         into the pages of `page_tables[i]`. Returns the float32 logits [rows, vocab] (a view of
         a buffer the next step overwrites) and, when `greedy`, each row's argmax."""
-        rows, page_size = len(input_ids), self.page_size
-        slots, kv_indptr, kv_indices = [], [0], []
-        for start, table in zip(kv_starts, page_tables):
-            num_pages = start // page_size + 1
-            if len(table) < num_pages:
-                raise ValueError(f"page table has {len(table)} pages, {num_pages} needed")
-            kv_indices.extend(table[:num_pages])
-            kv_indptr.append(len(kv_indices))
-            slots.append(table[start // page_size] * page_size + start % page_size)
+        rows = len(input_ids)
+        pages = page_lists(kv_starts, [1] * rows, page_tables, self.page_size)
         # Plain ctypes arrays: building torch tensors would release and retake the GIL for
         # each, and every retake waits while the scheduler thread runs Python.
         ids = (ctypes.c_int64 * rows)(*input_ids)
-        positions = (ctypes.c_int64 * rows)(*kv_starts)
-        slot_array = (ctypes.c_int64 * rows)(*slots)
-        indptr = (ctypes.c_int32 * (rows + 1))(*kv_indptr)
-        indices = (ctypes.c_int32 * len(kv_indices))(*kv_indices)
-        kv_lens = (ctypes.c_int32 * rows)(*(start + 1 for start in kv_starts))
+        positions = (ctypes.c_int64 * rows)(*pages.positions)
+        slots = (ctypes.c_int64 * rows)(*pages.slot_mapping)
+        indptr = (ctypes.c_int32 * (rows + 1))(*pages.kv_indptr)
+        indices = (ctypes.c_int32 * len(pages.kv_indices))(*pages.kv_indices)
+        kv_lens = (ctypes.c_int32 * rows)(*pages.kv_lens)
         tokens = (ctypes.c_int64 * rows)() if greedy else None
         step = DecodeStepArgs(
             rows,
             ctypes.addressof(ids),
             None if tokens is None else ctypes.addressof(tokens),
             ctypes.addressof(positions),
-            ctypes.addressof(slot_array),
+            ctypes.addressof(slots),
             ctypes.addressof(self._batch_rows),
             ctypes.addressof(indptr),
             ctypes.addressof(indices),

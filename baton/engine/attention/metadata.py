@@ -42,14 +42,28 @@ class AttentionMetadata:
         return all(q == 1 for q in self.q_lens)
 
 
-def build_attention_metadata(
+@dataclass(frozen=True)
+class PageLists:
+    """A batch's page-table metadata as plain lists (the fields of AttentionMetadata)."""
+
+    qo_indptr: list[int]
+    kv_indptr: list[int]
+    kv_indices: list[int]
+    kv_last_page_len: list[int]
+    positions: list[int]
+    slot_mapping: list[int]
+    kv_lens: list[int]
+
+
+def page_lists(
     kv_starts: Sequence[int],
     q_lens: Sequence[int],
     page_tables: Sequence[Sequence[int]],
     page_size: int,
-    device: torch.device | str = "cpu",
-) -> AttentionMetadata:
-    """Build the metadata for rows that append `q_lens[i]` tokens after `kv_starts[i]` cached ones.
+) -> PageLists:
+    """The metadata of rows that append `q_lens[i]` tokens after `kv_starts[i]` cached ones, as
+    lists: what `build_attention_metadata` turns into tensors and the native decode step into
+    C arrays (no torch op, see decode_step.py).
 
     `page_tables[i]` must cover every token of row i after this step (it may hold more pages,
     pre-allocated for later steps; only the pages in use are listed in kv_indices).
@@ -75,18 +89,30 @@ def build_attention_metadata(
     qo_indptr = [0]
     for n in q_lens:
         qo_indptr.append(qo_indptr[-1] + n)
+    return PageLists(qo_indptr, kv_indptr, used_pages, last_page_len, positions, slots, kv_lens)
+
+
+def build_attention_metadata(
+    kv_starts: Sequence[int],
+    q_lens: Sequence[int],
+    page_tables: Sequence[Sequence[int]],
+    page_size: int,
+    device: torch.device | str = "cpu",
+) -> AttentionMetadata:
+    """`page_lists` as the tensors every attention backend reads."""
+    lists = page_lists(kv_starts, q_lens, page_tables, page_size)
 
     def as_tensor(values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)
 
     return AttentionMetadata(
         page_size=page_size,
-        qo_indptr=as_tensor(qo_indptr, torch.int32),
-        kv_indptr=as_tensor(kv_indptr, torch.int32),
-        kv_indices=as_tensor(used_pages, torch.int32),
-        kv_last_page_len=as_tensor(last_page_len, torch.int32),
-        positions=as_tensor(positions, torch.int64),
-        slot_mapping=as_tensor(slots, torch.int64),
+        qo_indptr=as_tensor(lists.qo_indptr, torch.int32),
+        kv_indptr=as_tensor(lists.kv_indptr, torch.int32),
+        kv_indices=as_tensor(lists.kv_indices, torch.int32),
+        kv_last_page_len=as_tensor(lists.kv_last_page_len, torch.int32),
+        positions=as_tensor(lists.positions, torch.int64),
+        slot_mapping=as_tensor(lists.slot_mapping, torch.int64),
         q_lens=tuple(q_lens),
-        kv_lens=tuple(kv_lens),
+        kv_lens=tuple(lists.kv_lens),
     )
