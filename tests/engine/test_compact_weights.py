@@ -82,17 +82,38 @@ def test_dequantizing_gives_exactly_the_stored_values(
     assert torch.equal(native.dequantize(compact), values)
 
 
+# Up to 8 rows of x share one pass over the weights; 13 and 32 take several passes, the last one
+# partial for 13; 71 outputs split unevenly between the threads.
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9, 13, 32])
 def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
     native: NativeKernels, compact_format: str, rows: int
 ) -> None:
+    _check_against_float64(native, compact_format, rows, out_features=71, in_features=160)
+
+
+# Weight rows far longer than a layer's here: rows of x no longer fit in L1 and the float32 sums
+# are long.
+@pytest.mark.parametrize("compact_format", ["bf16", "q4_1"])
+@pytest.mark.parametrize("in_features", [5472, 16416])
+def test_long_weight_rows_in_a_large_batch(
+    native: NativeKernels, compact_format: str, in_features: int
+) -> None:
+    _check_against_float64(native, compact_format, 13, out_features=20, in_features=in_features)
+
+
+def _check_against_float64(
+    native: NativeKernels, compact_format: str, rows: int, out_features: int, in_features: int
+) -> None:
     rng = np.random.default_rng(rows)
-    compact, values = _stored(rng.normal(size=(72, 160)).astype(np.float32), compact_format)
-    x = torch.from_numpy(rng.normal(size=(rows, 160)).astype(np.float32))
-    bias = torch.from_numpy(rng.normal(size=72).astype(np.float32))
+    weight = rng.normal(size=(out_features, in_features)).astype(np.float32)
+    compact, values = _stored(weight, compact_format)
+    x = torch.from_numpy(rng.normal(size=(rows, in_features)).astype(np.float32))
+    bias = torch.from_numpy(rng.normal(size=out_features).astype(np.float32))
     expected = (x.double() @ values.double().T + bias.double()).float()
-    torch.testing.assert_close(native.gemv(x, compact, bias), expected, rtol=1e-5, atol=1e-4)
+    # A float32 sum's rounding error grows like the square root of its length.
+    atol = 1e-4 * (in_features / 160) ** 0.5
+    torch.testing.assert_close(native.gemv(x, compact, bias), expected, rtol=1e-5, atol=atol)
 
 
 def test_a_linear_uses_compact_weights_up_to_the_row_limit_only(native: NativeKernels) -> None:
