@@ -20,8 +20,11 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-SOURCES = tuple(_HERE / name for name in ("compact_gemv.c", "decode_attention.c", "decode_layer.c"))
-HEADERS = (_HERE / "vector_math.h",)
+SOURCES = tuple(
+    _HERE / name
+    for name in ("compact_gemv.c", "decode_attention.c", "decode_layer.c", "thread_pool.c")
+)
+HEADERS = (_HERE / "vector_math.h", _HERE / "thread_pool.h")
 LIBRARY_NAME = "libbaton_native.so"
 # -fopenmp links libgomp by soname: loaded after torch, the library shares torch's OpenMP runtime
 # (one thread team, sized by torch.set_num_threads on the calling thread). -ffp-contract=off: a
@@ -34,6 +37,7 @@ FLAGS = (
     "-mf16c",
     "-ffp-contract=off",
     "-fopenmp",
+    "-pthread",
     "-shared",
     "-fPIC",
 )

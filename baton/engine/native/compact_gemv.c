@@ -8,13 +8,15 @@
  * order of the sum. A decode step reads every weight once per step: reading 2-6x fewer bytes
  * than float32 is the whole point.
  *
- * Rows of W are split across the OpenMP team of the calling thread. The library is loaded after
- * torch, so its libgomp is torch's own (same soname) and the team is the engine's.
+ * Rows of W are split into chunks that the engine's threads claim (thread_pool.c). Loading a
+ * checkpoint dequantizes with OpenMP: the library is loaded after torch, so its libgomp is
+ * torch's own (same soname) and the team is the engine's.
  */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 
+#include "thread_pool.h"
 #include "vector_math.h"
 
 enum { FMT_BF16 = 0, FMT_F16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4 };
@@ -88,6 +90,19 @@ static inline void dq_q4_1(const uint8_t *b, __m256 *w) {
     for (int j = 0; j < 4; j++) w[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(q[j]), m);
 }
 
+/* One product as a parallel loop (thread_pool.h) over chunks of weight rows. */
+typedef struct {
+    const float *x, *bias;
+    float *y;
+    const uint8_t *w;
+    int64_t m_dim, k_dim, n_dim, row_bytes, rows_per_chunk;
+} GemvLoop;
+
+/* Chunks a thread gets on average: enough that a thread descheduled while it holds one delays
+ * the product by a small part of it, few enough that claiming them costs nothing measurable. */
+#define CHUNKS_PER_THREAD 8
+#define MIN_ROWS_PER_CHUNK 16
+
 /* Weight rows [n_begin, n_end) against `rows` (a compile-time constant after inlining) rows of
  * x, y[r, n] = x[r] . W[n] (+ bias[n]). A row of x gets 4 / rows accumulators, so at least four
  * FMA chains run at once: one chain would wait out the FMA latency on every vector (measured
@@ -125,28 +140,24 @@ static inline void dq_q4_1(const uint8_t *b, __m256 *w) {
         }                                                                                       \
     }                                                                                           \
                                                                                                 \
-    /* Each thread takes an equal share of the weight rows and sweeps it once per ROWS_PER_PASS \
-     * rows of x. */                                                                            \
-    static void gemv_##FMT(const float *x, int64_t m_dim, int64_t k_dim, const uint8_t *w,     \
-                           int64_t n_dim, int64_t row_bytes, const float *bias, float *y) {     \
-        _Pragma("omp parallel")                                                                 \
-        {                                                                                       \
-            const int64_t threads = omp_get_num_threads(), share = (n_dim + threads - 1) / threads; \
-            const int64_t n_begin = omp_get_thread_num() * share;                               \
-            const int64_t n_end = n_begin + share < n_dim ? n_begin + share : n_dim;            \
-            for (int64_t m0 = 0; m0 < m_dim; m0 += ROWS_PER_PASS) {                             \
-                const float *xm = x + m0 * k_dim;                                               \
-                float *ym = y + m0 * n_dim;                                                     \
-                switch (m_dim - m0 < ROWS_PER_PASS ? m_dim - m0 : ROWS_PER_PASS) {              \
-                case 1: sweep_##FMT(xm, k_dim, w, row_bytes, n_begin, n_end, n_dim, 1, bias, ym); break; \
-                case 2: sweep_##FMT(xm, k_dim, w, row_bytes, n_begin, n_end, n_dim, 2, bias, ym); break; \
-                case 3: sweep_##FMT(xm, k_dim, w, row_bytes, n_begin, n_end, n_dim, 3, bias, ym); break; \
-                case 4: sweep_##FMT(xm, k_dim, w, row_bytes, n_begin, n_end, n_dim, 4, bias, ym); break; \
-                case 5: sweep_##FMT(xm, k_dim, w, row_bytes, n_begin, n_end, n_dim, 5, bias, ym); break; \
-                case 6: sweep_##FMT(xm, k_dim, w, row_bytes, n_begin, n_end, n_dim, 6, bias, ym); break; \
-                case 7: sweep_##FMT(xm, k_dim, w, row_bytes, n_begin, n_end, n_dim, 7, bias, ym); break; \
-                default: sweep_##FMT(xm, k_dim, w, row_bytes, n_begin, n_end, n_dim, 8, bias, ym); break; \
-                }                                                                               \
+    /* One chunk of weight rows, swept once per ROWS_PER_PASS rows of x. */                    \
+    static void gemv_chunk_##FMT(const void *arg, int64_t chunk) {                             \
+        const GemvLoop *g = arg;                                                                \
+        const int64_t n_begin = chunk * g->rows_per_chunk;                                      \
+        const int64_t n_end = n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim; \
+        for (int64_t m0 = 0; m0 < g->m_dim; m0 += ROWS_PER_PASS) {                              \
+            const float *xm = g->x + m0 * g->k_dim;                                             \
+            float *ym = g->y + m0 * g->n_dim;                                                   \
+            const int rows = g->m_dim - m0 < ROWS_PER_PASS ? (int)(g->m_dim - m0) : ROWS_PER_PASS; \
+            switch (rows) {                                                                     \
+            case 1: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 1, g->bias, ym); break; \
+            case 2: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 2, g->bias, ym); break; \
+            case 3: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 3, g->bias, ym); break; \
+            case 4: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 4, g->bias, ym); break; \
+            case 5: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 5, g->bias, ym); break; \
+            case 6: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 6, g->bias, ym); break; \
+            case 7: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 7, g->bias, ym); break; \
+            default: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 8, g->bias, ym); break; \
             }                                                                                   \
         }                                                                                       \
     }
@@ -182,14 +193,16 @@ DEFINE_FORMAT(q4_1, dq_q4_1, 20)
  * The caller guarantees contiguous float32 x and y, and k_dim a multiple of 32 (one block). */
 int baton_compact_gemv(int fmt, const float *x, int64_t m_dim, int64_t k_dim, const uint8_t *w,
                        int64_t n_dim, int64_t row_bytes, const float *bias, float *y) {
-    switch (fmt) {
-    case FMT_BF16: gemv_bf16(x, m_dim, k_dim, w, n_dim, row_bytes, bias, y); return 0;
-    case FMT_F16: gemv_f16(x, m_dim, k_dim, w, n_dim, row_bytes, bias, y); return 0;
-    case FMT_Q8_0: gemv_q8_0(x, m_dim, k_dim, w, n_dim, row_bytes, bias, y); return 0;
-    case FMT_Q4_0: gemv_q4_0(x, m_dim, k_dim, w, n_dim, row_bytes, bias, y); return 0;
-    case FMT_Q4_1: gemv_q4_1(x, m_dim, k_dim, w, n_dim, row_bytes, bias, y); return 0;
-    default: return -1;
-    }
+    static const chunk_fn chunk_fns[] = {/* indexed by FMT_* */
+                                         gemv_chunk_bf16, gemv_chunk_f16, gemv_chunk_q8_0,
+                                         gemv_chunk_q4_0, gemv_chunk_q4_1};
+    if (fmt < 0 || fmt >= (int)(sizeof chunk_fns / sizeof chunk_fns[0])) return -1;
+    int64_t rows_per_chunk = (n_dim + CHUNKS_PER_THREAD * omp_get_max_threads() - 1) /
+                             (CHUNKS_PER_THREAD * omp_get_max_threads());
+    rows_per_chunk = rows_per_chunk > MIN_ROWS_PER_CHUNK ? rows_per_chunk : MIN_ROWS_PER_CHUNK;
+    const GemvLoop loop = {x, bias, y, w, m_dim, k_dim, n_dim, row_bytes, rows_per_chunk};
+    baton_parallel(chunk_fns[fmt], &loop, (n_dim + rows_per_chunk - 1) / rows_per_chunk);
+    return 0;
 }
 
 /* out [n_dim, k_dim] = W as float32. Returns 0, or -1 for an unknown format. */

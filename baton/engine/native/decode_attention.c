@@ -7,9 +7,11 @@
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "thread_pool.h"
 #include "vector_math.h"
 
 /* s[t] = e^(s[t] - top) in place for t in [0, len), with top the largest s[t] and total the
@@ -202,45 +204,62 @@ static int attend_range(const float *q, const float *k_cache, const float *v_cac
  * A row is one task while there are rows for every thread. Fewer rows are each split into
  * parts of their tokens, all heads in each (split-K, as flash-decoding does): every thread gets
  * an equal share of the K/V to read, and the parts' softmaxes are merged by their maxima. */
+typedef struct {
+    const float *q, *k_cache, *v_cache;
+    const int32_t *rows, *kv_indptr, *kv_indices, *kv_lens;
+    int64_t q_stride, parts, group, q_heads, kv_heads, head_dim, page_size;
+    float scale;
+    float *partial, *tops, *totals, *out;
+    _Atomic int failed;
+} AttentionLoop;
+
+/* One (row, part) of the rows' tokens. */
+static void attend_task(const void *arg, int64_t task) {
+    AttentionLoop *a = (AttentionLoop *)arg;
+    const int64_t i = task / a->parts, part = task % a->parts, len = a->kv_lens[a->rows[i]];
+    int64_t used = len / MIN_TOKENS_PER_PART < a->parts ? len / MIN_TOKENS_PER_PART : a->parts;
+    used = used > 1 ? used : 1;
+    const int64_t share = (len + used - 1) / used;
+    const int64_t begin = part * share, end = begin + share < len ? begin + share : len;
+    float *top = a->tops + task * a->q_heads, *total = a->totals + task * a->q_heads;
+    if (begin >= end) { /* an unused part: empty, weighs nothing in the merge */
+        for (int64_t j = 0; j < a->q_heads; j++) top[j] = -INFINITY, total[j] = 0.0f;
+        return;
+    }
+    if (attend_range(a->q + i * a->q_stride, a->k_cache, a->v_cache,
+                     a->kv_indices + a->kv_indptr[a->rows[i]], begin, end, a->group, a->kv_heads,
+                     a->head_dim, a->page_size, a->scale,
+                     a->partial + task * a->q_heads * a->head_dim, top, total))
+        atomic_store(&a->failed, 1);
+}
+
+/* One row: its parts merged into its output. */
+static void merge_row(const void *arg, int64_t i) {
+    const AttentionLoop *a = arg;
+    const int64_t parts = a->parts, q_heads = a->q_heads, head_dim = a->head_dim;
+    for (int64_t j = 0; j < q_heads; j++)
+        merge_parts(a->partial + (i * parts * q_heads + j) * head_dim,
+                    a->tops + i * parts * q_heads + j, a->totals + i * parts * q_heads + j, parts,
+                    q_heads, head_dim, a->out + (i * q_heads + j) * head_dim);
+}
+
 int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows, int64_t n,
                            const float *k_cache, const float *v_cache, const int32_t *kv_indptr,
                            const int32_t *kv_indices, const int32_t *kv_lens, int64_t q_heads,
                            int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale,
                            float *out) {
-    const int64_t group = q_heads / kv_heads, threads = omp_get_max_threads();
+    const int64_t threads = omp_get_max_threads();
     const int64_t parts = n >= threads ? 1 : (threads + n - 1) / n;
     /* Per (row, part): q_heads unnormalized outputs, maxima and totals. */
     float *partial = malloc(sizeof(float) * n * parts * q_heads * (head_dim + 2));
     if (!partial) return -1;
     float *tops = partial + n * parts * q_heads * head_dim, *totals = tops + n * parts * q_heads;
-    int failed = 0;
-#pragma omp parallel
-    {
-#pragma omp for schedule(static) reduction(| : failed)
-        for (int64_t task = 0; task < n * parts; task++) {
-            const int64_t i = task / parts, part = task % parts, len = kv_lens[rows[i]];
-            int64_t used = len / MIN_TOKENS_PER_PART < parts ? len / MIN_TOKENS_PER_PART : parts;
-            used = used > 1 ? used : 1;
-            const int64_t share = (len + used - 1) / used;
-            const int64_t begin = part * share, end = begin + share < len ? begin + share : len;
-            float *top = tops + task * q_heads, *total = totals + task * q_heads;
-            if (begin >= end) { /* an unused part: empty, weighs nothing in the merge */
-                for (int64_t j = 0; j < q_heads; j++) top[j] = -INFINITY, total[j] = 0.0f;
-                continue;
-            }
-            failed |= attend_range(q + i * q_stride, k_cache, v_cache,
-                                   kv_indices + kv_indptr[rows[i]], begin, end, group, kv_heads,
-                                   head_dim, page_size, scale,
-                                   partial + task * q_heads * head_dim, top, total);
-        }
-        /* The reduction has completed at the loop's barrier: every thread sees `failed`. */
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t j = 0; j < q_heads && !failed; j++)
-                merge_parts(partial + (i * parts * q_heads + j) * head_dim,
-                            tops + i * parts * q_heads + j, totals + i * parts * q_heads + j,
-                            parts, q_heads, head_dim, out + (i * q_heads + j) * head_dim);
-    }
+    AttentionLoop loop = {q, k_cache, v_cache, rows, kv_indptr, kv_indices, kv_lens, q_stride,
+                          parts, q_heads / kv_heads, q_heads, kv_heads, head_dim, page_size,
+                          scale, partial, tops, totals, out, 0};
+    baton_parallel(attend_task, &loop, n * parts);
+    const int failed = atomic_load(&loop.failed);
+    if (!failed) baton_parallel(merge_row, &loop, n);
     free(partial);
     return failed ? -1 : 0;
 }

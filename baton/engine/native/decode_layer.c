@@ -6,10 +6,10 @@
  */
 #include <immintrin.h>
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "thread_pool.h"
 #include "vector_math.h"
 
 int baton_compact_gemv(int fmt, const float *x, int64_t m_dim, int64_t k_dim, const uint8_t *w,
@@ -146,6 +146,17 @@ static int64_t argmax_row(const float *x, int64_t n) {
     return 0; /* unreachable: some element is the maximum */
 }
 
+typedef struct {
+    const float *logits;
+    int64_t vocab_size;
+    int64_t *tokens;
+} ArgmaxLoop;
+
+static void argmax_task(const void *arg, int64_t row) {
+    const ArgmaxLoop *a = arg;
+    a->tokens[row] = argmax_row(a->logits + row * a->vocab_size, a->vocab_size);
+}
+
 /* The whole step for `step->rows` decode rows: embed the input ids, run every layer, normalise,
  * multiply by the LM head into model->logits and, where step->tokens is given, write each
  * row's argmax there. Returns 0, -1 for an input id outside the vocabulary (nothing written to
@@ -168,9 +179,8 @@ int baton_decode_step(const DecoderLayer *layers, int64_t num_layers, const Deco
                    model->normed);
     linear(&model->lm_head, model->normed, rows, model->logits);
     if (step->tokens) {
-#pragma omp parallel for schedule(static) if (rows > 1)
-        for (int64_t r = 0; r < rows; r++)
-            step->tokens[r] = argmax_row(model->logits + r * vocab_size, vocab_size);
+        const ArgmaxLoop loop = {model->logits, vocab_size, step->tokens};
+        baton_parallel(argmax_task, &loop, rows);
     }
     return 0;
 }

@@ -1,0 +1,94 @@
+"""The native kernels' parallel loops (thread_pool.c), through the compact GEMV that uses them:
+every chunk runs exactly once in every loop, whatever the number of threads, and a result does
+not depend on that number."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from baton.engine.compact_weights import CompactWeight
+from baton.engine.compute_plan import isa_rank
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.native.library import NativeKernels, load_native_kernels
+
+pytestmark = pytest.mark.skipif(
+    isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2"),
+    reason="the native kernels need AVX2",
+)
+
+
+@pytest.fixture(scope="module")
+def native() -> NativeKernels:
+    return load_native_kernels()
+
+
+def _with_threads(threads: int, run):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # the loops use the calling thread's OpenMP thread count
+    try:
+        return run()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_results_are_the_same_bits_on_any_number_of_threads(native: NativeKernels) -> None:
+    generator = torch.Generator().manual_seed(0)
+    weight = CompactWeight.from_tensor(torch.randn(1000, 256, generator=generator).bfloat16())
+    x = torch.randn(13, 256, generator=generator)
+    results = [_with_threads(n, lambda: native.gemv(x, weight, None)) for n in (1, 2, 3, 5)]
+    for result in results[1:]:
+        assert torch.equal(result, results[0])
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_thousands_of_loops_in_a_row_each_run_every_chunk_once(
+    native: NativeKernels, threads: int
+) -> None:
+    """Loops back to back, of changing sizes (from fewer chunks than threads to many), each
+    checked against torch: a chunk skipped, or run with an earlier loop's arguments, would
+    leave wrong outputs (each loop's input is new, so a stale output cannot pass)."""
+    generator = torch.Generator().manual_seed(threads)
+    stored = torch.randn(700, 64, generator=generator).bfloat16()
+    weight = CompactWeight.from_tensor(stored)
+
+    def run() -> None:
+        for step in range(2000):
+            out_features = (1, 17, 48, 300, 700)[step % 5]
+            rows = 1 + step % 3
+            x = torch.randn(rows, 64, generator=generator)
+            part = CompactWeight.from_tensor(stored[:out_features])
+            out = native.gemv(x, part if out_features < 700 else weight, None)
+            expected = x @ stored[:out_features].float().T
+            torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+    _with_threads(threads, run)
+
+
+def test_loops_from_two_threads_at_once_each_get_their_own_results(
+    native: NativeKernels,
+) -> None:
+    """One caller at a time runs a loop; a second waits for it rather than mixing chunks."""
+    generator = torch.Generator().manual_seed(1)
+    stored = torch.randn(500, 128, generator=generator).bfloat16()
+    weight = CompactWeight.from_tensor(stored)
+    failures: list[BaseException] = []
+
+    def caller(seed: int) -> None:
+        local = torch.Generator().manual_seed(seed)
+        try:
+            for _ in range(300):
+                x = torch.randn(2, 128, generator=local)
+                expected = x @ stored.float().T
+                torch.testing.assert_close(native.gemv(x, weight, None), expected)
+        except BaseException as error:  # reported by the main thread
+            failures.append(error)
+
+    callers = [threading.Thread(target=caller, args=(seed,)) for seed in (2, 3)]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join()
+    assert not failures, failures[0]
