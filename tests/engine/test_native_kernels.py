@@ -7,21 +7,9 @@ import torch
 
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.torch_backend import TorchPagedAttention
-from baton.engine.compute_plan import isa_rank
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.kv_pool import KVPool
 from baton.engine.layers import RotaryEmbedding, apply_rope
-from baton.engine.native.library import NativeKernels, load_native_kernels
-
-pytestmark = pytest.mark.skipif(
-    isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2"),
-    reason="the native kernels need AVX2",
-)
-
-
-@pytest.fixture(scope="module")
-def native() -> NativeKernels:
-    return load_native_kernels()
+from baton.engine.native.library import NativeKernels
 
 
 @pytest.mark.parametrize(("q_heads", "kv_heads", "head_dim"), [(4, 2, 24), (9, 3, 64)])

@@ -5,27 +5,19 @@ not depend on that number."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 import torch
 
 from baton.engine.compact_weights import CompactWeight
-from baton.engine.compute_plan import isa_rank
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
-from baton.engine.native.library import NativeKernels, load_native_kernels
+from baton.engine.native.library import NativeKernels
 
-pytestmark = pytest.mark.skipif(
-    isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2"),
-    reason="the native kernels need AVX2",
-)
+T = TypeVar("T")
 
 
-@pytest.fixture(scope="module")
-def native() -> NativeKernels:
-    return load_native_kernels()
-
-
-def _with_threads(threads: int, run):
+def _with_threads(threads: int, run: Callable[[], T]) -> T:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)  # the loops use the calling thread's OpenMP thread count
     try:

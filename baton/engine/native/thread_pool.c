@@ -7,8 +7,9 @@
  * the step waits until it runs again: measured on 2 cores, a 16-row decode step took 6.35 ms in
  * the server against 3.87 ms alone, while the other processes used 37 % of one core.
  *
- * Here a loop is a count of chunks that threads claim one at a time; the caller claims too, and
- * waits only for chunks another thread has claimed and not finished. A worker that wakes late
+ * Here a loop is a count of chunks that threads claim one at a time, each from its own range
+ * first, then from the others'; the caller claims too, and waits only for chunks another thread
+ * has claimed and not finished. A worker that wakes late
  * finds nothing left and goes back to waiting, so a loop ends as soon as its chunks are done.
  * Each chunk's result must not depend on which thread runs it (the kernels give each chunk whole
  * outputs), so results do not depend on the number of threads either.

@@ -1,0 +1,17 @@
+"""Fixtures of the engine's tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from baton.engine.compute_plan import isa_rank
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.native.library import NativeKernels, load_native_kernels
+
+
+@pytest.fixture(scope="module")
+def native() -> NativeKernels:
+    """The native kernels; a test that asks for them skips on a CPU without AVX2."""
+    if isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2"):
+        pytest.skip("the native kernels need AVX2")
+    return load_native_kernels()
