@@ -36,7 +36,7 @@ def test_results_are_the_same_bits_on_any_number_of_threads(native: NativeKernel
 
 
 @pytest.mark.parametrize("threads", [2, 4])
-def test_thousands_of_loops_in_a_row_each_run_every_chunk_once(
+def test_thousands_of_loops_in_a_row_each_compute_every_output(
     native: NativeKernels, threads: int
 ) -> None:
     """Loops back to back, of changing sizes (from fewer chunks than threads to many), each
@@ -44,16 +44,15 @@ def test_thousands_of_loops_in_a_row_each_run_every_chunk_once(
     leave wrong outputs (each loop's input is new, so a stale output cannot pass)."""
     generator = torch.Generator().manual_seed(threads)
     stored = torch.randn(700, 64, generator=generator).bfloat16()
-    weight = CompactWeight.from_tensor(stored)
+    sizes = (1, 17, 48, 300, 700)
+    weights = {n: CompactWeight.from_tensor(stored[:n]) for n in sizes}
 
     def run() -> None:
         for step in range(2000):
-            out_features = (1, 17, 48, 300, 700)[step % 5]
-            rows = 1 + step % 3
-            x = torch.randn(rows, 64, generator=generator)
-            part = CompactWeight.from_tensor(stored[:out_features])
-            out = native.gemv(x, part if out_features < 700 else weight, None)
+            out_features = sizes[step % len(sizes)]
+            x = torch.randn(1 + step % 3, 64, generator=generator)
             expected = x @ stored[:out_features].float().T
+            out = native.gemv(x, weights[out_features], None)
             torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
     _with_threads(threads, run)

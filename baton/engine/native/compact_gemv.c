@@ -197,8 +197,8 @@ int baton_compact_gemv(int fmt, const float *x, int64_t m_dim, int64_t k_dim, co
                                          gemv_chunk_bf16, gemv_chunk_f16, gemv_chunk_q8_0,
                                          gemv_chunk_q4_0, gemv_chunk_q4_1};
     if (fmt < 0 || fmt >= (int)(sizeof chunk_fns / sizeof chunk_fns[0])) return -1;
-    int64_t rows_per_chunk = (n_dim + CHUNKS_PER_THREAD * omp_get_max_threads() - 1) /
-                             (CHUNKS_PER_THREAD * omp_get_max_threads());
+    const int64_t chunks_wanted = CHUNKS_PER_THREAD * (int64_t)omp_get_max_threads();
+    int64_t rows_per_chunk = (n_dim + chunks_wanted - 1) / chunks_wanted;
     rows_per_chunk = rows_per_chunk > MIN_ROWS_PER_CHUNK ? rows_per_chunk : MIN_ROWS_PER_CHUNK;
     const GemvLoop loop = {x, bias, y, w, m_dim, k_dim, n_dim, row_bytes, rows_per_chunk};
     baton_parallel(chunk_fns[fmt], &loop, (n_dim + rows_per_chunk - 1) / rows_per_chunk);

@@ -196,26 +196,18 @@ static int attend_range(const float *q, const float *k_cache, const float *v_cac
  * buffer, the merge) outweigh the parallelism on shorter ranges. */
 #define MIN_TOKENS_PER_PART 32
 
-/* One query per row: out[i, h] = softmax(scale * q[i, h] . K_row) V_row over the row's
- * kv_lens[rows[i]] cached tokens. q: [n, q_heads, head_dim] with row stride q_stride; rows: the
- * batch row of each query (its pages are kv_indices[kv_indptr[row] : kv_indptr[row + 1]]);
- * out: [n, q_heads, head_dim], contiguous. Returns 0, or -1 if memory ran out.
- *
- * A row is one task while there are rows for every thread. Fewer rows are each split into
- * parts of their tokens, all heads in each (split-K, as flash-decoding does): every thread gets
- * an equal share of the K/V to read, and the parts' softmaxes are merged by their maxima. */
 typedef struct {
     const float *q, *k_cache, *v_cache;
     const int32_t *rows, *kv_indptr, *kv_indices, *kv_lens;
     int64_t q_stride, parts, group, q_heads, kv_heads, head_dim, page_size;
     float scale;
     float *partial, *tops, *totals, *out;
-    _Atomic int failed;
+    _Atomic int *failed; /* set by any task whose scores buffer could not be allocated */
 } AttentionLoop;
 
 /* One (row, part) of the rows' tokens. */
 static void attend_task(const void *arg, int64_t task) {
-    AttentionLoop *a = (AttentionLoop *)arg;
+    const AttentionLoop *a = arg;
     const int64_t i = task / a->parts, part = task % a->parts, len = a->kv_lens[a->rows[i]];
     int64_t used = len / MIN_TOKENS_PER_PART < a->parts ? len / MIN_TOKENS_PER_PART : a->parts;
     used = used > 1 ? used : 1;
@@ -230,7 +222,7 @@ static void attend_task(const void *arg, int64_t task) {
                      a->kv_indices + a->kv_indptr[a->rows[i]], begin, end, a->group, a->kv_heads,
                      a->head_dim, a->page_size, a->scale,
                      a->partial + task * a->q_heads * a->head_dim, top, total))
-        atomic_store(&a->failed, 1);
+        atomic_store(a->failed, 1);
 }
 
 /* One row: its parts merged into its output. */
@@ -243,6 +235,14 @@ static void merge_row(const void *arg, int64_t i) {
                     q_heads, head_dim, a->out + (i * q_heads + j) * head_dim);
 }
 
+/* One query per row: out[i, h] = softmax(scale * q[i, h] . K_row) V_row over the row's
+ * kv_lens[rows[i]] cached tokens. q: [n, q_heads, head_dim] with row stride q_stride; rows: the
+ * batch row of each query (its pages are kv_indices[kv_indptr[row] : kv_indptr[row + 1]]);
+ * out: [n, q_heads, head_dim], contiguous. Returns 0, or -1 if memory ran out.
+ *
+ * A row is one task while there are rows for every thread. Fewer rows are each split into
+ * parts of their tokens, all heads in each (split-K, as flash-decoding does): every thread gets
+ * an equal share of the K/V to read, and the parts' softmaxes are merged by their maxima. */
 int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows, int64_t n,
                            const float *k_cache, const float *v_cache, const int32_t *kv_indptr,
                            const int32_t *kv_indices, const int32_t *kv_lens, int64_t q_heads,
@@ -254,11 +254,15 @@ int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows
     float *partial = malloc(sizeof(float) * n * parts * q_heads * (head_dim + 2));
     if (!partial) return -1;
     float *tops = partial + n * parts * q_heads * head_dim, *totals = tops + n * parts * q_heads;
-    AttentionLoop loop = {q, k_cache, v_cache, rows, kv_indptr, kv_indices, kv_lens, q_stride,
-                          parts, q_heads / kv_heads, q_heads, kv_heads, head_dim, page_size,
-                          scale, partial, tops, totals, out, 0};
+    _Atomic int any_failed = 0;
+    const AttentionLoop loop = {
+        .q = q, .k_cache = k_cache, .v_cache = v_cache, .rows = rows, .kv_indptr = kv_indptr,
+        .kv_indices = kv_indices, .kv_lens = kv_lens, .q_stride = q_stride, .parts = parts,
+        .group = q_heads / kv_heads, .q_heads = q_heads, .kv_heads = kv_heads,
+        .head_dim = head_dim, .page_size = page_size, .scale = scale, .partial = partial,
+        .tops = tops, .totals = totals, .out = out, .failed = &any_failed};
     baton_parallel(attend_task, &loop, n * parts);
-    const int failed = atomic_load(&loop.failed);
+    const int failed = atomic_load(&any_failed);
     if (!failed) baton_parallel(merge_row, &loop, n);
     free(partial);
     return failed ? -1 : 0;
