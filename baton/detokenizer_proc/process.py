@@ -216,6 +216,13 @@ def _add_reply(handled: Handled, client_id: bytes, reply: ReplyItem) -> None:
     handled.replies.setdefault(client_id, []).append(reply)
 
 
+def _readable(socket: zmq.Socket) -> bool:
+    """Whether a message waits on `socket`. Asked before each receive rather than catching
+    zmq.Again after the last: building that exception was about 12 % of this process's CPU time
+    (py-spy, one stream of 1 ms steps)."""
+    return bool(socket.get(zmq.EVENTS) & zmq.POLLIN)
+
+
 def _internal_error(request_id: str, message: str) -> ErrorReply:
     return ErrorReply(request_id=request_id, code="internal", message=message)
 
@@ -235,11 +242,8 @@ class _ClientRouter:
 
     def answer_hellos(self) -> None:
         """Answer every Hello waiting on the socket; anything else is logged and dropped."""
-        while True:
-            try:
-                frames = self._socket.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        while _readable(self._socket):
+            frames = self._socket.recv_multipart()
             if len(frames) != 2:
                 logger.warning("dropping a client message of %d frames", len(frames))
                 continue
@@ -296,12 +300,8 @@ def serve(
             router.answer_hellos()
         if inbox not in events:
             continue
-        while True:
-            try:
-                frame = inbox.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            message = inbound.decode_or_none(frame)
+        while _readable(inbox):
+            message = inbound.decode_or_none(inbox.recv())
             if isinstance(message, Shutdown):
                 logger.info("shutting down")
                 return
