@@ -1,341 +1,35 @@
-"""Tests for the detokenizer process: the socket-free service, then the real process over ZMQ."""
+"""The real detokenizer process over ZMQ, wired to fake neighbours."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 import zmq
-from helpers import SAMPLE_CPU, SAMPLE_PLAN
+from helpers.detokenizer import CLIENT_A, encode, request_started, step_output
 
 from baton.addresses import ServerAddresses
-from baton.checkpoint.load import Checkpoint
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.checkpoint.tokenizer import Tokenizer
 from baton.child_process import start_child
 from baton.config import BatonConfig
-from baton.detokenizer_proc.incremental import REPLACEMENT_CHAR
-from baton.detokenizer_proc.process import DetokenizerService, Handled
 from baton.messages import (
-    PROMPT_TAIL_TOKENS,
     AbortRid,
-    AggregateStats,
     ClientReply,
     Codec,
     DetokenizerMessage,
-    ErrorReply,
-    ForwardedStats,
     GenerateDelta,
     Hello,
     HelloAck,
     LauncherMessage,
-    LogprobEntry,
     Replies,
-    RequestFailed,
-    RequestStarted,
-    RequestStats,
     SchedulerMessage,
     SchedulerOutputs,
     Shutdown,
-    StatsReply,
-    StepOutput,
-    TokenLogprob,
-    TokenText,
     make_rid,
 )
-
-CLIENT_A = b"client-a"
-CLIENT_B = b"client-b"
-
-
-@pytest.fixture
-def tokenizer(random_checkpoint: Checkpoint) -> Tokenizer:
-    """The default model's byte-level tokenizer: token b is byte b."""
-    return random_checkpoint.tokenizer
-
-
-def _encode(tokenizer: Tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def _started(
-    client_id: bytes,
-    request_id: str,
-    prompt_ids: Sequence[int],
-    stop: Sequence[str] = (),
-    return_stats: bool = False,
-) -> RequestStarted:
-    return RequestStarted(
-        rid=make_rid(client_id, request_id),
-        client_id=client_id,
-        request_id=request_id,
-        prompt_tokens=len(prompt_ids),
-        prompt_tail=list(prompt_ids)[-PROMPT_TAIL_TOKENS:],
-        stop=list(stop),
-        skip_special_tokens=True,
-        return_stats=return_stats,
-    )
-
-
-def _stats(cached_tokens: int) -> RequestStats:
-    return RequestStats(
-        prompt_tokens=7,
-        cached_tokens=cached_tokens,
-        generated_tokens=5,
-        queue_time=0.01,
-        prompt_time=0.01,
-        time_to_first_token=0.02,
-        decode_time=0.03,
-        e2e_latency=0.05,
-        decode_tokens_per_s=100.0,
-        preemptions=0,
-    )
-
-
-def _step(
-    client_id: bytes, request_id: str, token_ids: Sequence[int], reason: str | None = None
-) -> StepOutput:
-    """A StepOutput; with `reason` it is the request's final one (with stats)."""
-    return StepOutput(
-        rid=make_rid(client_id, request_id),
-        new_token_ids=list(token_ids),
-        finished=reason is not None,
-        finish_reason=reason,
-        stats=_stats(cached_tokens=4) if reason is not None else None,
-    )
-
-
-def _deltas(handled: Handled, client_id: bytes) -> list[GenerateDelta]:
-    items = handled.replies.get(client_id, [])
-    assert all(isinstance(item, GenerateDelta) for item in items)
-    return items  # type: ignore[return-value]
-
-
-def _stream(
-    service: DetokenizerService, client_id: bytes, request_id: str, chunks: Sequence[list[int]]
-) -> list[GenerateDelta]:
-    """Feed `chunks` as one request's steps (the last one finishing by length)."""
-    deltas = []
-    for index, chunk in enumerate(chunks):
-        reason = "length" if index == len(chunks) - 1 else None
-        outputs = SchedulerOutputs(steps=[_step(client_id, request_id, chunk, reason)])
-        deltas += _deltas(service.handle_message(outputs), client_id)
-    return deltas
-
-
-def test_token_deltas_give_the_text_and_a_final_delta_with_usage(
-    tokenizer: Tokenizer,
-) -> None:
-    service = DetokenizerService(tokenizer)
-    prompt = _encode(tokenizer, "Say hi:")
-    generated = _encode(tokenizer, " hello there")
-    service.handle_message(SchedulerOutputs(started=[_started(CLIENT_A, "r1", prompt)]))
-    logprobs = [TokenLogprob(logprob=-0.5, top=[(generated[0], -0.5)])]
-    first = StepOutput(rid=make_rid(CLIENT_A, "r1"), new_token_ids=generated[:1], logprobs=logprobs)
-    deltas = _deltas(service.handle_message(SchedulerOutputs(steps=[first])), CLIENT_A)
-    chunks = [generated[1:4], generated[4:]]
-    deltas += _stream(service, CLIENT_A, "r1", chunks)
-
-    assert "".join(delta.text for delta in deltas) == tokenizer.decode(generated)
-    # The detokenizer spells out the logprob tokens: " h" is the first token's text here.
-    token = TokenText(token_id=generated[0], text=" ", bytes=[32], logprob=-0.5)
-    assert deltas[0].logprobs == [LogprobEntry(token=token, top=[token])]
-    assert [delta.token_ids for delta in deltas] == [generated[:1], *chunks]
-    assert [delta.finished for delta in deltas] == [False, False, True]
-    final = deltas[-1]
-    assert final.request_id == "r1"
-    assert final.finish_reason == "length"
-    assert final.usage is not None
-    assert (final.usage.prompt_tokens, final.usage.completion_tokens) == (
-        len(prompt),
-        len(generated),
-    )
-    assert final.usage.cached_tokens == 4
-    assert final.stats == _stats(cached_tokens=4)
-    assert service.active_rids == set()
-
-
-def test_real_text_with_stories260k(stories260k_dir: Path) -> None:
-    stories = Tokenizer.from_folder(stories260k_dir)
-    service = DetokenizerService(stories)
-    prompt = stories.encode("Once upon a time")
-    generated = _encode(stories, "there was a little girl named Lily.")
-    service.handle_message(SchedulerOutputs(started=[_started(CLIENT_A, "r1", prompt)]))
-    deltas = _stream(service, CLIENT_A, "r1", [[token] for token in generated])
-    # The text generated tokens add to the prompt (keeping the first word's leading space).
-    full = stories.decode(prompt + generated, skip_special_tokens=True)
-    expected = full[len(stories.decode(prompt, skip_special_tokens=True)) :]
-    assert "".join(delta.text for delta in deltas) == expected
-    assert "little girl" in expected
-
-
-def test_stop_string_across_steps_ends_the_request_and_aborts_it(
-    tokenizer: Tokenizer,
-) -> None:
-    service = DetokenizerService(tokenizer)
-    started = _started(CLIENT_A, "r1", _encode(tokenizer, "go"), stop=["STOP"])
-    service.handle_message(SchedulerOutputs(started=[started]))
-    first, second = _encode(tokenizer, "abc ST"), _encode(tokenizer, "OP xyz")
-
-    # The first output carries the prefix-cache hit count, as the scheduler sends it.
-    opening = StepOutput(rid=started.rid, new_token_ids=first, cached_tokens=3)
-    handled = service.handle_message(SchedulerOutputs(steps=[opening]))
-    [partial] = _deltas(handled, CLIENT_A)
-    assert (partial.text, partial.finished) == ("abc ", False)  # "ST" may start the stop string
-    assert handled.to_scheduler == []
-
-    handled = service.handle_message(SchedulerOutputs(steps=[_step(CLIENT_A, "r1", second)]))
-    [final] = _deltas(handled, CLIENT_A)
-    assert (final.text, final.finished, final.finish_reason) == ("", True, "stop")
-    # Only the tokens up to the one that completed the stop string count ("OP"), as
-    # one token at a time would have stopped there.
-    assert final.usage is not None and final.token_ids == second[:2]
-    assert final.usage.completion_tokens == len(first) + 2
-    assert final.usage.cached_tokens == 3  # known before the scheduler's final output
-    assert handled.to_scheduler == [AbortRid(rid=started.rid, reason="stop")]
-
-    # What the scheduler produced before it saw the abort, and its final notice, reach no one.
-    late = service.handle_message(SchedulerOutputs(steps=[_step(CLIENT_A, "r1", first)]))
-    assert late == Handled({}, [])
-    assert service.active_rids == {started.rid}
-    notice = _step(CLIENT_A, "r1", [], reason="abort")
-    assert service.handle_message(SchedulerOutputs(steps=[notice])) == Handled({}, [])
-    assert service.active_rids == set()
-
-
-def test_stop_string_in_the_final_step_needs_no_abort(tokenizer: Tokenizer) -> None:
-    service = DetokenizerService(tokenizer)
-    started = _started(CLIENT_A, "r1", [], stop=["\n"])
-    service.handle_message(SchedulerOutputs(started=[started]))
-    final = _step(CLIENT_A, "r1", _encode(tokenizer, "one\ntwo"), reason="length")
-    handled = service.handle_message(SchedulerOutputs(steps=[final]))
-    [delta] = _deltas(handled, CLIENT_A)
-    assert (delta.text, delta.finish_reason) == ("one", "stop")
-    assert handled.to_scheduler == []
-    assert service.active_rids == set()
-
-
-def test_a_stop_token_is_reported_but_not_spelled_out(tokenizer: Tokenizer) -> None:
-    """A request the scheduler stopped on a token (EOS or a stop_token_id): vLLM leaves the stop
-    token's text out; its id is still reported and counted."""
-    service = DetokenizerService(tokenizer)
-    service.handle_message(SchedulerOutputs(started=[_started(CLIENT_A, "r1", [])]))
-    tokens = _encode(tokenizer, "one two")
-    final = _step(CLIENT_A, "r1", tokens, reason="stop")
-    [delta] = _deltas(service.handle_message(SchedulerOutputs(steps=[final])), CLIENT_A)
-    assert delta.text == tokenizer.decode(tokens[:-1]) and delta.token_ids == tokens
-    assert delta.finish_reason == "stop" and delta.usage.completion_tokens == len(tokens)
-
-
-def test_multibyte_characters_split_across_tokens_never_show_a_replacement_char(
-    tokenizer: Tokenizer,
-) -> None:
-    text = "é世🎉 ok ü"
-    generated = list(text.encode("utf-8"))  # the byte tokenizer: token b is byte b
-    assert generated == _encode(tokenizer, text)
-    service = DetokenizerService(tokenizer)
-    service.handle_message(SchedulerOutputs(started=[_started(CLIENT_A, "r1", [256])]))
-    deltas = _stream(service, CLIENT_A, "r1", [[token] for token in generated])
-    # Every token gets its delta (clients count tokens), even those completing no character.
-    assert len(deltas) == len(generated)
-    assert any(delta.text == "" for delta in deltas)
-    assert all(REPLACEMENT_CHAR not in delta.text for delta in deltas)
-    assert "".join(delta.text for delta in deltas) == text
-
-
-def test_two_clients_get_only_their_own_replies(tokenizer: Tokenizer) -> None:
-    service = DetokenizerService(tokenizer)
-    # The same request id from two clients: two different requests.
-    started = [_started(CLIENT_A, "r1", []), _started(CLIENT_B, "r1", [])]
-    steps = [
-        _step(CLIENT_A, "r1", _encode(tokenizer, "for A")),
-        _step(CLIENT_B, "r1", _encode(tokenizer, "for B")),
-        _step(CLIENT_A, "r1", _encode(tokenizer, " again"), reason="length"),
-    ]
-    handled = service.handle_message(SchedulerOutputs(started=started, steps=steps))
-    assert set(handled.replies) == {CLIENT_A, CLIENT_B}
-    assert [delta.text for delta in _deltas(handled, CLIENT_A)] == ["for A", " again"]
-    assert [delta.text for delta in _deltas(handled, CLIENT_B)] == ["for B"]
-    assert service.active_rids == {make_rid(CLIENT_B, "r1")}
-
-
-def test_request_failed_and_forwarded_stats_become_replies(
-    tokenizer: Tokenizer,
-) -> None:
-    service = DetokenizerService(tokenizer)
-    failed = RequestFailed(client_id=CLIENT_B, request_id="r9", code="overloaded", message="full")
-    handled = service.handle_message(failed)
-    assert handled == Handled(
-        {CLIENT_B: [ErrorReply(request_id="r9", code="overloaded", message="full")]}, []
-    )
-    stats = AggregateStats(
-        running_requests=1,
-        waiting_requests=2,
-        paused_requests=0,
-        total_pages=10,
-        free_pages=5,
-        cached_pages=3,
-        used_pages=2,
-        peak_used_pages=4,
-        peak_memory_bytes=1 << 30,
-        finished_requests=4,
-        prompt_tokens=40,
-        cached_prompt_tokens=8,
-        generated_tokens=20,
-        preemptions=0,
-        spec_decode_num_drafts=0,
-        spec_decode_num_draft_tokens=0,
-        spec_decode_num_accepted_tokens=0,
-        uptime=1.5,
-        generation_throughput=13.3,
-        cpu=SAMPLE_CPU,
-        compute_plan=SAMPLE_PLAN,
-    )
-    handled = service.handle_message(
-        ForwardedStats(client_id=CLIENT_A, request_id="s1", stats=stats)
-    )
-    assert handled == Handled({CLIENT_A: [StatsReply(request_id="s1", stats=stats)]}, [])
-
-
-def test_unknown_rid_is_ignored(tokenizer: Tokenizer) -> None:
-    service = DetokenizerService(tokenizer)
-    steps = [_step(CLIENT_A, "never-started", [65]), _step(CLIENT_A, "other", [66], "stop")]
-    assert service.handle_message(SchedulerOutputs(steps=steps)) == Handled({}, [])
-    assert service.handle_message(Shutdown()) == Handled({}, [])
-
-
-def test_bad_token_id_fails_only_that_request(tokenizer: Tokenizer) -> None:
-    service = DetokenizerService(tokenizer)
-    started = [_started(CLIENT_A, "bad", []), _started(CLIENT_A, "good", [])]
-    steps = [_step(CLIENT_A, "bad", [-1]), _step(CLIENT_A, "good", [72, 105])]
-    handled = service.handle_message(SchedulerOutputs(started=started, steps=steps))
-    error, delta = handled.replies[CLIENT_A]
-    assert isinstance(error, ErrorReply)
-    assert (error.request_id, error.code) == ("bad", "internal")
-    assert isinstance(delta, GenerateDelta)
-    assert delta.text == "Hi"
-    assert handled.to_scheduler == [AbortRid(rid=make_rid(CLIENT_A, "bad"))]
-    assert service.active_rids == {make_rid(CLIENT_A, "good")}
-
-
-def test_vanished_client_aborts_its_running_requests(tokenizer: Tokenizer) -> None:
-    service = DetokenizerService(tokenizer)
-    started = [
-        _started(CLIENT_A, "running", []),
-        _started(CLIENT_A, "stopped", [], stop=["x"]),
-        _started(CLIENT_B, "other", []),
-    ]
-    steps = [_step(CLIENT_A, "stopped", _encode(tokenizer, "x"))]
-    handled = service.handle_message(SchedulerOutputs(started=started, steps=steps))
-    assert handled.to_scheduler == [AbortRid(rid=make_rid(CLIENT_A, "stopped"), reason="stop")]
-    # The stopped request was aborted already; only the running one needs it.
-    assert service.client_vanished(CLIENT_A) == [AbortRid(rid=make_rid(CLIENT_A, "running"))]
-    assert service.active_rids == {make_rid(CLIENT_B, "other")}
-    late = _step(CLIENT_A, "running", [65])
-    assert service.handle_message(SchedulerOutputs(steps=[late])) == Handled({}, [])
 
 
 class _FakeServer:
@@ -410,14 +104,14 @@ def test_process_routes_replies_and_aborts_for_a_vanished_client(
     assert isinstance(fake.client_reply(), HelloAck)
 
     rid = make_rid(CLIENT_A, "r1")
-    generated = _encode(tokenizer, "héllo")
+    generated = encode(tokenizer, "héllo")
     fake.send(
         SchedulerOutputs(
-            started=[_started(CLIENT_A, "r1", _encode(tokenizer, "hi"))],
-            steps=[_step(CLIENT_A, "r1", generated[:2])],
+            started=[request_started(CLIENT_A, "r1", encode(tokenizer, "hi"))],
+            steps=[step_output(CLIENT_A, "r1", generated[:2])],
         )
     )
-    fake.send(SchedulerOutputs(steps=[_step(CLIENT_A, "r1", generated[2:])]))
+    fake.send(SchedulerOutputs(steps=[step_output(CLIENT_A, "r1", generated[2:])]))
     texts = []
     for _ in range(2):
         reply = fake.client_reply()
@@ -431,7 +125,7 @@ def test_process_routes_replies_and_aborts_for_a_vanished_client(
     fake.client.close(linger=0)
     abort = None
     for _ in range(100):
-        fake.send(SchedulerOutputs(steps=[_step(CLIENT_A, "r1", [65])]))
+        fake.send(SchedulerOutputs(steps=[step_output(CLIENT_A, "r1", [65])]))
         if fake.from_detokenizer.poll(100):
             abort = fake.scheduler_codec.decode_or_none(fake.from_detokenizer.recv())
             break
@@ -439,21 +133,3 @@ def test_process_routes_replies_and_aborts_for_a_vanished_client(
 
     fake.send(Shutdown())
     assert process.wait(timeout=10) == 0
-
-
-def test_a_stop_string_final_delta_waits_for_the_stats_when_asked(tokenizer: Tokenizer) -> None:
-    """With return_stats, the delta a stop string ends waits for the scheduler's final output
-    (after the abort) and carries its stats; usage still counts up to the stop string."""
-    service = DetokenizerService(tokenizer)
-    started = _started(CLIENT_A, "r1", _encode(tokenizer, "go"), stop=["STOP"], return_stats=True)
-    service.handle_message(SchedulerOutputs(started=[started]))
-    tokens = _encode(tokenizer, "abc STOP")
-    handled = service.handle_message(SchedulerOutputs(steps=[_step(CLIENT_A, "r1", tokens)]))
-    assert _deltas(handled, CLIENT_A) == []  # held
-    assert handled.to_scheduler == [AbortRid(rid=started.rid, reason="stop")]
-    final_output = _step(CLIENT_A, "r1", [], reason="stop")
-    handled = service.handle_message(SchedulerOutputs(steps=[final_output]))
-    [final] = _deltas(handled, CLIENT_A)
-    assert (final.text, final.finished, final.finish_reason) == ("abc ", True, "stop")
-    assert final.stats == final_output.stats and final.usage.completion_tokens == len(tokens)
-    assert service.handle_message(SchedulerOutputs(steps=[final_output])).replies == {}
