@@ -1,17 +1,22 @@
-"""The native kernels' parallel loops (thread_pool.c), through the compact GEMV that uses them:
-every chunk runs exactly once in every loop, whatever the number of threads, and a result does
-not depend on that number."""
+"""The native kernels' parallel loops (thread_pool.c): every chunk runs exactly once in every
+loop, whatever the number of threads and however they are scheduled, and a result does not depend
+on that number. Through the compact GEMV that uses them, and through a C driver that builds the
+loops with random sleeps at the protocol's critical points."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
 import torch
 
 from baton.engine.compact_weights import CompactWeight
+from baton.engine.native.build import FLAGS, SOURCES
 from baton.engine.native.library import NativeKernels
 
 T = TypeVar("T")
@@ -83,3 +88,43 @@ def test_loops_from_two_threads_at_once_each_get_their_own_results(
     for thread in callers:
         thread.join()
     assert not failures, failures[0]
+
+
+@pytest.fixture(scope="module")
+def stress_driver(native: NativeKernels, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """native/thread_pool_stress.c linked with thread_pool.c built with BATON_POOL_STRESS."""
+    pool_source = next(source for source in SOURCES if source.name == "thread_pool.c")
+    driver = tmp_path_factory.mktemp("pool") / "thread_pool_stress"
+    library_only = {"-shared", "-fPIC"}
+    subprocess.run(
+        [
+            os.environ.get("CC") or "cc",
+            *(flag for flag in FLAGS if flag not in library_only),
+            "-DBATON_POOL_STRESS",
+            f"-I{pool_source.parent}",
+            "-o",
+            str(driver),
+            str(Path(__file__).parent / "native" / "thread_pool_stress.c"),
+            str(pool_source),
+        ],
+        check=True,
+    )
+    return driver
+
+
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_loops_survive_threads_descheduled_at_every_critical_point(
+    stress_driver: Path, threads: int
+) -> None:
+    """Sleeps where a worker reads the loop, where it checks a range's end and where the caller
+    publishes a range made the old protocol run chunks twice (3-4 threads) or hang (2 threads,
+    a finished count past the loop's chunks) within ten loops."""
+    result = subprocess.run(
+        [str(stress_driver), "3000"],
+        env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (result.returncode, result.stdout.strip()) == (0, "ok")

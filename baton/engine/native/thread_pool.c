@@ -30,27 +30,44 @@
 #include "thread_pool.h"
 
 #define MAX_WORKERS 63
+
+/* Where a thread being descheduled matters to the protocol below. Empty in the library; the
+ * thread-pool stress test (tests/engine/test_thread_pool.py) builds this file with
+ * BATON_POOL_STRESS defined, which sleeps there at random, so that the orders that are rare on
+ * a busy machine happen in every run. */
+#ifdef BATON_POOL_STRESS
+void baton_pool_stress_point(void);
+#define STRESS_POINT() baton_pool_stress_point()
+#else
+#define STRESS_POINT() ((void)0)
+#endif
+
 /* Pause instructions a worker spins for before sleeping: about 0.5 ms on Zen 3 (25 ns each),
  * more than the gaps between a step's loops, far less than an idle server's wait. */
 #define SPIN_PAUSES 20000
 
 /* Each thread of a loop starts on its own contiguous range of chunks, claimed from a counter on
  * its own cache line (uncontended, and a weight matrix is read in long runs); once its range is
- * done it takes chunks from the others' ranges. A claim is `(epoch << 32) | chunk` in one word,
- * so a claim can never take a chunk of a later loop with the function of an earlier one. */
+ * done it takes chunks from the others' ranges. A range's next chunk and its end are each
+ * `(epoch << 32) | chunk` words, and a claim needs both tagged with the claimer's loop: a thread
+ * still draining an ended loop could otherwise pair that loop's exhausted counter with the end
+ * the caller has just stored for the next loop, and run a chunk twice (found as a server that
+ * hung with a loop's finished count past its chunks; reproduced with delays at these points). */
 typedef struct {
     _Alignas(64) _Atomic uint64_t next;
-    _Atomic int64_t end;
+    _Atomic uint64_t end;
     _Atomic int64_t done; /* chunks this thread finished in the current loop */
 } Range;
 
 static struct {
     pthread_mutex_t caller;
     Range ranges[MAX_WORKERS + 1]; /* [0]: the caller's; [i + 1]: worker i's */
-    _Alignas(64) _Atomic uint32_t epoch;
+    /* (epoch << 32) | participants (the caller and the workers with an index below
+     * participants - 1), in one word: a worker that read one loop's participants and the next
+     * loop's epoch could claim chunks into a count that loop does not read. */
+    _Alignas(64) _Atomic uint64_t loop;
     _Atomic(chunk_fn) fn;
     _Atomic(const void *) ctx;
-    _Atomic int participants;   /* the caller and the workers with an index below this - 1 */
     _Alignas(64) _Atomic uint32_t wake; /* futex word: bumped for each loop */
     _Atomic int sleepers;
     int workers;
@@ -73,9 +90,12 @@ static int64_t drain(Range *range, uint32_t epoch) {
          * one be published) while this chunk is unclaimed. */
         const chunk_fn fn = atomic_load_explicit(&pool.fn, memory_order_relaxed);
         const void *ctx = atomic_load_explicit(&pool.ctx, memory_order_relaxed);
-        const int64_t end = atomic_load_explicit(&range->end, memory_order_relaxed);
+        STRESS_POINT();
+        const uint64_t end = atomic_load_explicit(&range->end, memory_order_relaxed);
         const int64_t chunk = (int64_t)(uint32_t)claim;
-        if ((uint32_t)(claim >> 32) != epoch || chunk >= end) return ran;
+        if ((uint32_t)(claim >> 32) != epoch || (uint32_t)(end >> 32) != epoch ||
+            chunk >= (int64_t)(uint32_t)end)
+            return ran;
         if (atomic_compare_exchange_weak_explicit(&range->next, &claim, claim + 1,
                                                   memory_order_acq_rel, memory_order_acquire)) {
             fn(ctx, chunk);
@@ -86,8 +106,7 @@ static int64_t drain(Range *range, uint32_t epoch) {
 }
 
 /* Participant `self` of loop `epoch`: its own range first, then the others'. */
-static void run_chunks(int self, uint32_t epoch) {
-    const int participants = atomic_load_explicit(&pool.participants, memory_order_relaxed);
+static void run_chunks(int self, uint32_t epoch, int participants) {
     int64_t ran = 0;
     for (int i = 0; i < participants; i++)
         ran += drain(&pool.ranges[(self + i) % participants], epoch);
@@ -112,8 +131,10 @@ static void *worker_main(void *arg) {
             spins = 0;
         }
         seen = now;
-        if (index + 1 < atomic_load_explicit(&pool.participants, memory_order_relaxed))
-            run_chunks(index + 1, atomic_load_explicit(&pool.epoch, memory_order_acquire));
+        STRESS_POINT();
+        const uint64_t loop = atomic_load_explicit(&pool.loop, memory_order_acquire);
+        const int participants = (int)(uint32_t)loop;
+        if (index + 1 < participants) run_chunks(index + 1, (uint32_t)(loop >> 32), participants);
     }
     return NULL;
 }
@@ -142,21 +163,23 @@ void baton_parallel(chunk_fn fn, const void *ctx, int64_t chunks) {
     int participants = ensure_workers(threads - 1) + 1;
     participants = participants < threads ? participants : threads;
     participants = participants < chunks ? participants : (int)chunks;
-    const uint32_t epoch = atomic_load_explicit(&pool.epoch, memory_order_relaxed) + 1;
+    const uint32_t epoch = (uint32_t)(atomic_load_explicit(&pool.loop, memory_order_relaxed) >> 32) + 1;
+    const uint64_t tag = (uint64_t)epoch << 32;
     atomic_store_explicit(&pool.fn, fn, memory_order_relaxed);
     atomic_store_explicit(&pool.ctx, ctx, memory_order_relaxed);
-    atomic_store_explicit(&pool.participants, participants, memory_order_relaxed);
     for (int p = 0; p < participants; p++) {
         Range *range = &pool.ranges[p];
         atomic_store_explicit(&range->done, 0, memory_order_relaxed);
-        atomic_store_explicit(&range->end, chunks * (p + 1) / participants, memory_order_relaxed);
-        atomic_store_explicit(&range->next, (uint64_t)epoch << 32 | (uint64_t)(chunks * p / participants),
+        atomic_store_explicit(&range->end, tag | (uint64_t)(chunks * (p + 1) / participants),
+                              memory_order_relaxed);
+        STRESS_POINT();
+        atomic_store_explicit(&range->next, tag | (uint64_t)(chunks * p / participants),
                               memory_order_release);
     }
-    atomic_store_explicit(&pool.epoch, epoch, memory_order_release);
+    atomic_store_explicit(&pool.loop, tag | (uint64_t)participants, memory_order_release);
     atomic_fetch_add_explicit(&pool.wake, 1, memory_order_seq_cst);
     if (atomic_load_explicit(&pool.sleepers, memory_order_seq_cst) > 0) futex_wake_all(&pool.wake);
-    run_chunks(0, epoch);
+    run_chunks(0, epoch, participants);
     for (;;) {
         int64_t finished = 0;
         for (int p = 0; p < participants; p++)
