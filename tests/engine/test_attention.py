@@ -133,9 +133,17 @@ def test_matches_dense_reference_bfloat16(page_size: int, q_heads: int, kv_heads
 
 
 def test_long_rows_split_into_query_blocks() -> None:
-    """Blocks of 4 queries cut every prefill row, including mid-way through its causal triangle."""
+    """Blocks of 4 queries cut every prefill row after a cached prefix, including mid-way through
+    its causal triangle (on CPU a row without one is a single causal call)."""
     rows = [(9, 23), (0, 1), (0, 30), (50, 5)]
     out, expected = _run_case(rows, 4, 6, 2, 32, torch.float32, query_block=4)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_long_cached_prefix_shrinks_the_blocks() -> None:
+    """Past ~5000 keys a block's scores would exceed the bound at the default block, so the row
+    is cut by its length (here into blocks of 68 queries); a two-query row follows a prefix."""
+    out, expected = _run_case([(5000, 100), (3, 2)], 16, 6, 2, 32, torch.float32)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 

@@ -4,8 +4,9 @@ All index work happens once per batch in `plan`; `forward` (once per layer) is g
 attention kernels. K/V rows are gathered head-major straight out of the cache viewed as
 [slots * kv_heads, head_dim], so the gathered tensor is already [kv_heads, keys, head_dim] per
 sequence and query heads are grouped over it without repeating K/V (a repeat costs more than the
-attention itself on CPU). Prefill rows run torch's fused attention (its flash kernel on CPU):
-measured on Zen 3 at 1.6x the speed of a matmul-softmax-matmul over 1024 queries, 1.6x at 128.
+attention itself on CPU). Prefill rows run torch's fused attention: on CPU a row without a cached
+prefix is one causal call to its flash kernel (on Zen 3 1.6x a matmul-softmax-matmul, at 128 and
+at 1024 queries); other rows go in masked blocks of queries.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
 from baton.engine.native.library import NativeKernels
 
-# Mask elements of one block of a prefill row that follows a cached prefix: such a row needs an
-# explicit mask (the fused kernel's own causal mask is aligned to the first key, not the last),
-# and blocks bound its size for long prompts. Blocks keep >= _MIN_QUERY_BLOCK queries.
-_MASK_BLOCK_ELEMENTS = 1 << 21
+# Score elements (query heads x queries x keys) of one masked block of a prefill row: a kernel
+# without a flash path (CUDA's for float32 or with a mask) holds them all, so blocks bound its
+# memory for long prompts. Blocks keep >= _MIN_QUERY_BLOCK queries.
+_SCORE_BLOCK_ELEMENTS = 1 << 21
 _MIN_QUERY_BLOCK = 32
 
 
@@ -53,7 +54,7 @@ class _PrefillRow:
     q_len: int
     kv_len: int
     kv_rows: torch.Tensor  # [kv_heads * kv_len] rows of the cache viewed [-1, head_dim]
-    block: int  # queries per masked block (rows with a cached prefix)
+    block: int  # queries per masked block
 
 
 class TorchPagedAttention(AttentionBackend):
@@ -104,7 +105,7 @@ class TorchPagedAttention(AttentionBackend):
             kv_len = meta.kv_lens[i]
             positions = torch.arange(kv_len, device=device).unsqueeze(0)
             kv_rows = self._kv_rows(meta, torch.tensor([i], device=device), positions)
-            fitting = _MASK_BLOCK_ELEMENTS // kv_len
+            fitting = _SCORE_BLOCK_ELEMENTS // (self.num_q_heads * kv_len)
             block = min(self.query_block, max(_MIN_QUERY_BLOCK, fitting))
             self._prefill.append(_PrefillRow(q_starts[i], n, kv_len, kv_rows, block))
         largest_block = max((row.block for row in self._prefill), default=0)
@@ -206,45 +207,46 @@ class TorchPagedAttention(AttentionBackend):
         scale: float,
         out: torch.Tensor,
     ) -> None:
-        kv_heads, head_dim = self.num_kv_heads, q.shape[-1]
-        # [1, heads, tokens, head_dim]: the fused kernel's layout (batch first, as it requires).
+        kv_heads, group, head_dim = self.num_kv_heads, self.group, q.shape[-1]
+        # [1, kv_heads, keys, head_dim]: the fused kernel's layout (batch first, as it requires).
         k = k_rows.index_select(0, row.kv_rows).view(1, kv_heads, row.kv_len, head_dim)
         v = v_rows.index_select(0, row.kv_rows).view(1, kv_heads, row.kv_len, head_dim)
         prefix = row.kv_len - row.q_len
-        if prefix == 0:  # the kernel's causal mask is this row's, and it skips the future keys
+        if prefix == 0 and q.device.type == "cpu":
+            # The CPU flash kernel (grouped KV heads since torch 2.9) holds a block of scores at a
+            # time, and its causal mask is this row's: it skips the future keys' blocks.
             tokens = slice(row.q_start, row.q_start + row.q_len)
-            self._attend(q[tokens], k, v, None, scale, out[tokens])
+            attended = F.scaled_dot_product_attention(
+                q[tokens].transpose(0, 1).unsqueeze(0),
+                k,
+                v,
+                is_causal=True,
+                scale=scale,
+                enable_gqa=group > 1,
+            )
+            out[tokens].copy_(attended[0].transpose(0, 1))
             return
+        # Blocks of queries with an explicit mask: the kernels' own causal mask is aligned to
+        # the first key, not the last. Each KV head's queries go in as one sequence
+        # [1, kv_heads, size * group, d], so no kernel repeats K/V for its query heads.
         for first in range(0, row.q_len, row.block):
             last = min(first + row.block, row.q_len)
             size, key_end = last - first, prefix + last
             tokens = slice(row.q_start + first, row.q_start + last)
+            block_q = q[tokens].view(size, kv_heads, group, head_dim).transpose(0, 1)
+            block_q = block_q.reshape(1, kv_heads, size * group, head_dim)
             # Keys before prefix + first are visible to the whole block; the rest form a triangle.
             mask = self._visible.new_ones(size, key_end)
             mask[:, prefix + first :] = self._visible[:size, :size]
-            self._attend(q[tokens], k[:, :, :key_end], v[:, :, :key_end], mask, scale, out[tokens])
-
-    def _attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        mask: torch.Tensor | None,
-        scale: float,
-        out: torch.Tensor,
-    ) -> None:
-        """out [tokens, q_heads, d] = attention of q [tokens, q_heads, d] over k, v [1, kv_heads,
-        keys, d]: causal from the first key without `mask`, else where `mask` [tokens, keys]."""
-        attended = F.scaled_dot_product_attention(
-            q.transpose(0, 1).unsqueeze(0),
-            k,
-            v,
-            attn_mask=mask,
-            is_causal=mask is None,
-            scale=scale,
-            enable_gqa=self.group > 1,
-        )
-        out.copy_(attended[0].transpose(0, 1))
+            attended = F.scaled_dot_product_attention(
+                block_q,
+                k[:, :, :key_end],
+                v[:, :, :key_end],
+                attn_mask=mask.repeat_interleave(group, dim=0),
+                scale=scale,
+            )
+            attended = attended.view(kv_heads, size, group, head_dim).transpose(0, 1)
+            out[tokens].view(size, kv_heads, group, head_dim).copy_(attended)
 
 
 def _token_selector(token_ids: list[int], device: torch.device) -> slice | torch.Tensor:
