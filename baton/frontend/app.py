@@ -45,6 +45,7 @@ def create_app(
         model_name=name,
         model_root=config.model or name,
         max_model_len=max_model_len,
+        max_choices=config.max_running_requests + config.max_waiting_requests,
         created=int(time.time()),
         metrics=FrontendMetrics(name),
     )

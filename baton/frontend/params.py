@@ -70,8 +70,18 @@ def completion_prompts(request: CompletionRequest) -> list[str | list[int]]:
     return list(prompt)  # type: ignore[arg-type]
 
 
-def completion_choices(request: CompletionRequest) -> list[ChoiceRequest]:
-    """n choices per prompt; prompt p's choice i has index p * n + i, as in vLLM."""
+def completion_choices(request: CompletionRequest, max_choices: int) -> list[ChoiceRequest]:
+    """n choices per prompt; prompt p's choice i has index p * n + i, as in vLLM. More than
+    `max_choices` in all is a 400 at once (the scheduler would refuse the rest as overloaded,
+    "retry later", after the first ones had run)."""
+    prompts = completion_prompts(request)
+    if len(prompts) * request.n > max_choices:
+        raise OpenAIError(
+            400,
+            f"{len(prompts)} prompts x n={request.n} is more choices than this server admits "
+            f"at once ({max_choices}: --max-running-requests + --max-waiting-requests)",
+            param="prompt",
+        )
     return [
         ChoiceRequest(
             index=group * request.n + choice,
@@ -82,7 +92,7 @@ def completion_choices(request: CompletionRequest) -> list[ChoiceRequest]:
             deadline_ms=request.deadline_ms,
             return_stats=request.return_stats,
         )
-        for group, prompt in enumerate(completion_prompts(request))
+        for group, prompt in enumerate(prompts)
         for choice in range(request.n)
     ]
 

@@ -49,6 +49,9 @@ class FrontendState:
     model_name: str
     model_root: str
     max_model_len: int
+    # Choices (prompts x n) one request may have: more could never all be admitted at once, as
+    # the scheduler holds --max-running-requests running and --max-waiting-requests waiting.
+    max_choices: int
     created: int
     metrics: FrontendMetrics
     client: BatonClient | None = None

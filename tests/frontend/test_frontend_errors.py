@@ -87,6 +87,9 @@ def test_malformed_json_is_400(http: httpx.Client) -> None:
         ("/v1/completions", {**VALID, "top_k": -2}, "top_k"),
         ("/v1/completions", {**VALID, "min_p": 2}, "min_p"),
         ("/v1/completions", {**VALID, "n": 0}, "n"),
+        # More choices than the scheduler can hold (1 running + 1 waiting here).
+        ("/v1/completions", {**VALID, "prompt": ["a", "b", "c"]}, "prompt"),
+        ("/v1/completions", {**VALID, "prompt": [[1], [2]], "n": 2}, "prompt"),
         ("/v1/completions", {**VALID, "max_tokens": 0}, "max_tokens"),
         ("/v1/completions", {**VALID, "logprobs": 21}, "logprobs"),
         ("/v1/completions", {**VALID, "seed": -1}, "seed"),

@@ -17,7 +17,7 @@ from baton.client import BatonClient, ServerError
 from baton.config import BatonConfig
 from baton.frontend.app import create_app, served_model_name
 from baton.frontend.body_limit import default_body_limit
-from baton.frontend.errors import from_server_error, from_validation_error
+from baton.frontend.errors import OpenAIError, from_server_error, from_validation_error
 from baton.frontend.metrics import FrontendMetrics
 from baton.frontend.params import chat_choices, completion_choices
 from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
@@ -26,7 +26,7 @@ from baton.messages import AggregateStats, ChatMessage, GenerateDelta
 
 def test_completion_choices_index_and_seed_per_choice() -> None:
     request = CompletionRequest(prompt=["a", "b"], n=2, seed=2**63 - 1, temperature=0.5)
-    choices = completion_choices(request)
+    choices = completion_choices(request, max_choices=4)
     assert [(c.index, c.group, c.prompt) for c in choices] == [
         (0, 0, "a"),
         (1, 0, "a"),
@@ -36,16 +36,20 @@ def test_completion_choices_index_and_seed_per_choice() -> None:
     # Choice i samples with seed + i, wrapped into SamplingParams' range.
     assert [c.params.seed for c in choices] == [2**63 - 1, 0, 2**63 - 1, 0]
     assert all(c.params.temperature == 0.5 and c.params.max_tokens == 16 for c in choices)
-    (single,) = completion_choices(CompletionRequest(prompt=[5, 6, 7], stop="x", top_k=3))
+    (single,) = completion_choices(CompletionRequest(prompt=[5, 6, 7], stop="x", top_k=3), 1)
     assert single.prompt == [5, 6, 7] and single.params.stop == ["x"]
     assert single.params.top_k == 3 and single.params.top_p == 1.0
     assert not single.params.include_stop_str_in_output
     keep = CompletionRequest(prompt="a", stop=",", include_stop_str_in_output=True)
-    assert completion_choices(keep)[0].params.include_stop_str_in_output
+    assert completion_choices(keep, 1)[0].params.include_stop_str_in_output
     # The scheduling fields reach every choice (vLLM's `priority`, Baton's `deadline_ms`).
     urgent = CompletionRequest(prompt="a", n=2, priority=-3, deadline_ms=250.0)
-    assert {(c.priority, c.deadline_ms) for c in completion_choices(urgent)} == {(-3, 250.0)}
+    assert {(c.priority, c.deadline_ms) for c in completion_choices(urgent, 2)} == {(-3, 250.0)}
     assert (single.priority, single.deadline_ms) == (0, None)
+    # One choice more than the server admits at once is refused before any is built.
+    with pytest.raises(OpenAIError, match="more choices") as refused:
+        completion_choices(request, max_choices=3)
+    assert (refused.value.status, refused.value.param) == (400, "prompt")
 
 
 def test_chat_choices_messages_and_limits() -> None:
