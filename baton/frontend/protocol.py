@@ -82,6 +82,15 @@ class SamplingRequest(StrictModel):
     # TTFT, tokens/s, cached tokens, preemptions), in the final chunk when streamed.
     return_stats: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_takes_the_default(cls, data: Any) -> Any:
+        """An explicit null reads as the field left out, as in vLLM (whose request fields are
+        optional with these defaults): clients send `"n": null` or `"stream": null`."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
     @field_validator("presence_penalty", "frequency_penalty")
     @classmethod
     def _no_penalty(cls, value: float | None) -> float | None:

@@ -68,6 +68,19 @@ def test_chat_choices_messages_and_limits() -> None:
     assert choice.params.logprobs == 0  # logprobs without top_logprobs: the chosen token only
 
 
+def test_an_explicit_null_takes_the_default_as_in_vllm() -> None:
+    nulls = b'"n": null, "stream": null, "logprobs": null, "max_tokens": null, "seed": null'
+    completion = CompletionRequest.model_validate_json(b'{"prompt": "hi", ' + nulls + b"}")
+    assert completion == CompletionRequest(prompt="hi")
+    chat = ChatCompletionRequest.model_validate_json(
+        b'{"messages": [{"role": "user", "content": "hi"}], "echo": null, ' + nulls + b"}"
+    )
+    assert (chat.n, chat.stream, chat.logprobs, chat.output_limit) == (1, False, False, None)
+    with pytest.raises(ValidationError) as raised:  # a required field stays required
+        CompletionRequest.model_validate_json(b'{"prompt": null}')
+    assert from_validation_error(raised.value).param == "prompt"
+
+
 def test_validation_errors_name_the_field() -> None:
     with pytest.raises(ValidationError) as raised:
         CompletionRequest.model_validate_json(b'{"prompt": 5}')
