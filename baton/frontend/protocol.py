@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from baton.sampling_params import MAX_LOGPROBS
 
-# Each choice is a separate request in the pipeline; a cap keeps one HTTP call from flooding it.
+# Each choice is a separate request in the pipeline: `n` is capped here, and choices over all
+# prompts by what the scheduler admits at once (FrontendState.max_choices, frontend/params.py).
 MAX_CHOICES = 128
 
 # Integers travel as msgpack, which has no integers wider than 64 bits; no sane value is this big.
