@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
+from baton.chat_options import ChatOptions
 from baton.messages import (
     AbortRequest,
     AggregateStats,
@@ -157,13 +158,15 @@ class BatonClient:
         priority: int = 0,
         deadline_ms: float | None = None,
         return_stats: bool = False,
+        chat: ChatOptions | None = None,
     ) -> AsyncIterator[GenerateDelta]:
         """Yield the request's deltas as they come; the last one has `finished` set.
 
-        A prompt is text, token ids, or chat messages; `priority` and `deadline_ms` matter under
-        the server's --scheduling-policy. The last delta has the request's stats, but when a stop
-        string ended the request only with `return_stats` (it then comes one step later).
-        Raises ServerError on a typed error.
+        A prompt is text, token ids, or chat messages (rendered under `chat`, vLLM's chat
+        template options); `priority` and `deadline_ms` matter under the server's
+        --scheduling-policy (a priority other than 0 needs the priority policy). The last delta
+        has the request's stats, but when a stop string ended the request only with
+        `return_stats` (it then comes one step later). Raises ServerError on a typed error.
         """
         request_id = request_id or uuid.uuid4().hex
         request = GenerateRequest(
@@ -172,6 +175,7 @@ class BatonClient:
             priority=priority,
             deadline_ms=deadline_ms,
             return_stats=return_stats,
+            chat=chat or ChatOptions(),
         )
         if isinstance(prompt, str):
             request.prompt = prompt
@@ -211,10 +215,11 @@ class BatonClient:
         priority: int = 0,
         deadline_ms: float | None = None,
         return_stats: bool = False,
+        chat: ChatOptions | None = None,
     ) -> GenerateResult:
-        """Run a request to completion and return its output (`return_stats`: see `stream`)."""
+        """Run a request to completion and return its output (the options: see `stream`)."""
         result: GenerateResult | None = None
-        stream = self.stream(prompt, params, request_id, priority, deadline_ms, return_stats)
+        stream = self.stream(prompt, params, request_id, priority, deadline_ms, return_stats, chat)
         try:
             async for delta in stream:
                 result = result or GenerateResult(delta.request_id)

@@ -11,7 +11,7 @@ from baton.detokenizer_proc.incremental import IncrementalDetokenizer
 from baton.messages import RequestStats, StepOutput, TokenLogprob
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.scheduler import Scheduler
-from baton.validation import validate_params, validate_prompt
+from baton.validation import validate_params, validate_priority, validate_prompt
 
 Prompt = str | Sequence[int]
 
@@ -50,7 +50,8 @@ class LLM:
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order. `priority`
-        (one per prompt, lower first) matters with `scheduling_policy="priority"`, as vLLM's."""
+        (one per prompt, lower first) needs `scheduling_policy="priority"` unless all are 0, as
+        vLLM's (a RequestError otherwise)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -66,6 +67,7 @@ class LLM:
             request_id = str(next(self._ids))
             prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             validate_params(params, self.engine.vocab_size)
+            validate_priority(request_priority, self.config.scheduling_policy)
             validate_prompt(
                 prompt_ids, params.max_tokens, self.engine.vocab_size, self.engine.max_model_len
             )

@@ -15,6 +15,7 @@ from typing import Generic, Literal, TypeVar
 import msgspec
 
 from baton.addresses import ServerAddresses
+from baton.chat_options import ChatOptions
 from baton.config import BatonConfig
 from baton.engine.compute_plan import ComputePlan, CpuCapabilities
 from baton.sampling_params import SamplingParams
@@ -120,11 +121,13 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True):
     prompt: str | None = None
     prompt_token_ids: list[int] | None = None
     messages: list[ChatMessage] | None = None
+    # How `messages` are rendered (vLLM's chat template fields); only with `messages`.
+    chat: ChatOptions = msgspec.field(default_factory=ChatOptions)
     params: SamplingParams = msgspec.field(default_factory=SamplingParams)
     add_special_tokens: bool = True
     skip_special_tokens: bool = True
-    # For --scheduling-policy: vLLM's `priority` (lower runs first), and a deadline in ms from
-    # arrival (edf, lrs).
+    # For --scheduling-policy: vLLM's `priority` (lower runs first; other than 0 only under
+    # the priority policy), and a deadline in ms from arrival (edf, lrs).
     priority: int = 0
     deadline_ms: float | None = None
     # The final reply carries the request's stats even when a stop string ended it: that

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from baton.chat_options import ChatOptions
+from baton.config import SchedulingPolicy
 from baton.messages import ErrorCode
 from baton.sampling_params import SamplingParams
 
@@ -38,6 +40,21 @@ def validate_params(params: SamplingParams, vocab_size: int) -> None:
         params.validate(vocab_size)
     except ValueError as error:
         raise RequestError(str(error)) from error
+
+
+def validate_chat_options(options: ChatOptions) -> None:
+    """RequestError naming the chat option that cannot be honoured."""
+    try:
+        options.validate()
+    except ValueError as error:
+        raise RequestError(str(error)) from error
+
+
+def validate_priority(priority: int, policy: SchedulingPolicy) -> None:
+    """vLLM's check and wording: a priority other than 0 needs --scheduling-policy priority
+    (every other policy orders requests without it)."""
+    if priority != 0 and policy != "priority":
+        raise RequestError(f"Got priority {priority} but Priority scheduling is not enabled.")
 
 
 def validate_prompt(

@@ -255,6 +255,8 @@ def test_invalid_requests_raise_typed_errors(default_llm: LLM) -> None:
         default_llm.generate("x", SamplingParams(temperature=-1))
     with pytest.raises(RequestError, match="outside the vocabulary"):  # the tokenizer's wording
         default_llm.generate([[10**9]], SamplingParams())
+    with pytest.raises(RequestError, match="Got priority 1 but Priority scheduling is not"):
+        default_llm.generate("x", SamplingParams(), priority=[1])  # vLLM's: fcfs has no priority
     # The engine keeps serving after rejected requests.
     assert default_llm.generate("ok", SamplingParams(max_tokens=3, ignore_eos=True))[0].token_ids
     assert_pool_idle(default_llm)

@@ -16,10 +16,11 @@ from helpers import free_port
 from helpers.pipeline import wait_idle
 
 from baton import LLM, SamplingParams
+from baton.chat_options import ChatOptions
 from baton.client import BatonClient, ServerError
 from baton.config import BatonConfig
 from baton.launch import Server
-from baton.messages import ClientReply, Codec, ErrorReply, Hello
+from baton.messages import ChatMessage, ClientReply, Codec, ErrorReply, Hello
 
 STORY_PROMPTS = ["The little dog", "One day, a girl named Sue", "Lily and Tom went to the park"]
 
@@ -285,6 +286,15 @@ def test_bad_input_gets_typed_errors_and_server_keeps_serving(server: Server) ->
                 with pytest.raises(ServerError) as raised:
                     await client.generate(prompt, params)
                 errors[name] = raised.value.code
+            # A priority under fcfs, and chat options that contradict each other: refused as
+            # over HTTP, by the same checks in the tokenizer process.
+            with pytest.raises(ServerError, match="Priority scheduling is not enabled") as raised:
+                await client.generate("hi", SamplingParams(max_tokens=2), priority=5)
+            errors["priority"] = raised.value.code
+            contradicting = ChatOptions(continue_final_message=True)
+            with pytest.raises(ServerError, match="Cannot set both") as raised:
+                await client.generate([ChatMessage("user", "hi")], chat=contradicting)
+            errors["chat"] = raised.value.code
             errors["raw"] = await raw_frames(server, client.client_id)
             ok = await client.generate("Once", SamplingParams(max_tokens=3, ignore_eos=True))
             return errors, ok
@@ -294,7 +304,7 @@ def test_bad_input_gets_typed_errors_and_server_keeps_serving(server: Server) ->
     errors, ok = run(main())
     assert errors["too_long"] == "prompt_too_long"
     assert errors["negative_max_tokens"] == errors["bad_token"] == "invalid_request"
-    assert errors["bad_temperature"] == "invalid_request"
+    assert errors["bad_temperature"] == errors["priority"] == errors["chat"] == "invalid_request"
     assert errors["raw"] == ["invalid_request"] * 4
     assert len(ok.token_ids) == 3
 

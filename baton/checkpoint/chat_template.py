@@ -9,6 +9,7 @@ transformers (and torch) in the processes that render it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +18,10 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 __all__ = ["ChatTemplate", "TemplateError"]
+
+# transformers' marker for continue_final_message: appended to the final message's content, so
+# the rendered text can be cut right after that content whatever the template writes after it.
+CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
 
 
 def _raise_exception(message: str) -> None:
@@ -58,12 +63,54 @@ class ChatTemplate:
         # bos_token, eos_token...: templates refer to them by these names.
         self._special_tokens = special_tokens
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-        """The conversation as the prompt text the model was trained on."""
-        return self._template.render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            tools=None,
-            documents=None,
+    def render(
+        self,
+        messages: list[dict[str, str]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        variables: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The conversation as the prompt text the model was trained on.
+
+        `continue_final_message` (not with `add_generation_prompt`) leaves the final message
+        open, as transformers does: its content is rendered with a tag after it, and the text
+        is cut where the tag is (ValueError if the template does not write the content as it
+        is). `variables` are further template variables (a request's `chat_template_kwargs`);
+        they may override the special tokens and `documents`, not the messages. Whatever a
+        render raises is a TemplateError: with a request's variables, any expression of the
+        template can fail on them.
+        """
+        if continue_final_message:
+            *earlier, final = messages
+            messages = [*earlier, {**final, "content": final["content"] + CONTINUE_TAG}]
+        context = {
             **self._special_tokens,
+            "tools": None,
+            "documents": None,
+            **(variables or {}),
+            "messages": messages,
+            "add_generation_prompt": add_generation_prompt,
+        }
+        try:
+            text = self._template.render(context)
+        except TemplateError:
+            raise
+        except Exception as error:  # e.g. a TypeError on a variable's value: vLLM's 400 too
+            raise TemplateError(f"the chat template failed: {error!r}") from error
+        if not continue_final_message:
+            return text
+        return _cut_at_tag(text, final["content"])
+
+
+def _cut_at_tag(text: str, final_content: str) -> str:
+    """The rendered text up to the end of the final message's content (transformers' cut)."""
+    tag = CONTINUE_TAG.strip()
+    if final_content.strip() not in text or tag not in text:
+        raise ValueError(
+            "continue_final_message is set but the final message does not appear in the chat "
+            "after applying the chat template"
         )
+    at = text.rindex(tag)
+    if text[at : at + len(CONTINUE_TAG)] == CONTINUE_TAG:
+        return text[:at]
+    return text[:at].rstrip()  # the template trimmed the content: its trailing space goes too

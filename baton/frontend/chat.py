@@ -1,6 +1,9 @@
 """`POST /v1/chat/completions`: chat completions, streamed or not.
 
 The tokenizer process renders the messages (the model's chat template, or its plain fallback).
+With vLLM's `echo`, each reply's content starts with the final message's content when that
+message has the reply's role (`ChatCompletionRequest.echoed`): in a streamed reply, as the
+first content delta after the role chunk.
 """
 
 from __future__ import annotations
@@ -13,19 +16,18 @@ from fastapi import APIRouter, Request, Response
 from baton.frontend.choices_response import respond_with_choices, response_body, response_envelope
 from baton.frontend.generation import ChoiceOutput
 from baton.frontend.logprobs import ChoiceLogprobs
-from baton.frontend.params import chat_choices
+from baton.frontend.params import ChoiceRequest, chat_choices
 from baton.frontend.protocol import ChatCompletionRequest
 from baton.frontend.state import frontend_state
 from baton.frontend.streaming import ChunkWriterBase
 from baton.messages import GenerateDelta
 
 router = APIRouter()
-ROLE = "assistant"
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(request: Request) -> Response:
-    """OpenAI's chat completions endpoint (vLLM's sampling extensions included)."""
+    """OpenAI's chat completions endpoint (vLLM's sampling and chat template extensions)."""
     state = frontend_state(request)
     body = ChatCompletionRequest.model_validate_json(await request.body())
     state.check_model(body.model)
@@ -34,6 +36,7 @@ async def create_chat_completion(request: Request) -> Response:
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     with_logprobs = bool(body.logprobs)
+    role, echoed = body.reply_role, body.echoed
     chunk_envelope = response_envelope(
         response_id, "chat.completion.chunk", created, state.model_name
     )
@@ -45,9 +48,17 @@ async def create_chat_completion(request: Request) -> Response:
         choices,
         body.stream,
         lambda: ChatChunkWriter(
-            chunk_envelope, choices, body.include_usage, with_logprobs, body.return_stats
+            chunk_envelope,
+            choices,
+            body.include_usage,
+            with_logprobs,
+            body.return_stats,
+            role,
+            echoed,
         ),
-        lambda outputs: chat_body(body_envelope, outputs, with_logprobs, body.return_stats),
+        lambda outputs: chat_body(
+            body_envelope, outputs, with_logprobs, body.return_stats, role, echoed
+        ),
     )
 
 
@@ -56,14 +67,17 @@ def chat_body(
     outputs: list[ChoiceOutput],
     with_logprobs: bool,
     with_stats: bool,
+    role: str,
+    echoed: str,
 ) -> dict[str, object]:
-    """A non-streamed response; `with_logprobs` and `with_stats` when those were asked for."""
+    """A non-streamed response: each message has `role` and its content starts with `echoed`;
+    `with_logprobs` and `with_stats` when those were asked for."""
 
     def choice_body(output: ChoiceOutput) -> dict[str, object]:
         logprobs = ChoiceLogprobs().chat(output.logprobs) if with_logprobs else None
         return {
             "index": output.index,
-            "message": {"role": ROLE, "content": output.text},
+            "message": {"role": role, "content": echoed + output.text},
             "logprobs": logprobs,
             "finish_reason": output.finish_reason,
         }
@@ -72,30 +86,44 @@ def chat_body(
 
 
 class ChatChunkWriter(ChunkWriterBase):
-    """Streamed chat chunks: a role chunk opens each choice, then one chunk per delta."""
+    """Streamed chat chunks: a role chunk opens each choice (then the echoed content, if any),
+    then one chunk per delta."""
+
+    def __init__(
+        self,
+        envelope: dict[str, object],
+        choices: list[ChoiceRequest],
+        include_usage: bool,
+        with_logprobs: bool,
+        with_stats: bool,
+        role: str,
+        echoed: str,
+    ) -> None:
+        super().__init__(envelope, choices, include_usage, with_logprobs, with_stats)
+        self._role = role
+        self._echoed = echoed
 
     def chunks(self, index: int, delta: GenerateDelta) -> list[dict]:
-        """The chunks for one delta (the role chunk first, for a choice's first delta)."""
+        """The chunks for one delta (the opening chunks first, for a choice's first delta)."""
         chunks = []
         if index not in self._opened:
             self._opened.add(index)
-            opening = {
-                "index": index,
-                "delta": {"role": ROLE, "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-            chunks.append(self._chunk(opening))
+            chunks.append(self._chunk(self._choice(index, {"role": self._role, "content": ""})))
+            if self._echoed:
+                chunks.append(self._chunk(self._choice(index, {"content": self._echoed})))
         logprobs = None
         if self._logprobs is not None:
             logprobs = self._logprobs[index].chat(delta.logprobs)
         elif not (delta.token_ids or delta.finished):
             return chunks
-        choice = {
-            "index": index,
-            "delta": {"content": delta.text} if delta.text else {},
-            "logprobs": logprobs,
-            "finish_reason": delta.finish_reason if delta.finished else None,
-        }
+        choice = self._choice(index, {"content": delta.text} if delta.text else {}, logprobs)
+        if delta.finished:
+            choice["finish_reason"] = delta.finish_reason
         chunks.append(self._chunk(choice, delta))
         return chunks
+
+    @staticmethod
+    def _choice(
+        index: int, delta: dict[str, str], logprobs: dict | None = None
+    ) -> dict[str, object]:
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}

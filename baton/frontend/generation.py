@@ -37,6 +37,7 @@ async def choice_stream(
         choice.priority,
         choice.deadline_ms,
         choice.return_stats,
+        choice.chat,
     )
     state.in_flight.enter()
     try:

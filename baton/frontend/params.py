@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from baton.chat_options import ChatOptions, InvalidChatOption
 from baton.frontend.errors import OpenAIError
 from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from baton.messages import ChatMessage
@@ -19,7 +20,8 @@ DEFAULT_TEMPERATURE = 1.0
 @dataclass(frozen=True)
 class ChoiceRequest:
     """One pipeline request: the choice `index` it answers and the prompt `group` it belongs to
-    (usage counts each prompt once, however many choices it has)."""
+    (usage counts each prompt once, however many choices it has); `chat` renders a chat
+    prompt."""
 
     index: int
     group: int
@@ -28,6 +30,7 @@ class ChoiceRequest:
     priority: int = 0
     deadline_ms: float | None = None
     return_stats: bool = False
+    chat: ChatOptions | None = None
 
 
 def sampling_params(
@@ -97,9 +100,25 @@ def completion_choices(request: CompletionRequest, max_choices: int) -> list[Cho
     ]
 
 
+def chat_options(request: ChatCompletionRequest) -> ChatOptions:
+    """How the conversation is rendered; a 400 for options that cannot be honoured (the check
+    the tokenizer process makes for every client, made here before any choice starts)."""
+    options = ChatOptions(
+        add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
+        chat_template_kwargs=request.chat_template_kwargs or {},
+    )
+    try:
+        options.validate()
+    except InvalidChatOption as error:
+        raise OpenAIError(400, str(error), param=error.param) from error
+    return options
+
+
 def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
     """n choices of one conversation (the tokenizer process applies the chat template)."""
     messages = [ChatMessage(role=m.role, content=m.text) for m in request.messages]
+    options = chat_options(request)
     return [
         ChoiceRequest(
             index=choice,
@@ -109,6 +128,7 @@ def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
             priority=request.priority,
             deadline_ms=request.deadline_ms,
             return_stats=request.return_stats,
+            chat=options,
         )
         for choice in range(request.n)
     ]

@@ -2,19 +2,22 @@
 
 Models are strict (a string is never coerced into a number) and ignore unknown fields, as vLLM
 does. The shape of a request is checked here (types, OpenAI's own bounds such as `n` and a
-positive `max_tokens`); the sampling ranges are `SamplingParams.validate`'s, which the frontend
-calls before the pipeline (frontend/params.py), the same check and wording a ZMQ client gets.
-Options that would change the output but are not implemented (penalties, logit bias, echo...)
-are rejected rather than silently ignored. Responses are plain dicts built per endpoint:
-pydantic per streamed chunk would cost too much.
+positive `max_tokens`); the sampling ranges are `SamplingParams.validate`'s and the chat
+template options `ChatOptions.validate`'s, which the frontend calls before the pipeline
+(frontend/params.py), the same checks and wording a ZMQ client gets. Options that would change
+the output but are not implemented (penalties, logit bias, completions' echo, tools, a request's
+own chat template...) are rejected rather than silently ignored. Responses are plain dicts built
+per endpoint: pydantic per streamed chunk would cost too much.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+import msgspec
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from baton.chat_options import REQUEST_TEMPLATE_REFUSED
 from baton.sampling_params import MAX_LOGPROBS
 
 # Each choice is a separate request in the pipeline: `n` is capped here, and choices over all
@@ -29,6 +32,8 @@ PositiveInt = Annotated[int, Field(ge=1, le=MAX_INT)]
 # An integer msgpack can carry; what it means is checked by SamplingParams.validate.
 WireInt = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 LogprobCount = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+# The role of a reply after a generation prompt (vLLM's default --response-role).
+REPLY_ROLE = "assistant"
 
 
 class StrictModel(BaseModel):
@@ -122,11 +127,14 @@ class SamplingRequest(StrictModel):
             raise ValueError("stop strings must be non-empty")
         return value
 
-    @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> SamplingRequest:
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options can only be given when stream is true")
-        return self
+    @field_validator("stream_options", mode="before")
+    @classmethod
+    def _stream_options_need_stream(cls, value: Any, info: ValidationInfo) -> Any:
+        """vLLM's check: only stream options that say something (a non-empty object) need
+        `stream` (declared before, so already validated)."""
+        if value and not info.data.get("stream"):
+            raise ValueError("Stream options can only be defined when `stream=True`.")
+        return value
 
     @property
     def include_usage(self) -> bool:
@@ -208,6 +216,14 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: LogprobCount | None = None
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    # vLLM's chat template fields (baton/chat_options.py); the request's own template is refused.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: the reply starts with the final message's content when it has the reply's role.
+    echo: bool = False
 
     @field_validator("response_format")
     @classmethod
@@ -219,8 +235,39 @@ class ChatCompletionRequest(SamplingRequest):
     @field_validator("tools")
     @classmethod
     def _no_tools(cls, value: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-        if value:
+        if value is not None:  # an empty list too, which vLLM and OpenAI refuse as well
             raise ValueError("tools are not supported")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_needs_tools(
+        cls, value: str | dict[str, Any] | None
+    ) -> str | dict[str, Any] | None:
+        """vLLM's check: any choice but "none" needs `tools`, which Baton never has."""
+        if value is not None and value != "none":
+            raise ValueError(
+                "When using `tool_choice`, `tools` must be set (and this server does not "
+                "support tools)."
+            )
+        return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _no_request_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(REQUEST_TEMPLATE_REFUSED)
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _fits_the_wire(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The kwargs travel to the tokenizer process as msgpack, whose integers are 64-bit."""
+        if value is not None:
+            try:
+                msgspec.msgpack.encode(value)
+            except OverflowError as error:
+                raise ValueError("integers must fit in 64 bits") from error
         return value
 
     @model_validator(mode="after")
@@ -238,3 +285,16 @@ class ChatCompletionRequest(SamplingRequest):
     def logprob_count(self) -> int | None:
         """Alternatives per token to return, or None when no logprobs are wanted."""
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def reply_role(self) -> str:
+        """The reply's role, as vLLM's: the assistant's after a generation prompt, else the
+        final message's (the conversation goes on in that message's voice)."""
+        return REPLY_ROLE if self.add_generation_prompt else self.messages[-1].role
+
+    @property
+    def echoed(self) -> str:
+        """What `echo` puts before each reply's content: the final message's content when that
+        message has the reply's role (vLLM's rule), else nothing."""
+        final = self.messages[-1]
+        return final.text if self.echo and final.role == self.reply_role else ""

@@ -1,14 +1,19 @@
 """Chat messages -> prompt token ids.
 
-A tokenizer with a `chat_template` renders the conversation with it (generation prompt added), as
-vLLM and Hugging Face do. A tokenizer without one (e.g. a base model such as stories260K) uses this
-plain fallback: each message as one line ``<role>: <content>``, then ``assistant:`` to cue the
-reply, encoded with the tokenizer's special tokens (so it starts with BOS where the tokenizer adds
-one). For example, a system and a user message become::
+A tokenizer with a `chat_template` renders the conversation with it, as vLLM and Hugging Face
+do, under the request's `ChatOptions` (generation prompt, final message left open, template
+variables). A tokenizer without one (e.g. a base model such as stories260K) uses this plain
+fallback: each message as one line ``<role>: <content>``, then ``assistant:`` to cue the reply,
+encoded with the tokenizer's special tokens (so it starts with BOS where the tokenizer adds one).
+For example, a system and a user message become::
 
     system: You are terse.
     user: Hi!
     assistant:
+
+Without a generation prompt the cue is left out; with `continue_final_message` the text ends
+right after the final message's content (no newline), for the model to continue it. The
+fallback has no variables: `chat_template_kwargs` have nothing to change there.
 
 Roles are limited to system, user and assistant; any other role is a ValueError.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from baton.chat_options import ChatOptions
 from baton.checkpoint.tokenizer import Tokenizer
 from baton.messages import ChatMessage
 
@@ -24,12 +30,17 @@ CHAT_ROLES = ("system", "user", "assistant")
 FALLBACK_REPLY_CUE = "assistant:"
 
 
-def render_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
-    """The prompt token ids of a conversation, ready for the assistant's reply.
+def render_chat(
+    tokenizer: Tokenizer, messages: Sequence[ChatMessage], options: ChatOptions | None = None
+) -> list[int]:
+    """The prompt token ids of a conversation, rendered under `options` (validated ones; the
+    defaults: ready for the assistant's reply).
 
-    Raises ValueError for an empty conversation or an unsupported role; a template's own
-    `raise_exception` (jinja2 TemplateError) propagates to the caller.
+    Raises ValueError for an empty conversation, an unsupported role or a final message the
+    template cannot leave open; a template's failure (jinja2 TemplateError) propagates to the
+    caller.
     """
+    options = options or ChatOptions()
     if not messages:
         raise ValueError("messages is empty")
     for index, message in enumerate(messages):
@@ -41,7 +52,16 @@ def render_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage]) -> list[i
     if tokenizer.chat_template is not None:
         conversation = [{"role": m.role, "content": m.content} for m in messages]
         # The template writes the special tokens itself (as transformers tokenizes it).
-        text = tokenizer.chat_template.render(conversation, add_generation_prompt=True)
+        text = tokenizer.chat_template.render(
+            conversation,
+            add_generation_prompt=options.add_generation_prompt,
+            continue_final_message=options.continue_final_message,
+            variables=options.template_variables,
+        )
         return tokenizer.encode(text, add_special_tokens=False)
-    text = "".join(f"{m.role}: {m.content}\n" for m in messages) + FALLBACK_REPLY_CUE
+    text = "".join(f"{m.role}: {m.content}\n" for m in messages)
+    if options.continue_final_message:
+        text = text.removesuffix("\n")
+    elif options.add_generation_prompt:
+        text += FALLBACK_REPLY_CUE
     return tokenizer.encode(text, add_special_tokens=True)

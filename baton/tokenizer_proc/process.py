@@ -16,10 +16,11 @@ import zmq
 from jinja2 import TemplateError
 
 from baton.addresses import ServerAddresses
+from baton.chat_options import ChatOptions
 from baton.checkpoint.load import load_checkpoint
 from baton.checkpoint.tokenizer import Tokenizer
 from baton.child_process import IDLE_POLL_MS, ReadyReporter
-from baton.config import BatonConfig
+from baton.config import BatonConfig, SchedulingPolicy
 from baton.messages import (
     PROMPT_TAIL_TOKENS,
     AbortRequest,
@@ -41,8 +42,10 @@ from baton.tokenizer_proc.offload import Outgoing, PromptOffload
 from baton.validation import (
     RequestError,
     check_prompt_chars,
+    validate_chat_options,
     validate_deadline,
     validate_params,
+    validate_priority,
     validate_prompt,
 )
 
@@ -56,10 +59,17 @@ OFFLOAD_PROMPT_CHARS = 16_384
 class TokenizerService:
     """Turns one client frame into the messages to send; owns no sockets, so tests need none."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        max_model_len: int,
+        scheduling_policy: SchedulingPolicy,
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
+        self.scheduling_policy = scheduling_policy
         # A text longer than this cannot fit the context: refused before tokenizing, which for
         # a multi-megabyte prompt took seconds while every other request waited.
         self.max_prompt_chars = max_model_len * tokenizer.max_chars_per_token
@@ -70,7 +80,9 @@ class TokenizerService:
     def start_offload(self) -> None:
         """Tokenize prompts of OFFLOAD_PROMPT_CHARS or more on a worker thread from now on."""
         # The tokenizer is shared: the `tokenizers` library encodes from any thread at once.
-        worker = TokenizerService(self.tokenizer, self.vocab_size, self.max_model_len)
+        worker = TokenizerService(
+            self.tokenizer, self.vocab_size, self.max_model_len, self.scheduling_policy
+        )
         self.offload = PromptOffload(worker.tokenize)
 
     @classmethod
@@ -78,7 +90,12 @@ class TokenizerService:
         """Load the model's tokenizer and limits (no weights are read)."""
         checkpoint = load_checkpoint(config.model)
         max_model_len = checkpoint.config.served_context_length(config.max_model_len)
-        return cls(checkpoint.tokenizer, checkpoint.config.vocab_size, max_model_len)
+        return cls(
+            checkpoint.tokenizer,
+            checkpoint.config.vocab_size,
+            max_model_len,
+            config.scheduling_policy,
+        )
 
     def handle_multipart(self, parts: list[bytes]) -> list[Outgoing]:
         """Handle what the ROUTER received: the client's routing id, then exactly one frame."""
@@ -174,7 +191,11 @@ class TokenizerService:
                 f"exactly one of prompt, prompt_token_ids and messages must be set (got {found})"
             )
         validate_params(request.params, self.vocab_size)
+        validate_priority(request.priority, self.scheduling_policy)
         validate_deadline(request.deadline_ms)
+        if request.messages is None and request.chat != ChatOptions():
+            raise RequestError("chat options (`chat`) need `messages`")
+        validate_chat_options(request.chat)
         if request.prompt_token_ids is None:
             # Refused before tokenizing, which for a multi-megabyte text takes seconds.
             check_prompt_chars(prompt_chars(request), self.max_prompt_chars, self.max_model_len)
@@ -189,7 +210,7 @@ class TokenizerService:
             )
         if request.messages is not None:
             try:
-                return render_chat(self.tokenizer, request.messages)
+                return render_chat(self.tokenizer, request.messages, request.chat)
             except (ValueError, TemplateError) as error:
                 raise RequestError(f"invalid messages: {error}") from error
         return request.prompt_token_ids or []

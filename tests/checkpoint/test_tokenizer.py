@@ -67,6 +67,53 @@ def test_encode_decode_and_chat_match_transformers(folder: Path) -> None:
             CONVERSATION, add_generation_prompt=True, tokenize=False
         )
         assert ours.chat_template.render(CONVERSATION) == expected
+        # vLLM's chat options: no generation prompt, and the final message (a user's: any
+        # role can be continued) left open.
+        for continued in (False, True):
+            expected = theirs.apply_chat_template(
+                CONVERSATION,
+                add_generation_prompt=False,
+                continue_final_message=continued,
+                tokenize=False,
+            )
+            rendered = ours.chat_template.render(
+                CONVERSATION, add_generation_prompt=False, continue_final_message=continued
+            )
+            assert rendered == expected
+
+
+def test_continued_message_and_variables_match_transformers(tmp_path: Path) -> None:
+    """A template that trims the content (so the continued message loses its trailing space,
+    as in transformers) and reads a variable of the request's `chat_template_kwargs`."""
+    build_byte_tokenizer().save(tmp_path)
+    config_file = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["chat_template"] = (
+        "{{ bos_token }}{% if greeting %}{{ greeting }}{% endif %}{% for m in messages %}"
+        "<{{ m['role'] }}>{{ m['content'] | trim }}{{ eos_token }}{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    config_file.write_text(json.dumps(config))
+    ours, theirs = Tokenizer.from_folder(tmp_path), AutoTokenizer.from_pretrained(str(tmp_path))
+    assert ours.chat_template is not None
+    conversation = [*CONVERSATION, {"role": "assistant", "content": "  It ran away "}]
+    variables = {"greeting": "Hello!", "bos_token": "<start>"}  # may override special tokens
+    for continued in (False, True):
+        expected = theirs.apply_chat_template(
+            conversation,
+            add_generation_prompt=not continued,
+            continue_final_message=continued,
+            tokenize=False,
+            **variables,
+        )
+        rendered = ours.chat_template.render(
+            conversation,
+            add_generation_prompt=not continued,
+            continue_final_message=continued,
+            variables=variables,
+        )
+        assert rendered == expected
+    assert rendered.startswith("<start>Hello!") and rendered.endswith("<assistant>It ran away")
 
 
 def test_special_tokens_written_as_added_token_dicts(tmp_path: Path) -> None:

@@ -97,8 +97,32 @@ def test_malformed_json_is_400(http: httpx.Client) -> None:
         ("/v1/completions", {**VALID, "stop": [""]}, "stop"),
         ("/v1/completions", {**VALID, "echo": True}, "echo"),
         ("/v1/completions", {**VALID, "presence_penalty": 0.5}, "presence_penalty"),
-        ("/v1/completions", {**VALID, "stream_options": {"include_usage": True}}, None),
+        ("/v1/completions", {**VALID, "stream_options": {"include_usage": True}}, "stream_options"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "stream_options": {"include_usage": False}},
+            "stream_options",
+        ),
         ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, None),
+        # Accepted and ignored until an HTTP probe; refused as vLLM refuses them.
+        ("/v1/chat/completions", {**CHAT, "tool_choice": "auto"}, "tool_choice"),
+        ("/v1/chat/completions", {**CHAT, "tools": []}, "tools"),
+        ("/v1/chat/completions", {**CHAT, "chat_template": "{{ 1 }}"}, "chat_template"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "continue_final_message": True},
+            "continue_final_message",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "chat_template_kwargs": {"tokenize": False}},
+            "chat_template_kwargs",
+        ),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "chat_template_kwargs": {"x": 2**70}},
+            "chat_template_kwargs",
+        ),
         ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -3}, "max_completion_tokens"),
     ],
 )
@@ -135,6 +159,32 @@ def test_pipeline_rejections_are_400(http: httpx.Client) -> None:
     for field, value in (("temperature", 1e39), ("top_k", 2**63 - 1), ("stop", ["x"] * 1000)):
         unrepresentable = http.post("/v1/completions", json={**VALID, field: value})
         assert field in assert_error(unrepresentable, 400, "invalid_request")["message"]
+
+
+def test_a_priority_needs_the_priority_policy(http: httpx.Client) -> None:
+    """vLLM's 400 under any other --scheduling-policy (this server's is fcfs): the tokenizer
+    process refuses it, for HTTP and ZMQ clients alike."""
+    for path, body in (("/v1/completions", VALID), ("/v1/chat/completions", CHAT)):
+        refused = http.post(path, json={**body, "priority": -1})
+        error = assert_error(refused, 400, "invalid_request")
+        assert error["message"] == "Got priority -1 but Priority scheduling is not enabled."
+        assert http.post(path, json={**body, "priority": 0}).status_code == 200
+
+
+def test_what_vllm_accepts_is_served(http: httpx.Client) -> None:
+    """An empty stream_options without stream, tool_choice "none" without tools, and the
+    template's variables (the built-in model's template writes `bos_token`: three bytes for
+    one special token)."""
+    plain = http.post("/v1/chat/completions", json={**CHAT, "stream_options": {}})
+    assert plain.status_code == 200, plain.text
+    assert (
+        http.post("/v1/chat/completions", json={**CHAT, "tool_choice": "none"}).status_code == 200
+    )
+    kwargs = {"chat_template_kwargs": {"bos_token": "BOS", "enable_thinking": False}}
+    varied = http.post("/v1/chat/completions", json={**CHAT, **kwargs})
+    assert varied.status_code == 200, varied.text
+    prompt_tokens = plain.json()["usage"]["prompt_tokens"]
+    assert varied.json()["usage"]["prompt_tokens"] == prompt_tokens + 2
 
 
 def test_unknown_model_and_route_are_404(http: httpx.Client) -> None:

@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from baton import LLM, RequestOutput, SamplingParams
+from baton.chat_options import ChatOptions
 from baton.config import BatonConfig
 from baton.messages import ChatMessage
 from baton.tokenizer_proc.chat import render_chat
@@ -179,6 +180,42 @@ def test_chat_equals_offline_on_rendered_prompt(client: openai.OpenAI, offline: 
     assert text == expected.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == expected.finish_reason
     assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
+
+
+def test_chat_continues_and_echoes_the_final_message(client: openai.OpenAI, offline: LLM) -> None:
+    """vLLM's continue_final_message (stories260K has no template: the fallback ends right
+    after the final message's content) and echo: the reply, in that message's role, starts
+    with its content, whole or streamed (the first content delta after the role chunk)."""
+    opening = "Once upon a time, there was a"
+    options = ChatOptions(add_generation_prompt=False, continue_final_message=True)
+    rendered = render_chat(offline.tokenizer, [ChatMessage("assistant", opening)], options)
+    expected = greedy(offline, rendered, max_tokens=16)
+    request = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "assistant", "content": opening}],
+        "max_tokens": 16,
+        "temperature": 0,
+        "extra_body": {
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+            "echo": True,
+        },
+    }
+    response = client.chat.completions.create(**request)
+    message = response.choices[0].message
+    assert (message.role, message.content) == ("assistant", opening + expected.text)
+    assert response.usage.prompt_tokens == len(rendered)
+    assert response.usage.completion_tokens == len(expected.token_ids)  # the echo is no output
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    deltas = [chunk.choices[0].delta for chunk in chunks]
+    assert (deltas[0].role, deltas[0].content) == ("assistant", "")
+    assert deltas[1].content == opening
+    assert "".join(delta.content or "" for delta in deltas) == opening + expected.text
+    # Without a generation prompt the reply goes on in the final message's role, as vLLM's.
+    as_user = {**request, "messages": [{"role": "user", "content": opening}]}
+    response = client.chat.completions.create(**as_user)
+    assert response.choices[0].message.role == "user"
+    assert response.choices[0].message.content.startswith(opening)
 
 
 def test_chat_logprobs_and_n(client: openai.OpenAI) -> None:

@@ -1,4 +1,5 @@
-"""Chat rendering: a tokenizer's own template, the plain fallback, and role validation."""
+"""Chat rendering: a tokenizer's own template, the plain fallback, their options (vLLM's chat
+template fields), and role validation."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from baton.chat_options import ChatOptions
 from baton.checkpoint.chat_template import ChatTemplate
 from baton.checkpoint.load import Checkpoint
 from baton.checkpoint.tokenizer import Tokenizer
@@ -38,6 +40,24 @@ def test_fallback_without_template_is_role_lines_then_cue(
     assert ids[0] == stories_tokenizer.bos_token_id
 
 
+def test_fallback_without_generation_prompt_or_continuing_the_final_message(
+    stories_tokenizer: Tokenizer,
+) -> None:
+    """No `assistant:` cue without a generation prompt; with continue_final_message the text
+    ends right after the final message's content (whatever its role, as transformers)."""
+    no_cue = render_chat(stories_tokenizer, CONVERSATION, ChatOptions(add_generation_prompt=False))
+    expected = "system: You are terse.\nuser: Once upon a time\n"
+    assert no_cue == stories_tokenizer.encode(expected, add_special_tokens=True)
+    options = ChatOptions(
+        add_generation_prompt=False,
+        continue_final_message=True,
+        chat_template_kwargs={"enable_thinking": False},  # no template: nothing to change
+    )
+    continued = render_chat(stories_tokenizer, CONVERSATION, options)
+    expected = "system: You are terse.\nuser: Once upon a time"
+    assert continued == stories_tokenizer.encode(expected, add_special_tokens=True)
+
+
 def test_tokenizer_template_is_used_when_set(stories_tokenizer: Tokenizer) -> None:
     stories_tokenizer.chat_template = ChatTemplate(
         BRACKET_TEMPLATE, stories_tokenizer.special_tokens
@@ -55,6 +75,29 @@ def test_default_model_byte_template(random_checkpoint: Checkpoint) -> None:
     # Byte tokenizer: each byte of the role headers and content is its own id.
     expected = [bos, *b"<|user|>\nhi", eos, *b"\n<|assistant|>\n"]
     assert ids == expected
+
+
+def test_template_options_and_variables(stories_tokenizer: Tokenizer) -> None:
+    template = (
+        BRACKET_TEMPLATE + "{% if enable_thinking is defined and not enable_thinking %}"
+        "<no-think>{% endif %}"
+    )
+    stories_tokenizer.chat_template = ChatTemplate(template, stories_tokenizer.special_tokens)
+
+    def rendered(**options: object) -> list[int]:
+        return render_chat(stories_tokenizer, CONVERSATION, ChatOptions(**options))
+
+    def encoded(text: str) -> list[int]:
+        return stories_tokenizer.encode(text, add_special_tokens=False)
+
+    turns = "[system]You are terse.[user]Once upon a time"
+    assert rendered(add_generation_prompt=False) == encoded(turns)
+    assert rendered(chat_template_kwargs={"enable_thinking": False}) == encoded(
+        turns + "[assistant]<no-think>"
+    )
+    # The template writes nothing after the final message here: continuing it cuts nothing.
+    continued = rendered(add_generation_prompt=False, continue_final_message=True)
+    assert continued == encoded(turns)
 
 
 @pytest.mark.parametrize("role", ["tool", "developer", "", "User"])

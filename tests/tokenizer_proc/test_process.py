@@ -15,6 +15,7 @@ import zmq
 from baton.addresses import ServerAddresses
 from baton.checkpoint.load import Checkpoint, load_checkpoint
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
+from baton.checkpoint.tokenizer import Tokenizer
 from baton.child_process import start_child
 from baton.config import BatonConfig
 from baton.messages import (
@@ -45,7 +46,7 @@ MAX_MODEL_LEN = 64
 def service(random_checkpoint: Checkpoint) -> TokenizerService:
     """The default model's byte tokenizer with a short context, to reach the limits cheaply."""
     vocab = random_checkpoint.config.vocab_size
-    return TokenizerService(random_checkpoint.tokenizer, vocab, MAX_MODEL_LEN)
+    return TokenizerService(random_checkpoint.tokenizer, vocab, MAX_MODEL_LEN, "fcfs")
 
 
 @pytest.fixture(scope="module")
@@ -100,13 +101,26 @@ def test_text_prompt_is_tokenized(stories_service: TokenizerService) -> None:
     assert before <= tokenized.arrival_time <= time.monotonic()
 
 
-def test_priority_and_deadline_reach_the_scheduler(service: TokenizerService) -> None:
+def test_priority_and_deadline_reach_the_scheduler(random_checkpoint: Checkpoint) -> None:
+    vocab = random_checkpoint.config.vocab_size
+    service = TokenizerService(random_checkpoint.tokenizer, vocab, MAX_MODEL_LEN, "priority")
     frame = _generate(prompt_token_ids=[1, 2], priority=-2, deadline_ms=150.5)
     tokenized = _single(service.handle(CLIENT, frame), "scheduler", TokenizedRequest)
     assert (tokenized.priority, tokenized.deadline_ms) == (-2, 150.5)
     for bad in (0, -1.0, float("inf")):
         message = _failure(service.handle(CLIENT, _generate(prompt_token_ids=[1], deadline_ms=bad)))
         assert "deadline_ms must be a positive number" in message
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "edf", "lrs"])
+def test_a_priority_needs_the_priority_policy(random_checkpoint: Checkpoint, policy: str) -> None:
+    """vLLM's check and wording; once accepted and ignored under fcfs (HTTP probe)."""
+    vocab = random_checkpoint.config.vocab_size
+    service = TokenizerService(random_checkpoint.tokenizer, vocab, MAX_MODEL_LEN, policy)  # type: ignore[arg-type]
+    refused = _failure(service.handle(CLIENT, _generate(prompt_token_ids=[1], priority=3)))
+    assert refused == "Got priority 3 but Priority scheduling is not enabled."
+    zero = _generate(prompt_token_ids=[1], priority=0, deadline_ms=5.0)
+    _single(service.handle(CLIENT, zero), "scheduler", TokenizedRequest)
 
 
 def test_text_prompt_without_special_tokens(stories_service: TokenizerService) -> None:
@@ -132,6 +146,71 @@ def test_chat_messages_use_the_fallback(stories_service: TokenizerService) -> No
     tokenized = _single(stories_service.handle(CLIENT, frame), "scheduler", TokenizedRequest)
     expected = stories_service.tokenizer.encode("user: Tell me a story\nassistant:")
     assert tokenized.prompt_token_ids == expected
+
+
+def test_chat_options_reach_the_template(service: TokenizerService) -> None:
+    """vLLM's chat template fields over the wire: the final message left open, and the kwargs
+    as template variables (the byte template writes `bos_token`)."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+    chat = {"add_generation_prompt": False, "continue_final_message": True}
+    frame = _generate(messages=messages, chat={**chat, "chat_template_kwargs": {"bos_token": "B"}})
+    tokenized = _single(service.handle(CLIENT, frame), "scheduler", TokenizedRequest)
+    eos = service.tokenizer.eos_token_id
+    assert tokenized.prompt_token_ids == [*b"B<|user|>\nhi", eos, *b"\n<|assistant|>\nHel"]
+    # The request's own switch wins over a kwarg of the same name (vLLM's merge).
+    overridden = {"chat_template_kwargs": {"add_generation_prompt": False}}
+    frame = _generate(messages=messages, chat=overridden)
+    tokenized = _single(service.handle(CLIENT, frame), "scheduler", TokenizedRequest)
+    assert tokenized.prompt_token_ids[-len(b"<|assistant|>\n") :] == [*b"<|assistant|>\n"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        (
+            {"chat": {"continue_final_message": True}},
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        ),
+        ({"chat": {"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}}, "chat templates"),
+        ({"chat": {"chat_template_kwargs": {"tokenize": False}}}, "`tokenize`"),
+        ({"chat": {"chat_template_kwargs": {"messages": []}}}, "`messages`"),
+        ({"chat": {"chat_template_kwargs": {"tools": []}}}, "tools are not supported"),
+        (
+            {"chat": {"chat_template_kwargs": {"x": 1}}, "messages": None, "prompt": "a"},
+            "need `messages`",
+        ),
+        ({"chat": {"chat_template_kwargs": [1]}}, "Expected `object`, got `array`"),
+    ],
+)
+def test_chat_options_that_cannot_be_honoured(
+    service: TokenizerService, fields: dict, expected: str
+) -> None:
+    frame = _generate(**{"messages": [{"role": "user", "content": "a"}], **fields})
+    assert expected in _failure(service.handle(CLIENT, frame))
+
+
+def test_a_final_message_the_template_does_not_write_cannot_be_continued(
+    random_checkpoint: Checkpoint,
+) -> None:
+    template = "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"
+    tokenizer = Tokenizer(
+        random_checkpoint.tokenizer.backend, random_checkpoint.tokenizer.special_tokens, template
+    )
+    service = TokenizerService(tokenizer, 259, MAX_MODEL_LEN, "fcfs")
+    chat = {"add_generation_prompt": False, "continue_final_message": True}
+    frame = _generate(messages=[{"role": "assistant", "content": "abc"}], chat=chat)
+    assert "does not appear" in _failure(service.handle(CLIENT, frame))
+    # A template that fails on a request's variables is the request's error, not the server's.
+    failing = "{{ messages | length + limit }}"
+    tokenizer = Tokenizer(
+        random_checkpoint.tokenizer.backend, random_checkpoint.tokenizer.special_tokens, failing
+    )
+    service = TokenizerService(tokenizer, 259, MAX_MODEL_LEN, "fcfs")
+    frame = _generate(
+        messages=[{"role": "user", "content": "a"}],
+        chat={"chat_template_kwargs": {"limit": "ten"}},
+    )
+    assert "the chat template failed" in _failure(service.handle(CLIENT, frame))
 
 
 @pytest.mark.parametrize(
@@ -263,7 +342,7 @@ class _BrokenTokenizer:
 
 
 def test_tokenizer_failure_is_an_internal_error() -> None:
-    broken = TokenizerService(_BrokenTokenizer(), 100, MAX_MODEL_LEN)  # type: ignore[arg-type]
+    broken = TokenizerService(_BrokenTokenizer(), 100, MAX_MODEL_LEN, "fcfs")  # type: ignore[arg-type]
     message = _failure(broken.handle(CLIENT, _generate(prompt="a")), code="internal")
     assert "tokenizer exploded" in message
     # Requests that need no tokenizer are unaffected.
@@ -368,7 +447,7 @@ class _SlowTokenizer:
 
 def test_a_large_prompt_is_tokenized_beside_the_loop_and_its_abort_waits_for_it() -> None:
     """A 4 MB prompt once held up every other request for 1.8 s."""
-    service = TokenizerService(_SlowTokenizer(), 100, MAX_MODEL_LEN)  # type: ignore[arg-type]
+    service = TokenizerService(_SlowTokenizer(), 100, MAX_MODEL_LEN, "fcfs")  # type: ignore[arg-type]
     service.start_offload()
     assert service.offload is not None
     try:
@@ -395,7 +474,7 @@ def test_a_large_prompt_is_tokenized_beside_the_loop_and_its_abort_waits_for_it(
 def test_a_request_reusing_the_id_of_one_on_the_worker_is_refused() -> None:
     """Large or small: a small one would overtake the first to the scheduler, and an abort held
     for the first would then reach it."""
-    service = TokenizerService(_SlowTokenizer(), 100, MAX_MODEL_LEN)  # type: ignore[arg-type]
+    service = TokenizerService(_SlowTokenizer(), 100, MAX_MODEL_LEN, "fcfs")  # type: ignore[arg-type]
     service.start_offload()
     assert service.offload is not None
     try:

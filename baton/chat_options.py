@@ -1,0 +1,71 @@
+"""How a conversation is rendered into a prompt: vLLM's chat request fields, as they travel.
+
+`add_generation_prompt` and `continue_final_message` are the template's own switches;
+`chat_template_kwargs` are further variables of the template render (Qwen3's
+`enable_thinking`...). `ChatOptions.validate` is the one check of them, for HTTP
+(frontend/params.py) and ZMQ clients (the tokenizer process) alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+# vLLM's words, but for its flag: Baton never renders with a template from a request (a template
+# runs code on the server, sandboxed or not, and changes what the model was trained on).
+REQUEST_TEMPLATE_REFUSED = (
+    "Chat template is passed with request, but this server does not accept request chat "
+    "templates: it renders with the model's own."
+)
+# Keys of `chat_template_kwargs` refused, and why. vLLM refuses `chat_template` and `tokenize`,
+# and fails on `messages` (given twice to the render); `tools` would render tool definitions
+# into the prompt, and Baton cannot parse the tool calls they ask for.
+REFUSED_KWARGS = {
+    "chat_template": REQUEST_TEMPLATE_REFUSED,
+    "tokenize": "chat_template_kwargs cannot set `tokenize`: the server tokenizes the prompt",
+    "messages": "chat_template_kwargs cannot set `messages`: the request's messages are rendered",
+    "tools": "tools are not supported",
+}
+# Keys the request's own fields win over, as vLLM merges them.
+OVERRIDDEN_KWARGS = frozenset({"add_generation_prompt", "continue_final_message"})
+
+
+class InvalidChatOption(ValueError):
+    """A chat option that cannot be honoured; `param` names it (OpenAI's error `param`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ChatOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """vLLM's chat template fields: a generation prompt after the conversation (the default),
+    or its final message left open for the model to continue; `chat_template_kwargs` are JSON
+    values the template sees as variables (they may override its special tokens, as in
+    transformers, and `documents`)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] = {}
+
+    def validate(self) -> None:
+        """Raise InvalidChatOption for options that cannot be honoured together, or a kwarg
+        that would replace what the server renders with."""
+        if self.continue_final_message and self.add_generation_prompt:
+            raise InvalidChatOption(
+                "continue_final_message",
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            )
+        for key in self.chat_template_kwargs:
+            if key in REFUSED_KWARGS:
+                raise InvalidChatOption("chat_template_kwargs", REFUSED_KWARGS[key])
+
+    @property
+    def template_variables(self) -> dict[str, Any]:
+        """The kwargs the template render gets; the request's own fields win over theirs."""
+        return {
+            key: value
+            for key, value in self.chat_template_kwargs.items()
+            if key not in OVERRIDDEN_KWARGS
+        }
