@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections import deque
+from concurrent.futures import Future
 
 import zmq
 
@@ -28,14 +31,77 @@ from baton.validation import RequestError
 
 logger = logging.getLogger(__name__)
 
+# How long the scheduler waits on the engine before it answers stats requests mid-step. A decode
+# step is milliseconds and pays nothing for this; a prefill step can take seconds, and /health
+# (a stats round trip) must not read a busy server as a dead one.
+STATS_MID_STEP_AFTER_S = 0.05
+
 
 class SchedulerService:
-    """Turns incoming messages into scheduler calls and scheduler outputs into messages."""
+    """Turns incoming messages into scheduler calls and scheduler outputs into messages.
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    While the engine computes a long step, stats requests are answered at once and every other
+    message waits, in order, for the step's end: the scheduler core is never re-entered mid-step.
+    """
+
+    def __init__(self, scheduler: Scheduler, inbox: zmq.Socket, outbox: zmq.Socket) -> None:
         self.scheduler = scheduler
         self.started: list[RequestStarted] = []
         self.shutting_down = False
+        self._inbox = inbox
+        self._outbox = outbox
+        self._inbound = Codec(SchedulerMessage)
+        self._outbound = Codec(DetokenizerMessage)
+        self._deferred: deque[SchedulerMessage] = deque()
+        # The engine thread writes a byte here when the step being waited on ends.
+        self._step_done_read, self._step_done_write = os.pipe()
+        self._poller = zmq.Poller()
+        self._poller.register(inbox, zmq.POLLIN)
+        self._poller.register(self._step_done_read, zmq.POLLIN)
+
+    def run(self) -> None:
+        """Serve until a Shutdown message."""
+        while not self.shutting_down:
+            while self._deferred:
+                self._handle_and_reply(self._deferred.popleft())
+            # Block only when idle; while requests run, just drain what has arrived.
+            idle = not self.scheduler.has_runnable_work()
+            while self._inbox.poll(IDLE_POLL_MS if idle else 0):
+                idle = False
+                message = self._receive()
+                if message is not None:
+                    self._handle_and_reply(message)
+            outputs = self.step()
+            if outputs is not None:
+                self._outbox.send(self._outbound.encode(outputs))
+
+    def _receive(self) -> SchedulerMessage | None:
+        return self._inbound.decode_or_none(self._inbox.recv())
+
+    def _handle_and_reply(self, message: SchedulerMessage) -> None:
+        reply = self.handle(message)
+        if reply is not None:
+            self._outbox.send(self._outbound.encode(reply))
+
+    def _answer_stats_until_done(self, step: Future) -> None:
+        """Wait for the engine's `step`, answering stats requests if it takes long."""
+        try:
+            step.exception(timeout=STATS_MID_STEP_AFTER_S)
+            return
+        except TimeoutError:
+            pass
+        step.add_done_callback(lambda _: os.write(self._step_done_write, b"\0"))
+        while not step.done():
+            # Bounded, as every loop of a child process is (child_process.IDLE_POLL_MS).
+            if self._inbox not in dict(self._poller.poll(IDLE_POLL_MS)):
+                continue
+            while self._inbox.poll(0):
+                message = self._receive()
+                if isinstance(message, ForwardedStatsRequest):
+                    self._handle_and_reply(message)
+                elif message is not None:
+                    self._deferred.append(message)
+        os.read(self._step_done_read, 1)  # the callback's byte: written once `step` is done
 
     def handle(self, message: SchedulerMessage) -> DetokenizerMessage | None:
         """Apply one message; returns an immediate reply for the detokenizer, if any."""
@@ -76,7 +142,10 @@ class SchedulerService:
 
     def step(self) -> SchedulerOutputs | None:
         """One scheduler iteration; the outputs to send (registrations first), if any."""
-        steps = self.scheduler.step() if self.scheduler.has_runnable_work() else []
+        if self.scheduler.has_runnable_work():
+            steps = self.scheduler.step(self._answer_stats_until_done)
+        else:
+            steps = []
         if not steps and not self.started:
             return None
         outputs = SchedulerOutputs(started=self.started, steps=steps)
@@ -94,25 +163,10 @@ def serve(
     outbox.connect(addresses.detokenizer)
     scheduler = Scheduler(config)
     engine = scheduler.engine
-    service = SchedulerService(scheduler)
-    inbound = Codec(SchedulerMessage)
-    outbound = Codec(DetokenizerMessage)
+    service = SchedulerService(scheduler, inbox, outbox)
     reporter.ready(max_model_len=str(engine.max_model_len), num_pages=str(engine.num_pages))
     try:
-        while not service.shutting_down:
-            # Block only when idle; while requests run, just drain what has arrived.
-            idle = not scheduler.has_runnable_work()
-            while inbox.poll(IDLE_POLL_MS if idle else 0):
-                idle = False
-                message = inbound.decode_or_none(inbox.recv())
-                if message is None:
-                    continue
-                reply = service.handle(message)
-                if reply is not None:
-                    outbox.send(outbound.encode(reply))
-            outputs = service.step()
-            if outputs is not None:
-                outbox.send(outbound.encode(outputs))
+        service.run()
     finally:
         scheduler.shutdown()
 

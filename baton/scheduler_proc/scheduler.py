@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -154,15 +155,22 @@ class Scheduler:
         return bool(self.requests or self._notices)
 
     # --- the loop ------------------------------------------------------------------------------
-    def step(self) -> list[StepOutput]:
-        """Schedule and launch the next batch, then process the previous one's results."""
+    def step(self, wait: Callable[[Future[ForwardOutput]], None] | None = None) -> list[StepOutput]:
+        """Schedule and launch the next batch, then process the previous one's results.
+
+        `wait`, if given, is called with an engine result not ready yet before blocking on it:
+        the server answers stats requests there; it may read the scheduler, never change it.
+        """
         outputs, self._notices = self._notices, []
         rows = self.policy.next_batch()
         if rows:
             self._launch(rows)
         keep_in_flight = 1 if self.overlap and rows else 0
         while len(self._in_flight) > keep_in_flight:
-            outputs.extend(self._process(self._in_flight.popleft()))
+            flight = self._in_flight.popleft()
+            if wait is not None and not flight.result.done():
+                wait(flight.result)
+            outputs.extend(self._process(flight))
         self._release_ready()
         return outputs
 

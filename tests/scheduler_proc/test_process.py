@@ -1,0 +1,138 @@
+"""The scheduler process's message loop: stats are answered while the engine computes a long step,
+and every other message waits, in order, for the step's end."""
+
+from __future__ import annotations
+
+import select
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from baton import SamplingParams
+from baton.config import BatonConfig
+from baton.messages import (
+    Codec,
+    DetokenizerMessage,
+    ForwardedStats,
+    ForwardedStatsRequest,
+    RequestStarted,
+    SchedulerMessage,
+    SchedulerOutputs,
+    Shutdown,
+    TokenizedRequest,
+)
+from baton.scheduler_proc.process import SchedulerService
+from baton.scheduler_proc.scheduler import Scheduler
+
+REPLY_TIMEOUT_MS = 5000
+
+
+def tokenized(rid: str, prompt: list[int]) -> TokenizedRequest:
+    started = RequestStarted(
+        rid=rid,
+        client_id=b"client",
+        request_id=rid,
+        prompt_tokens=len(prompt),
+        prompt_tail=prompt[-4:],
+        stop=[],
+        skip_special_tokens=True,
+    )
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    return TokenizedRequest(
+        rid=rid, prompt_token_ids=prompt, params=params, arrival_time=time.time(), started=started
+    )
+
+
+class Harness:
+    """A SchedulerService on inproc sockets, run on a thread, whose engine steps wait on a gate."""
+
+    def __init__(self, scheduler: Scheduler, context: zmq.Context) -> None:
+        self.gate = threading.Event()
+        forward = scheduler.engine.forward
+
+        def gated_forward(batch):  # the engine thread: a step that lasts until the test says
+            self.gate.wait()
+            return forward(batch)
+
+        scheduler.engine.forward = gated_forward
+        inbox = context.socket(zmq.PULL)
+        inbox.bind("inproc://scheduler")
+        outbox = context.socket(zmq.PUSH)
+        outbox.bind("inproc://detokenizer")
+        self.sender = context.socket(zmq.PUSH)
+        self.sender.connect("inproc://scheduler")
+        self.receiver = context.socket(zmq.PULL)
+        self.receiver.connect("inproc://detokenizer")
+        self.scheduler = scheduler
+        self.service = SchedulerService(scheduler, inbox, outbox)
+        # Set once the service blocks on an engine step: messages sent after it arrive mid-step.
+        self.waiting_on_engine = threading.Event()
+        wait = self.service._answer_stats_until_done
+
+        def observed_wait(step):
+            self.waiting_on_engine.set()
+            wait(step)
+
+        self.service._answer_stats_until_done = observed_wait
+        self.thread = threading.Thread(target=self.service.run, daemon=True)
+        self.outbound = Codec(SchedulerMessage)
+        self.inbound = Codec(DetokenizerMessage)
+
+    def send(self, message: object) -> None:
+        self.sender.send(self.outbound.encode(message))
+
+    def receive(self) -> DetokenizerMessage:
+        assert self.receiver.poll(REPLY_TIMEOUT_MS), "no reply from the scheduler"
+        message = self.inbound.decode_or_none(self.receiver.recv())
+        assert message is not None
+        return message
+
+
+@pytest.fixture
+def harness(tiny_llama_dir: Path) -> Iterator[Harness]:
+    context = zmq.Context()
+    scheduler = Scheduler(BatonConfig(model=str(tiny_llama_dir), dtype="float32"))
+    harness = Harness(scheduler, context)
+    harness.thread.start()
+    try:
+        yield harness
+    finally:
+        harness.gate.set()
+        harness.send(Shutdown())
+        harness.thread.join(timeout=30)
+        scheduler.shutdown()
+        context.destroy(linger=0)
+    assert not harness.thread.is_alive()
+
+
+def test_stats_are_answered_mid_step_and_other_messages_wait_for_its_end(
+    harness: Harness,
+) -> None:
+    harness.send(tokenized("first", list(range(3, 40))))
+    assert harness.waiting_on_engine.wait(REPLY_TIMEOUT_MS / 1000)
+    # The step runs until the gate opens; a request that arrives now must not enter the
+    # scheduler mid-step, while a stats request is answered at once.
+    harness.send(tokenized("second", list(range(5, 20))))
+    harness.send(ForwardedStatsRequest(client_id=b"probe", request_id="stats"))
+    started: list[str] = []
+    while not isinstance(stats := harness.receive(), ForwardedStats):
+        assert isinstance(stats, SchedulerOutputs) and not stats.steps
+        started.extend(request.rid for request in stats.started)
+    assert stats.client_id == b"probe" and stats.request_id == "stats"
+    assert stats.stats.running_requests == 1 and stats.stats.waiting_requests == 0
+    assert "second" not in harness.scheduler.requests
+
+    harness.gate.set()
+    finished: set[str] = set()
+    while finished != {"first", "second"}:
+        outputs = harness.receive()
+        assert isinstance(outputs, SchedulerOutputs)
+        started.extend(request.rid for request in outputs.started)
+        finished.update(step.rid for step in outputs.steps if step.finish_reason is not None)
+    assert started == ["first", "second"]
+    # Each long wait consumed its step's wake-up byte, so the next one cannot end early.
+    assert not select.select([harness.service._step_done_read], [], [], 0)[0]
