@@ -19,6 +19,11 @@ MAX_TOP_K = 2**31 - 1
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 1024
+# vLLM's ranges: presence and frequency penalties in [-2, 2] (OpenAI's), repetition > 0.
+MAX_PENALTY = 2.0
+
+
+PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 class InvalidSamplingParam(ValueError):
@@ -35,6 +40,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     `top_k` <= 0 and `top_p` == 1 disable those filters; `temperature` 0 is greedy; `stop` may be
     given as one string; `logprobs=n` returns the chosen token's log-probability and the top-n;
     `min_tokens` keeps EOS and `stop_token_ids` from being sampled before that many outputs.
+    Penalties and `logit_bias` act as vLLM's (engine/logit_adjustments.py), greedy rows included.
     """
 
     temperature: float = 1.0
@@ -50,6 +56,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: int | None = None
     # vLLM's: keep the stop string, or the stop token's text, at the end of the output.
     include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -60,10 +70,21 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         """Greedy rows take the argmax; no randomness or filtering applies."""
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether a penalty or a bias changes the logits before the token is chosen."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+        )
+
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise InvalidSamplingParam naming the first out-of-range field: the one check of
         these ranges, for HTTP (frontend/params.py) and ZMQ clients (baton/validation.py) alike."""
-        for name in ("temperature", "top_p", "min_p"):
+        names = ("temperature", "top_p", "min_p", *PENALTIES)
+        for name in names:
             if not math.isfinite(getattr(self, name)):
                 raise InvalidSamplingParam(name, f"{name} must be a finite number")
         if not 0 <= self.temperature <= MAX_TEMPERATURE:
@@ -80,6 +101,19 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             )
         if not 0 <= self.min_p <= 1:
             raise InvalidSamplingParam("min_p", f"min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                raise InvalidSamplingParam(
+                    name,
+                    f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {getattr(self, name)}",
+                )
+        if not self.repetition_penalty > 0:
+            raise InvalidSamplingParam(
+                "repetition_penalty",
+                f"repetition_penalty must be greater than zero, got {self.repetition_penalty}",
+            )
+        if not all(math.isfinite(bias) for bias in (self.logit_bias or {}).values()):
+            raise InvalidSamplingParam("logit_bias", "logit_bias values must be finite numbers")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidSamplingParam(
                 "max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}"
@@ -113,9 +147,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                 "stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids"
             )
         if vocab_size is not None:
-            for token_id in self.stop_token_ids or ():
-                if not 0 <= token_id < vocab_size:
-                    raise InvalidSamplingParam(
-                        "stop_token_ids",
-                        f"stop_token_ids entry {token_id} is outside the vocabulary",
-                    )
+            for name, token_ids in (
+                ("stop_token_ids", self.stop_token_ids or ()),
+                ("logit_bias", self.logit_bias or {}),
+            ):
+                for token_id in token_ids:
+                    if not 0 <= token_id < vocab_size:
+                        raise InvalidSamplingParam(
+                            name, f"{name} entry {token_id} is outside the vocabulary"
+                        )

@@ -17,7 +17,7 @@ from baton.engine.compact_weights import COMPACT_MAX_ROWS
 from baton.engine.compute_plan import choose_compute_plan, isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS, NativeDecodeStep
-from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
+from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput, TokenHistory
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
@@ -196,7 +196,7 @@ class Engine:
             [ends[row] - 1 for row in batch.sample_rows],
         )
         token_ids, logprobs, top_logprobs, failed_rows = self._sample(
-            logits, list(range(len(batch.sample_rows))), batch
+            logits, list(range(len(batch.sample_rows))), batch, input_ids
         )
         return ForwardOutput(
             [[token] for token in token_ids], logprobs, top_logprobs, failed_rows=failed_rows
@@ -228,7 +228,7 @@ class Engine:
             logits,
             resolved,
             batch,
-            lambda rows_logits, rows: self._sample(rows_logits, rows, batch),
+            lambda rows_logits, rows: self._sample(rows_logits, rows, batch, None),
         )
 
     def logits(
@@ -256,16 +256,27 @@ class Engine:
         )
 
     def _sample(
-        self, logits: torch.Tensor, rows: list[int], batch: ForwardBatch
+        self,
+        logits: torch.Tensor,
+        rows: list[int],
+        batch: ForwardBatch,
+        input_ids: list[int] | None,
     ) -> tuple[list[int], list | None, list | None, list[int]]:
         """Sample one token for each of the given sampled rows (indices into `sample_rows`)
         from its logits row: (tokens, logprobs, top logprobs, failed rows as indices into
-        `rows`). Each row's slot remembers its token for a decode scheduled before it was known."""
+        `rows`). Each row's slot remembers its token for a decode scheduled before it was known.
+        `input_ids`, the batch's with placeholders resolved, complete the rows' histories
+        (None under speculation, which admits no request with penalties or a logit bias)."""
         _suppress(logits, [batch.suppressed_token_ids[i] for i in rows])
+        histories = batch.histories
+        if input_ids is not None and any(histories):
+            histories = _completed_histories(batch, input_ids)
         sampling = SamplingBatch.from_params(
             [batch.sampling_params[i] for i in rows],
             [batch.generators[i] for i in rows],
             self.device,
+            [histories[i] for i in rows] if histories else (),
+            self.vocab_size,
         )
         sampled = self.sampler.sample(logits, sampling)
         token_ids = sampled.token_ids.tolist()
@@ -282,10 +293,29 @@ class Engine:
 
 
 def _plain_greedy(batch: ForwardBatch) -> bool:
-    """Every sampled row takes the argmax, wants no logprobs and has no token suppressed."""
-    return all(p.is_greedy and p.logprobs is None for p in batch.sampling_params) and not any(
-        batch.suppressed_token_ids
+    """Every sampled row takes the argmax of its raw logits and wants no logprobs."""
+    return (
+        all(p.is_greedy and p.logprobs is None for p in batch.sampling_params)
+        and not any(batch.suppressed_token_ids)
+        and not any(batch.histories)
     )
+
+
+def _completed_histories(batch: ForwardBatch, input_ids: list[int]) -> list[TokenHistory | None]:
+    """Each sampled row's history with the tokens its placeholders stood for appended: outputs
+    still being computed when the scheduler took its copy (overlap loop)."""
+    starts = [0, *itertools.accumulate(batch.q_lens)]
+    completed: list[TokenHistory | None] = []
+    for row, history in zip(batch.sample_rows, batch.histories):
+        if history is not None:
+            resolved = [
+                input_ids[index]
+                for index in range(starts[row], starts[row + 1])
+                if batch.input_ids[index] == PLACEHOLDER_TOKEN
+            ]
+            history = TokenHistory(history.tokens + resolved, history.prompt_len)
+        completed.append(history)
+    return completed
 
 
 def _suppress(logits: torch.Tensor, suppressed_token_ids: list[list[int]]) -> None:

@@ -13,6 +13,15 @@ from baton.sampling_params import SamplingParams
 PLACEHOLDER_TOKEN = -1
 
 
+@dataclass(frozen=True)
+class TokenHistory:
+    """A sampled row's tokens so far, in order: its `prompt_len` prompt tokens, then its
+    outputs."""
+
+    tokens: list[int]
+    prompt_len: int
+
+
 @dataclass
 class ForwardBatch:
     """A ragged batch: row i appends `q_lens[i]` tokens after `kv_starts[i]` cached ones."""
@@ -34,6 +43,9 @@ class ForwardBatch:
     contexts: list[list[int]] = field(default_factory=list)
     # Per row: whether it is its request's first step in its slot (per-slot state starts over).
     entered_slot: list[bool] = field(default_factory=list)
+    # Per sampled row whose params have penalties or a logit bias: its tokens as the scheduler
+    # knew them (the engine appends the row's placeholders, resolved); None for other rows.
+    histories: list[TokenHistory | None] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:

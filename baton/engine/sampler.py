@@ -13,6 +13,8 @@ from typing import Literal
 
 import torch
 
+from baton.engine.forward_batch import TokenHistory
+from baton.engine.logit_adjustments import LogitAdjustments
 from baton.sampling_params import SamplingParams
 
 # How a group of sampled rows finds its candidate tokens: a per-row top-k prefix, a nucleus search
@@ -50,6 +52,7 @@ class SamplingBatch:
     groups: tuple[RowGroup, ...]  # sampled rows: one group per seeded row, <= 3 unseeded groups
     logprob_rows: torch.Tensor | None  # [L] int64 rows asking for logprobs; None = every row
     max_num_logprobs: int  # n_max over rows asking; -1 when no row asks
+    adjustments: LogitAdjustments | None = None  # penalties and biases, for rows that have any
 
     @classmethod
     def from_params(
@@ -57,8 +60,11 @@ class SamplingBatch:
         params: Sequence[SamplingParams],
         generators: Sequence[torch.Generator | None],
         device: torch.device | str,
+        histories: Sequence[TokenHistory | None] = (),
+        vocab_size: int = 0,
     ) -> SamplingBatch:
-        """Gather per-row tensors and plan which rows are sampled together and how."""
+        """Gather per-row tensors and plan which rows are sampled together and how; a row
+        with penalties or a logit bias needs its history (and the vocabulary's size)."""
         if len(params) != len(generators):
             raise ValueError(f"{len(params)} params but {len(generators)} generators")
         greedy = [p.is_greedy for p in params]
@@ -87,6 +93,7 @@ class SamplingBatch:
             if len(asking) == len(params)
             else torch.tensor(asking, dtype=torch.int64, device=device),
             max_num_logprobs=max((params[i].logprobs or 0 for i in asking), default=-1),
+            adjustments=LogitAdjustments.build(params, histories, vocab_size, device),
         )
 
 
@@ -123,8 +130,12 @@ class Sampler:
         # the nucleus usually fits in the top few hundred tokens, so top-p first tries this prefix.
         self.nucleus_prefix = nucleus_prefix
 
-    def sample(self, logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
-        """Pick one token per row of `logits` ([B, V] float32, left unmodified)."""
+    def sample(self, raw_logits: torch.Tensor, batch: SamplingBatch) -> SampleOutput:
+        """Pick one token per row of `raw_logits` ([B, V] float32, left unmodified) after the
+        rows' penalties and biases; log-probabilities are the raw logits'."""
+        logits = raw_logits
+        if batch.adjustments is not None:
+            logits = batch.adjustments.apply(raw_logits)
         if batch.all_greedy:
             token_ids = greedy_argmax(logits)
         else:
@@ -142,7 +153,7 @@ class Sampler:
         # made valid so the batch's other rows (and their logprobs) go on.
         failed = (token_ids < 0) | (token_ids >= logits.shape[-1])
         token_ids.masked_fill_(failed, 0)
-        return _with_logprobs(logits, token_ids, failed, batch)
+        return _with_logprobs(raw_logits, token_ids, failed, batch)
 
     def _sample_group(self, logits: torch.Tensor, group: RowGroup) -> torch.Tensor:
         """Token ids [n] for a group's rows of logits [n, V]."""

@@ -15,6 +15,8 @@ Prompt = str | list[int] | list[ChatMessage]
 # SamplingParams accepts seeds in [0, 2**63); choice i's seed wraps around inside that range.
 SEED_RANGE = 2**63
 DEFAULT_TEMPERATURE = 1.0
+# OpenAI's range for a logit bias; vLLM clamps values into it, as here.
+MAX_LOGIT_BIAS = 100.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,17 @@ def sampling_params(
         params.top_k = request.top_k
     if request.min_p is not None:
         params.min_p = request.min_p
+    if request.presence_penalty is not None:
+        params.presence_penalty = request.presence_penalty
+    if request.frequency_penalty is not None:
+        params.frequency_penalty = request.frequency_penalty
+    if request.repetition_penalty is not None:
+        params.repetition_penalty = request.repetition_penalty
+    if request.logit_bias:
+        params.logit_bias = {
+            int(token_id): min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, bias))
+            for token_id, bias in request.logit_bias.items()
+        }
     try:
         params.validate()  # the vocabulary is the tokenizer process's to check
     except InvalidSamplingParam as error:

@@ -5,8 +5,8 @@ does. The shape of a request is checked here (types, OpenAI's own bounds such as
 positive `max_tokens`); the sampling ranges are `SamplingParams.validate`'s and the chat
 template options `ChatOptions.validate`'s, which the frontend calls before the pipeline
 (frontend/params.py), the same checks and wording a ZMQ client gets. Options that would change
-the output but are not implemented (penalties, logit bias, completions' echo, tools, a request's
-own chat template...) are rejected rather than silently ignored. Responses are plain dicts built
+the output but are not implemented (completions' echo, tools, a request's own chat
+template...) are rejected rather than silently ignored. Responses are plain dicts built
 per endpoint: pydantic per streamed chunk would cost too much.
 """
 
@@ -97,21 +97,13 @@ class SamplingRequest(StrictModel):
             return {key: value for key, value in data.items() if value is not None}
         return data
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, value: float | None) -> float | None:
-        return _must_be(value, (0,), "a non-zero penalty")
-
-    @field_validator("repetition_penalty")
-    @classmethod
-    def _no_repetition_penalty(cls, value: float | None) -> float | None:
-        return _must_be(value, (1,), "a repetition_penalty other than 1")
-
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported")
+    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        """OpenAI's keys are token ids written as strings."""
+        for key in value or {}:
+            if not key.isdecimal() or int(key) > MAX_INT:
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
         return value
 
     @field_validator("skip_special_tokens")

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
+from baton.engine.forward_batch import (
+    PLACEHOLDER_TOKEN,
+    ForwardBatch,
+    ForwardOutput,
+    TokenHistory,
+)
 from baton.messages import TokenLogprob
 from baton.scheduler_proc.batch_policy import ScheduledRow
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
@@ -41,6 +46,12 @@ def build_forward_batch(
             batch.sampling_params.append(seq.params)
             batch.generators.append(seq.generator)
             batch.suppressed_token_ids.append(_suppressed(seq, eos_token_ids))
+            # A copy: the scheduler appends this batch's predecessor's tokens while it computes.
+            batch.histories.append(
+                TokenHistory(list(seq.tokens), seq.num_prompt_tokens)
+                if seq.params.adjusts_logits
+                else None
+            )
     return batch
 
 

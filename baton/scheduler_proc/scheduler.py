@@ -94,10 +94,15 @@ class Scheduler:
         deadline_ms: float | None = None,
     ) -> None:
         """Queue a request validated by `baton.validation` (the tokenizer process, or `LLM`);
-        RequestError (typed) where it cannot be taken now: a duplicate id, more KV than the
-        whole pool, a full queue."""
+        RequestError (typed) where it cannot be taken now: a duplicate id, penalties under
+        speculative decoding, more KV than the whole pool, a full queue."""
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in use")
+        if params.adjusts_logits and self.engine.speculator is not None:
+            # Verification scores drafts the sampler's penalties know nothing of.
+            raise RequestError(
+                "penalties and logit_bias are not supported with --speculative-config"
+            )
         max_len = self.engine.max_model_len
         max_tokens = (
             params.max_tokens if params.max_tokens is not None else max_len - len(prompt_ids)

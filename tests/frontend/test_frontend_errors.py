@@ -96,7 +96,12 @@ def test_malformed_json_is_400(http: httpx.Client) -> None:
         ("/v1/completions", {**VALID, "prompt": []}, "prompt"),
         ("/v1/completions", {**VALID, "stop": [""]}, "stop"),
         ("/v1/completions", {**VALID, "echo": True}, "echo"),
-        ("/v1/completions", {**VALID, "presence_penalty": 0.5}, "presence_penalty"),
+        ("/v1/completions", {**VALID, "presence_penalty": 2.5}, "presence_penalty"),
+        ("/v1/completions", {**VALID, "frequency_penalty": -3}, "frequency_penalty"),
+        ("/v1/completions", {**VALID, "repetition_penalty": 0}, "repetition_penalty"),
+        ("/v1/chat/completions", {**CHAT, "logit_bias": {"the": 1.0}}, "logit_bias"),
+        ("/v1/chat/completions", {**CHAT, "logit_bias": {"-1": 1.0}}, "logit_bias"),
+        ("/v1/completions", {**VALID, "logit_bias": {"3": "high"}}, "logit_bias.3"),
         ("/v1/completions", {**VALID, "stream_options": {"include_usage": True}}, "stream_options"),
         (
             "/v1/chat/completions",
@@ -145,6 +150,10 @@ def test_non_finite_numbers_are_400(http: httpx.Client) -> None:
 def test_pipeline_rejections_are_400(http: httpx.Client) -> None:
     out_of_vocabulary = http.post("/v1/completions", json={**VALID, "prompt": [1, 10**6]})
     assert "vocabulary" in assert_error(out_of_vocabulary, 400, "invalid_request")["message"]
+    biased_past_the_vocabulary = {**VALID, "logit_bias": {str(10**6): 5.0}}
+    response = http.post("/v1/completions", json=biased_past_the_vocabulary)
+    error = assert_error(response, 400, "invalid_request")
+    assert "logit_bias" in error["message"] and "vocabulary" in error["message"]
     bad_role = {"messages": [{"role": "wizard", "content": "Hi"}]}
     assert_error(http.post("/v1/chat/completions", json=bad_role), 400, "invalid_request")
     too_long = {"prompt": [1] * 600, "max_tokens": 4}

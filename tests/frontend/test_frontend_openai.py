@@ -51,6 +51,26 @@ def test_completion_equals_offline_greedy(client: openai.OpenAI, offline: LLM) -
     assert response.model == MODEL_NAME and response.object == "text_completion"
 
 
+def test_penalties_and_logit_bias_equal_offline(client: openai.OpenAI, offline: LLM) -> None:
+    """OpenAI's penalties and logit_bias (token ids as strings) and vLLM's repetition_penalty
+    reach the sampler as the offline engine's params."""
+    adjustments = {"presence_penalty": 0.7, "frequency_penalty": 1.2, "repetition_penalty": 1.4}
+    expected = greedy(offline, PROMPT, max_tokens=40, logit_bias={9: 2.0}, **adjustments)
+    plain = greedy(offline, PROMPT, max_tokens=40)
+    assert expected.token_ids != plain.token_ids
+    response = client.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPT,
+        max_tokens=40,
+        temperature=0,
+        presence_penalty=adjustments["presence_penalty"],
+        frequency_penalty=adjustments["frequency_penalty"],
+        logit_bias={"9": 2.0},
+        extra_body={"repetition_penalty": adjustments["repetition_penalty"]},
+    )
+    assert response.choices[0].text == expected.text
+
+
 def test_streamed_completion_with_usage(client: openai.OpenAI, offline: LLM) -> None:
     expected = greedy(offline, PROMPT, max_tokens=30, ignore_eos=True)
     chunks = list(

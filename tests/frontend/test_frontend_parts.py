@@ -351,3 +351,21 @@ def test_the_default_body_limit_fits_the_longest_prompt_the_context_holds() -> N
             return fits.status_code, too_big.status_code
 
     assert asyncio.run(statuses()) == (503, 413)  # 503: past the limit, no pipeline in-process
+
+
+def test_penalties_and_a_clamped_logit_bias_reach_the_params() -> None:
+    """vLLM clamps logit_bias values into OpenAI's [-100, 100]; keys are token ids."""
+    request = CompletionRequest.model_validate(
+        {
+            "prompt": "hi",
+            "presence_penalty": 0.5,
+            "frequency_penalty": -1,
+            "repetition_penalty": 1.2,
+            "logit_bias": {"5": 250, "6": -1e9, "7": 0.5},
+        }
+    )
+    (choice,) = completion_choices(request, max_choices=1)
+    params = choice.params
+    assert (params.presence_penalty, params.frequency_penalty) == (0.5, -1)
+    assert params.repetition_penalty == 1.2
+    assert params.logit_bias == {5: 100.0, 6: -100.0, 7: 0.5}
