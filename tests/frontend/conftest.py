@@ -13,8 +13,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+import openai
 import pytest
 from helpers import free_port
+from helpers.frontend_http import MODEL_NAME, auth, base_url
 
 from baton import LLM
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
@@ -62,3 +65,20 @@ def restricted_frontend() -> Iterator[BatonConfig]:
 def offline(stories260k_dir: Path) -> LLM:
     """The offline engine on the same model: the reference for greedy outputs."""
     return LLM(str(stories260k_dir), dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def http(restricted_frontend: BatonConfig) -> Iterator[httpx.Client]:
+    """A client of the restricted server that sends the API key."""
+    with httpx.Client(
+        base_url=base_url(restricted_frontend), headers=auth(restricted_frontend), timeout=30
+    ) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def client(frontend: BatonConfig) -> openai.OpenAI:
+    """An OpenAI client of the stories260K server."""
+    assert frontend.served_model_name == MODEL_NAME
+    base_url = f"http://{frontend.host}:{frontend.port}/v1"
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)

@@ -1,53 +1,23 @@
 """Every error class over raw HTTP: OpenAI's error JSON with the right status, never a 500.
 
 The server (built-in model, 512-token context) requires an API key and admits one running and
-one waiting request; the `http` client sends the key.
+one waiting request; the `http` client sends the key. vLLM's chat template fields have their
+own module (test_frontend_chat_errors.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Iterator
 
 import httpx
 import msgspec
 import pytest
+from helpers.frontend_http import CHAT, VALID, assert_error, auth, base_url
 
 from baton.config import BatonConfig
 from baton.engine.compute_plan import ComputePlan, CpuCapabilities, choose_compute_plan
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
-
-VALID = {"prompt": "Once upon a time", "max_tokens": 4}
-CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
-
-
-def base_url(config: BatonConfig) -> str:
-    """The server's HTTP root."""
-    return f"http://{config.host}:{config.port}"
-
-
-def auth(config: BatonConfig) -> dict[str, str]:
-    """The Authorization header with the server's API key."""
-    return {"Authorization": f"Bearer {config.api_key}"}
-
-
-@pytest.fixture(scope="module")
-def http(restricted_frontend: BatonConfig) -> Iterator[httpx.Client]:
-    """A client of the restricted server that sends the API key."""
-    with httpx.Client(
-        base_url=base_url(restricted_frontend), headers=auth(restricted_frontend), timeout=30
-    ) as client:
-        yield client
-
-
-def assert_error(response: httpx.Response, status: int, code: str) -> dict:
-    """The body is OpenAI's error shape with `code`; returns the error object."""
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["code"] == code and error["message"]
-    return error
 
 
 def test_malformed_json_is_400(http: httpx.Client) -> None:
@@ -109,25 +79,6 @@ def test_malformed_json_is_400(http: httpx.Client) -> None:
             "stream_options",
         ),
         ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, None),
-        # Accepted and ignored until an HTTP probe; refused as vLLM refuses them.
-        ("/v1/chat/completions", {**CHAT, "tool_choice": "auto"}, "tool_choice"),
-        ("/v1/chat/completions", {**CHAT, "tools": []}, "tools"),
-        ("/v1/chat/completions", {**CHAT, "chat_template": "{{ 1 }}"}, "chat_template"),
-        (
-            "/v1/chat/completions",
-            {**CHAT, "continue_final_message": True},
-            "continue_final_message",
-        ),
-        (
-            "/v1/chat/completions",
-            {**CHAT, "chat_template_kwargs": {"tokenize": False}},
-            "chat_template_kwargs",
-        ),
-        (
-            "/v1/chat/completions",
-            {**CHAT, "chat_template_kwargs": {"x": 2**70}},
-            "chat_template_kwargs",
-        ),
         ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -3}, "max_completion_tokens"),
     ],
 )
@@ -178,22 +129,6 @@ def test_a_priority_needs_the_priority_policy(http: httpx.Client) -> None:
         error = assert_error(refused, 400, "invalid_request")
         assert error["message"] == "Got priority -1 but Priority scheduling is not enabled."
         assert http.post(path, json={**body, "priority": 0}).status_code == 200
-
-
-def test_what_vllm_accepts_is_served(http: httpx.Client) -> None:
-    """An empty stream_options without stream, tool_choice "none" without tools, and the
-    template's variables (the built-in model's template writes `bos_token`: three bytes for
-    one special token)."""
-    plain = http.post("/v1/chat/completions", json={**CHAT, "stream_options": {}})
-    assert plain.status_code == 200, plain.text
-    assert (
-        http.post("/v1/chat/completions", json={**CHAT, "tool_choice": "none"}).status_code == 200
-    )
-    kwargs = {"chat_template_kwargs": {"bos_token": "BOS", "enable_thinking": False}}
-    varied = http.post("/v1/chat/completions", json={**CHAT, **kwargs})
-    assert varied.status_code == 200, varied.text
-    prompt_tokens = plain.json()["usage"]["prompt_tokens"]
-    assert varied.json()["usage"]["prompt_tokens"] == prompt_tokens + 2
 
 
 def test_unknown_model_and_route_are_404(http: httpx.Client) -> None:

@@ -1,0 +1,42 @@
+"""vLLM's chat template fields against the live server (built-in model, API key): what vLLM
+refuses is OpenAI's 400 naming the field, what it accepts is served."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from helpers.frontend_http import CHAT, assert_error
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        # Accepted and ignored until an HTTP probe; refused as vLLM refuses them.
+        ({**CHAT, "tool_choice": "auto"}, "tool_choice"),
+        ({**CHAT, "tools": []}, "tools"),
+        ({**CHAT, "chat_template": "{{ 1 }}"}, "chat_template"),
+        ({**CHAT, "continue_final_message": True}, "continue_final_message"),
+        ({**CHAT, "chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
+        ({**CHAT, "chat_template_kwargs": {"x": 2**70}}, "chat_template_kwargs"),
+    ],
+)
+def test_chat_fields_vllm_refuses_are_400(http: httpx.Client, body: dict, param: str) -> None:
+    error = assert_error(http.post("/v1/chat/completions", json=body), 400, "invalid_request")
+    assert error["param"] == param
+    assert param.split(".")[0] in error["message"]
+
+
+def test_what_vllm_accepts_is_served(http: httpx.Client) -> None:
+    """An empty stream_options without stream, tool_choice "none" without tools, and the
+    template's variables (the built-in model's template writes `bos_token`: three bytes for
+    one special token)."""
+    plain = http.post("/v1/chat/completions", json={**CHAT, "stream_options": {}})
+    assert plain.status_code == 200, plain.text
+    assert (
+        http.post("/v1/chat/completions", json={**CHAT, "tool_choice": "none"}).status_code == 200
+    )
+    kwargs = {"chat_template_kwargs": {"bos_token": "BOS", "enable_thinking": False}}
+    varied = http.post("/v1/chat/completions", json={**CHAT, **kwargs})
+    assert varied.status_code == 200, varied.text
+    prompt_tokens = plain.json()["usage"]["prompt_tokens"]
+    assert varied.json()["usage"]["prompt_tokens"] == prompt_tokens + 2

@@ -1,0 +1,100 @@
+"""The tokenizer process on chat requests: the fallback, vLLM's chat template fields over the
+wire (what reaches the template, what is refused), and the length of the rendered prompt."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.tokenizer_frames import (
+    CLIENT,
+    MAX_MODEL_LEN,
+    failure,
+    generate_frame,
+    single,
+    to_frame,
+)
+
+from baton.checkpoint.load import Checkpoint
+from baton.checkpoint.tokenizer import Tokenizer
+from baton.messages import ChatMessage, GenerateRequest, TokenizedRequest
+from baton.tokenizer_proc.process import TokenizerService
+
+
+def test_chat_messages_use_the_fallback(stories_service: TokenizerService) -> None:
+    messages = [ChatMessage(role="user", content="Tell me a story")]
+    frame = to_frame(GenerateRequest(request_id="r1", messages=messages))
+    tokenized = single(stories_service.handle(CLIENT, frame), "scheduler", TokenizedRequest)
+    expected = stories_service.tokenizer.encode("user: Tell me a story\nassistant:")
+    assert tokenized.prompt_token_ids == expected
+
+
+def test_chat_options_reach_the_template(service: TokenizerService) -> None:
+    """vLLM's chat template fields over the wire: the final message left open, and the kwargs
+    as template variables (the byte template writes `bos_token`)."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}]
+    chat = {"add_generation_prompt": False, "continue_final_message": True}
+    frame = generate_frame(
+        messages=messages, chat={**chat, "chat_template_kwargs": {"bos_token": "B"}}
+    )
+    tokenized = single(service.handle(CLIENT, frame), "scheduler", TokenizedRequest)
+    eos = service.tokenizer.eos_token_id
+    assert tokenized.prompt_token_ids == [*b"B<|user|>\nhi", eos, *b"\n<|assistant|>\nHel"]
+    # The request's own switch wins over a kwarg of the same name (vLLM's merge).
+    overridden = {"chat_template_kwargs": {"add_generation_prompt": False}}
+    frame = generate_frame(messages=messages, chat=overridden)
+    tokenized = single(service.handle(CLIENT, frame), "scheduler", TokenizedRequest)
+    assert tokenized.prompt_token_ids[-len(b"<|assistant|>\n") :] == [*b"<|assistant|>\n"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        (
+            {"chat": {"continue_final_message": True}},
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+        ),
+        ({"chat": {"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}}, "chat templates"),
+        ({"chat": {"chat_template_kwargs": {"tokenize": False}}}, "`tokenize`"),
+        ({"chat": {"chat_template_kwargs": {"messages": []}}}, "`messages`"),
+        ({"chat": {"chat_template_kwargs": {"tools": []}}}, "tools are not supported"),
+        (
+            {"chat": {"chat_template_kwargs": {"x": 1}}, "messages": None, "prompt": "a"},
+            "need `messages`",
+        ),
+        ({"chat": {"chat_template_kwargs": [1]}}, "Expected `object`, got `array`"),
+    ],
+)
+def test_chat_options_that_cannot_be_honoured(
+    service: TokenizerService, fields: dict, expected: str
+) -> None:
+    frame = generate_frame(**{"messages": [{"role": "user", "content": "a"}], **fields})
+    assert expected in failure(service.handle(CLIENT, frame))
+
+
+def test_a_final_message_the_template_does_not_write_cannot_be_continued(
+    random_checkpoint: Checkpoint,
+) -> None:
+    template = "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"
+    tokenizer = Tokenizer(
+        random_checkpoint.tokenizer.backend, random_checkpoint.tokenizer.special_tokens, template
+    )
+    service = TokenizerService(tokenizer, 259, MAX_MODEL_LEN, "fcfs")
+    chat = {"add_generation_prompt": False, "continue_final_message": True}
+    frame = generate_frame(messages=[{"role": "assistant", "content": "abc"}], chat=chat)
+    assert "does not appear" in failure(service.handle(CLIENT, frame))
+    # A template that fails on a request's variables is the request's error, not the server's.
+    failing = "{{ messages | length + limit }}"
+    tokenizer = Tokenizer(
+        random_checkpoint.tokenizer.backend, random_checkpoint.tokenizer.special_tokens, failing
+    )
+    service = TokenizerService(tokenizer, 259, MAX_MODEL_LEN, "fcfs")
+    frame = generate_frame(
+        messages=[{"role": "user", "content": "a"}],
+        chat={"chat_template_kwargs": {"limit": "ten"}},
+    )
+    assert "the chat template failed" in failure(service.handle(CLIENT, frame))
+
+
+def test_long_chat_is_measured_after_rendering(service: TokenizerService) -> None:
+    messages = [ChatMessage(role="user", content="x" * 40)]  # + ~25 template bytes > 64
+    frame = to_frame(GenerateRequest(request_id="r1", messages=messages))
+    assert "context length is 64" in failure(service.handle(CLIENT, frame), code="prompt_too_long")
