@@ -16,11 +16,16 @@ right after the final message's content (no newline), for the model to continue 
 fallback has no variables: `chat_template_kwargs` have nothing to change there.
 
 Roles are limited to system, user and assistant; any other role is a ValueError.
+
+`chat_prompt` renders the text and `render_chat` encodes it: the tokenizer process measures the
+text in between, since a request's kwargs (a `bos_token` the template writes) can make it far
+longer than its messages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from baton.chat_options import ChatOptions
 from baton.checkpoint.tokenizer import Tokenizer
@@ -30,10 +35,19 @@ CHAT_ROLES = ("system", "user", "assistant")
 FALLBACK_REPLY_CUE = "assistant:"
 
 
-def render_chat(
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A rendered conversation: its text, and whether encoding it adds the tokenizer's special
+    tokens (the fallback's BOS; a template writes its own, as transformers tokenizes it)."""
+
+    text: str
+    add_special_tokens: bool
+
+
+def chat_prompt(
     tokenizer: Tokenizer, messages: Sequence[ChatMessage], options: ChatOptions | None = None
-) -> list[int]:
-    """The prompt token ids of a conversation, rendered under `options` (validated ones; the
+) -> ChatPrompt:
+    """The prompt text of a conversation, rendered under `options` (validated ones; the
     defaults: ready for the assistant's reply).
 
     Raises ValueError for an empty conversation, an unsupported role or a final message the
@@ -51,17 +65,24 @@ def render_chat(
             )
     if tokenizer.chat_template is not None:
         conversation = [{"role": m.role, "content": m.content} for m in messages]
-        # The template writes the special tokens itself (as transformers tokenizes it).
         text = tokenizer.chat_template.render(
             conversation,
             add_generation_prompt=options.add_generation_prompt,
             continue_final_message=options.continue_final_message,
             variables=options.template_variables,
         )
-        return tokenizer.encode(text, add_special_tokens=False)
+        return ChatPrompt(text, add_special_tokens=False)
     text = "".join(f"{m.role}: {m.content}\n" for m in messages)
     if options.continue_final_message:
         text = text.removesuffix("\n")
     elif options.add_generation_prompt:
         text += FALLBACK_REPLY_CUE
-    return tokenizer.encode(text, add_special_tokens=True)
+    return ChatPrompt(text, add_special_tokens=True)
+
+
+def render_chat(
+    tokenizer: Tokenizer, messages: Sequence[ChatMessage], options: ChatOptions | None = None
+) -> list[int]:
+    """The prompt token ids of a conversation: `chat_prompt`'s text, encoded (its errors)."""
+    prompt = chat_prompt(tokenizer, messages, options)
+    return tokenizer.encode(prompt.text, add_special_tokens=prompt.add_special_tokens)

@@ -37,7 +37,7 @@ from baton.messages import (
     TokenizedRequest,
     make_rid,
 )
-from baton.tokenizer_proc.chat import render_chat
+from baton.tokenizer_proc.chat import chat_prompt
 from baton.tokenizer_proc.offload import Outgoing, PromptOffload
 from baton.validation import (
     RequestError,
@@ -196,31 +196,39 @@ class TokenizerService:
         if request.messages is None and request.chat != ChatOptions():
             raise RequestError("chat options (`chat`) need `messages`")
         validate_chat_options(request.chat)
-        if request.prompt_token_ids is None:
-            # Refused before tokenizing, which for a multi-megabyte text takes seconds.
-            check_prompt_chars(prompt_chars(request), self.max_prompt_chars, self.max_model_len)
         prompt_ids = self._prompt_ids(request)
         validate_prompt(prompt_ids, request.params.max_tokens, self.vocab_size, self.max_model_len)
         return prompt_ids
 
     def _prompt_ids(self, request: GenerateRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            return request.prompt_token_ids
         if request.prompt is not None:
-            return self.tokenizer.encode(
-                request.prompt, add_special_tokens=request.add_special_tokens
-            )
-        if request.messages is not None:
+            text, add_special_tokens = request.prompt, request.add_special_tokens
+        else:
+            assert request.messages is not None  # exactly one prompt field is set
             try:
-                return render_chat(self.tokenizer, request.messages, request.chat)
+                chat = chat_prompt(self.tokenizer, request.messages, request.chat)
             except (ValueError, TemplateError) as error:
                 raise RequestError(f"invalid messages: {error}") from error
-        return request.prompt_token_ids or []
+            text, add_special_tokens = chat.text, chat.add_special_tokens
+        # The rendered text, not the messages: a kwarg the template writes (a 4 MB bos_token)
+        # makes it longer. Refused before tokenizing, which for megabytes takes seconds.
+        check_prompt_chars(len(text), self.max_prompt_chars, self.max_model_len)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def prompt_chars(request: GenerateRequest) -> int:
-    """The characters of a request's text prompt or messages (0 for token ids)."""
+    """About the characters of the prompt a request's text or messages make (0 for token
+    ids), counted without rendering: what decides whether it is tokenized on the worker."""
     texts = [request.prompt] if request.prompt is not None else []
     texts += [message.content for message in request.messages or ()]
-    return sum(len(text) for text in texts)
+    chars = sum(len(text) for text in texts)
+    if request.messages is not None:
+        # The kwargs a template may write into the prompt: their encoded size (msgpack, not
+        # JSON: they are not validated yet, and a ZMQ client's may hold values JSON has not).
+        chars += len(msgspec.msgpack.encode(request.chat))
+    return chars
 
 
 def _failure(client_id: bytes, request_id: str, code: ErrorCode, message: str) -> Outgoing:

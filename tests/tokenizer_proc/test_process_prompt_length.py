@@ -71,6 +71,22 @@ def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(
     failure(stories_service.handle(CLIENT, generate_frame(prompt_token_ids=ids)), "prompt_too_long")
 
 
+def test_template_kwargs_are_measured_and_refused_before_tokenizing(
+    service: TokenizerService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bos_token kwarg, which the byte template writes into the prompt: 4 MB of it were once
+    tokenized on the loop (4.3 s) before the context-length refusal."""
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("tokenized a prompt that cannot fit")
+
+    monkeypatch.setattr(service.tokenizer, "encode", never)
+    chat = {"chat_template_kwargs": {"bos_token": "x" * 4_000_000}}
+    frame = generate_frame(messages=[{"role": "user", "content": "hi"}], chat=chat)
+    message = failure(service.handle(CLIENT, frame), "prompt_too_long")
+    assert "context length is 64 tokens" in message and "characters" in message
+
+
 class _SlowTokenizer:
     """Takes half a second over a long text, as a real one does over hundreds of kilobytes."""
 
@@ -121,5 +137,22 @@ def test_a_request_reusing_the_id_of_one_on_the_worker_is_refused() -> None:
         assert service.handle(CLIENT, large) == []
         assert "already running" in failure(service.handle(CLIENT, large))
         assert "already running" in failure(service.handle(CLIENT, generate_frame(prompt="b")))
+    finally:
+        service.offload.close()
+
+
+def test_large_template_kwargs_are_rendered_beside_the_loop() -> None:
+    """Short messages, large kwargs: the prompt they render to is large, so the request goes
+    to the worker thread as a large prompt does."""
+    service = TokenizerService(_SlowTokenizer(), 100, MAX_MODEL_LEN, "fcfs")  # type: ignore[arg-type]
+    service.start_offload()
+    assert service.offload is not None
+    try:
+        chat = {"chat_template_kwargs": {"bos_token": "b" * OFFLOAD_PROMPT_CHARS}}
+        frame = generate_frame(messages=[{"role": "user", "content": "hi"}], chat=chat)
+        assert service.handle(CLIENT, frame) == []  # on the worker
+        assert select.select([service.offload.wake_fd], [], [], 10)[0]
+        ((_, tokenized),) = service.offload.completed()
+        assert isinstance(tokenized, TokenizedRequest)
     finally:
         service.offload.close()
