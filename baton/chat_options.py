@@ -27,7 +27,9 @@ REFUSED_KWARGS = {
     "messages": "chat_template_kwargs cannot set `messages`: the request's messages are rendered",
     "tools": "tools are not supported",
 }
-# Keys the request's own fields win over, as vLLM merges them.
+# Kwargs the request's own fields replace, as vLLM merges them: the render's own arguments
+# (transformers' too), which the template never sees as kwargs. `template_variables` is the one
+# place they are dropped; ChatTemplate.render does not guard against them.
 OVERRIDDEN_KWARGS = frozenset({"add_generation_prompt", "continue_final_message"})
 
 

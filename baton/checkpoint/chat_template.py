@@ -75,10 +75,12 @@ class ChatTemplate:
         `continue_final_message` (not with `add_generation_prompt`) leaves the final message
         open, as transformers does: its content is rendered with a tag after it, and the text
         is cut where the tag is (ValueError if the template does not write the content as it
-        is). `variables` are further template variables (a request's `chat_template_kwargs`);
-        they may override the special tokens and `documents`, not the messages. Whatever a
-        render raises is a TemplateError: with a request's variables, any expression of the
-        template can fail on them.
+        is). `variables` are further template variables, as transformers' kwargs: they may
+        override the special tokens and `documents`, not the messages; which of a request's
+        kwargs get here, and which of its fields win over them, is ChatOptions' merge (its
+        `template_variables`, which leave out `add_generation_prompt`). Whatever a render
+        raises is a TemplateError: with a request's variables, any expression of the template
+        can fail on them.
         """
         if continue_final_message:
             *earlier, final = messages
@@ -87,9 +89,9 @@ class ChatTemplate:
             **self._special_tokens,
             "tools": None,
             "documents": None,
+            "add_generation_prompt": add_generation_prompt,
             **(variables or {}),
             "messages": messages,
-            "add_generation_prompt": add_generation_prompt,
         }
         try:
             text = self._template.render(context)

@@ -70,6 +70,34 @@ def test_chat_options_that_cannot_be_honoured(
     assert expected in failure(service.handle(CLIENT, frame))
 
 
+def _service_with_template(checkpoint: Checkpoint, template: str) -> TokenizerService:
+    """The byte tokenizer (ids are bytes) with `template` as its chat template."""
+    base = checkpoint.tokenizer
+    tokenizer = Tokenizer(base.backend, base.special_tokens, template)
+    return TokenizerService(tokenizer, checkpoint.config.vocab_size, MAX_MODEL_LEN, "fcfs")
+
+
+def _rendered(service: TokenizerService, chat: dict) -> bytes:
+    """The prompt a one-message conversation renders to under `chat` (the byte tokenizer's)."""
+    frame = generate_frame(messages=[{"role": "user", "content": "a"}], chat=chat)
+    return bytes(
+        single(service.handle(CLIENT, frame), "scheduler", TokenizedRequest).prompt_token_ids
+    )
+
+
+def test_the_request_fields_win_over_kwargs_of_the_same_name(
+    random_checkpoint: Checkpoint,
+) -> None:
+    """vLLM's merge: the template sees the request's add_generation_prompt whatever the kwargs
+    say, and no continue_final_message (transformers' argument, not a template variable)."""
+    template = "{{ add_generation_prompt }},{{ continue_final_message | default('-') }}"
+    service = _service_with_template(random_checkpoint, template)
+    kwargs = {"add_generation_prompt": False, "continue_final_message": True}
+    assert _rendered(service, {"chat_template_kwargs": kwargs}) == b"True,-"
+    chat = {"add_generation_prompt": False, "chat_template_kwargs": {"add_generation_prompt": True}}
+    assert _rendered(service, chat) == b"False,-"
+
+
 def test_a_final_message_the_template_does_not_write_cannot_be_continued(
     random_checkpoint: Checkpoint,
 ) -> None:
