@@ -2,15 +2,19 @@
 
 `add_generation_prompt` and `continue_final_message` are the template's own switches;
 `chat_template_kwargs` are further variables of the template render (Qwen3's
-`enable_thinking`...). `ChatOptions.validate` is the one check of them, for HTTP
-(frontend/params.py) and ZMQ clients (the tokenizer process) alike.
+`enable_thinking`...), and vLLM's top-level `documents` and `reasoning_effort` two more.
+`ChatOptions.validate` is the one check of them, for HTTP (frontend/params.py) and ZMQ clients
+(the tokenizer process) alike; `ChatOptions.template_variables` is vLLM's merge of them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
+
+# vLLM's values of `reasoning_effort`: "none" turns thinking off, any other level on.
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
 
 # vLLM's words, but for its flag: Baton never renders with a template from a request (a template
 # runs code on the server, sandboxed or not, and changes what the model was trained on).
@@ -45,11 +49,14 @@ class ChatOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
     """vLLM's chat template fields: a generation prompt after the conversation (the default),
     or its final message left open for the model to continue; `chat_template_kwargs` are JSON
     values the template sees as variables (they may override its special tokens, as in
-    transformers, and `documents`)."""
+    transformers, and `documents`); `documents` (retrieval-augmented generation) and
+    `reasoning_effort` reach the template too, as in vLLM."""
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] = {}
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: ReasoningEffort | None = None
 
     def validate(self) -> None:
         """Raise InvalidChatOption for options that cannot be honoured together, or a kwarg
@@ -65,9 +72,18 @@ class ChatOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     @property
     def template_variables(self) -> dict[str, Any]:
-        """The kwargs the template render gets; the request's own fields win over theirs."""
-        return {
+        """The variables the template render gets, merged as vLLM's build_chat_params merges
+        them: the kwargs, less the render's own switches (the request's win); the request's
+        `documents` and `reasoning_effort` over the kwargs' where set; and `enable_thinking`
+        from the effort ("none": off) unless the kwargs set it themselves."""
+        variables = {
             key: value
             for key, value in self.chat_template_kwargs.items()
             if key not in OVERRIDDEN_KWARGS
         }
+        if self.documents is not None:
+            variables["documents"] = self.documents
+        if self.reasoning_effort is not None:
+            variables["reasoning_effort"] = self.reasoning_effort
+            variables.setdefault("enable_thinking", self.reasoning_effort != "none")
+        return variables

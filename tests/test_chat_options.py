@@ -58,12 +58,35 @@ def test_the_request_fields_win_over_kwargs_of_the_same_name() -> None:
     }
 
 
+def test_documents_and_reasoning_effort_reach_the_template_as_vllm_merges_them() -> None:
+    """vLLM's top-level fields: where set they win over same-named kwargs; the effort also sets
+    enable_thinking ("none": off, any other level: on) unless the kwargs name it."""
+    documents = [{"title": "t", "text": "x"}]
+    kwargs = {"documents": [{"title": "old"}], "reasoning_effort": "low", "x": 1}
+    options = ChatOptions(chat_template_kwargs=kwargs, documents=documents)
+    assert options.template_variables == {**kwargs, "documents": documents}
+    assert ChatOptions(chat_template_kwargs=kwargs).template_variables == kwargs
+    for effort, thinking in (("none", False), ("minimal", True), ("high", True), ("max", True)):
+        variables = ChatOptions(
+            chat_template_kwargs=kwargs, reasoning_effort=effort
+        ).template_variables
+        assert variables == {**kwargs, "reasoning_effort": effort, "enable_thinking": thinking}
+    chosen = {"enable_thinking": True}
+    none = ChatOptions(chat_template_kwargs=chosen, reasoning_effort="none").template_variables
+    assert none == {"enable_thinking": True, "reasoning_effort": "none"}
+
+
 def test_options_travel_with_json_values() -> None:
     kwargs = {"enable_thinking": False, "n": 2**63 - 1, "x": [1.5, None, {"y": "z"}]}
     request = GenerateRequest(
         request_id="r",
         messages=[ChatMessage("user", "hi")],
-        chat=ChatOptions(add_generation_prompt=False, chat_template_kwargs=kwargs),
+        chat=ChatOptions(
+            add_generation_prompt=False,
+            chat_template_kwargs=kwargs,
+            documents=[{"title": "t", "text": "x"}],
+            reasoning_effort="none",
+        ),
     )
     decoded = msgspec.msgpack.decode(msgspec.msgpack.encode(request), type=ClientMessage)
     assert decoded == request

@@ -120,6 +120,8 @@ def chat_options(request: ChatCompletionRequest) -> ChatOptions:
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
         chat_template_kwargs=request.chat_template_kwargs or {},
+        documents=request.documents,
+        reasoning_effort=request.reasoning_effort,
     )
     try:
         options.validate()

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from baton.chat_options import REQUEST_TEMPLATE_REFUSED
+from baton.chat_options import REQUEST_TEMPLATE_REFUSED, ReasoningEffort
 from baton.sampling_params import MAX_LOGPROBS
 
 # Each choice is a separate request in the pipeline: `n` is capped here, and choices over all
@@ -214,6 +214,8 @@ class ChatCompletionRequest(SamplingRequest):
     continue_final_message: bool = False
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     # vLLM's: the reply starts with the final message's content when it has the reply's role.
     echo: bool = False
 

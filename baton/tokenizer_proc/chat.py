@@ -13,7 +13,8 @@ For example, a system and a user message become::
 
 Without a generation prompt the cue is left out; with `continue_final_message` the text ends
 right after the final message's content (no newline), for the model to continue it. The
-fallback has no variables: `chat_template_kwargs` have nothing to change there.
+fallback has no variables: `chat_template_kwargs`, `documents` and `reasoning_effort` have
+nothing to change there.
 
 Roles are limited to system, user and assistant; any other role is a ValueError.
 

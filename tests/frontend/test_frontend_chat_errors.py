@@ -18,6 +18,8 @@ from helpers.frontend_http import CHAT, assert_error
         ({**CHAT, "continue_final_message": True}, "continue_final_message"),
         ({**CHAT, "chat_template_kwargs": {"tokenize": False}}, "chat_template_kwargs"),
         ({**CHAT, "chat_template_kwargs": {"x": 2**70}}, "chat_template_kwargs"),
+        ({**CHAT, "reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({**CHAT, "documents": [{"title": 1}]}, "documents.0.title"),
     ],
 )
 def test_chat_fields_vllm_refuses_are_400(http: httpx.Client, body: dict, param: str) -> None:
@@ -40,3 +42,13 @@ def test_what_vllm_accepts_is_served(http: httpx.Client) -> None:
     assert varied.status_code == 200, varied.text
     prompt_tokens = plain.json()["usage"]["prompt_tokens"]
     assert varied.json()["usage"]["prompt_tokens"] == prompt_tokens + 2
+
+
+def test_documents_and_reasoning_effort_are_served(http: httpx.Client) -> None:
+    """vLLM's top-level template fields, once ignored unread; the built-in model's template
+    reads neither, so its prompt stays the plain one."""
+    plain = http.post("/v1/chat/completions", json=CHAT)
+    fields = {"documents": [{"title": "t", "text": "x"}], "reasoning_effort": "none"}
+    served = http.post("/v1/chat/completions", json={**CHAT, **fields})
+    assert served.status_code == 200, served.text
+    assert served.json()["usage"]["prompt_tokens"] == plain.json()["usage"]["prompt_tokens"]

@@ -50,6 +50,13 @@ def test_chat_template_options_reach_every_choice() -> None:
     assert chat_choices(chat_request())[0].chat == ChatOptions()
 
 
+def test_documents_and_reasoning_effort_reach_the_chat_options() -> None:
+    """vLLM's top-level template fields travel in ChatOptions, as the kwargs do."""
+    documents = [{"title": "t", "text": "x"}]
+    (choice,) = chat_choices(chat_request(documents=documents, reasoning_effort="none"))
+    assert choice.chat == ChatOptions(documents=documents, reasoning_effort="none")
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "message"),
     [
@@ -81,6 +88,8 @@ def test_chat_options_that_cannot_be_honoured_are_400(
         ({"tools": []}, "tools", "tools are not supported"),
         ({"chat_template": "{{ messages }}"}, "chat_template", "does not accept request chat"),
         ({"chat_template_kwargs": {"x": [2**70]}}, "chat_template_kwargs", "64 bits"),
+        ({"reasoning_effort": "extreme"}, "reasoning_effort", "reasoning_effort: Input should be"),
+        ({"documents": [{"title": 1}]}, "documents.0.title", "documents.0.title: Input should be"),
         ({"stream_options": {"include_usage": False}}, "stream_options", "`stream=True`"),
         ({"stream_options": {"include_usage": True}, "stream": False}, "stream_options", ""),
     ],

@@ -61,6 +61,8 @@ def test_chat_options_reach_the_template(service: TokenizerService) -> None:
             "need `messages`",
         ),
         ({"chat": {"chat_template_kwargs": [1]}}, "Expected `object`, got `array`"),
+        ({"chat": {"reasoning_effort": "extreme"}}, "Invalid enum value 'extreme'"),
+        ({"chat": {"documents": [{"title": 1}]}}, "Expected `str`, got `int`"),
     ],
 )
 def test_chat_options_that_cannot_be_honoured(
@@ -96,6 +98,23 @@ def test_the_request_fields_win_over_kwargs_of_the_same_name(
     assert _rendered(service, {"chat_template_kwargs": kwargs}) == b"True,-"
     chat = {"add_generation_prompt": False, "chat_template_kwargs": {"add_generation_prompt": True}}
     assert _rendered(service, chat) == b"False,-"
+
+
+def test_documents_and_reasoning_effort_reach_the_template(random_checkpoint: Checkpoint) -> None:
+    """vLLM's top-level fields over the wire: the documents and the effort as variables, and
+    enable_thinking from the effort unless the kwargs set it."""
+    template = (
+        "{{ documents | map(attribute='title') | join('+') if documents else '-' }},"
+        "{{ reasoning_effort | default('-') }},{{ enable_thinking | default('-') }}"
+    )
+    service = _service_with_template(random_checkpoint, template)
+    assert _rendered(service, {}) == b"-,-,-"
+    documents = [{"title": "a", "text": "x"}, {"title": "b", "text": "y"}]
+    assert _rendered(service, {"documents": documents}) == b"a+b,-,-"
+    assert _rendered(service, {"reasoning_effort": "none"}) == b"-,none,False"
+    assert _rendered(service, {"reasoning_effort": "low"}) == b"-,low,True"
+    chosen = {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": "yes"}}
+    assert _rendered(service, chosen) == b"-,none,yes"
 
 
 def test_a_final_message_the_template_does_not_write_cannot_be_continued(
