@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import msgspec
@@ -31,6 +32,8 @@ REFUSED_KWARGS = {
     "messages": "chat_template_kwargs cannot set `messages`: the request's messages are rendered",
     "tools": "tools are not supported",
 }
+# The integers msgpack carries: the kwargs travel to the tokenizer process in it.
+WIRE_INTEGERS = range(-(2**63), 2**64)
 # Kwargs the request's own fields replace, as vLLM merges them: the render's own arguments
 # (transformers' too), which the template never sees as kwargs. `template_variables` is the one
 # place they are dropped; ChatTemplate.render does not guard against them.
@@ -69,6 +72,11 @@ class ChatOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
         for key in self.chat_template_kwargs:
             if key in REFUSED_KWARGS:
                 raise InvalidChatOption("chat_template_kwargs", REFUSED_KWARGS[key])
+        problem = _non_json(self.chat_template_kwargs)
+        if problem is not None:
+            raise InvalidChatOption(
+                "chat_template_kwargs", f"chat_template_kwargs must hold JSON values: {problem}"
+            )
 
     @property
     def template_variables(self) -> dict[str, Any]:
@@ -87,3 +95,29 @@ class ChatOptions(msgspec.Struct, kw_only=True, omit_defaults=True):
             variables["reasoning_effort"] = self.reasoning_effort
             variables.setdefault("enable_thinking", self.reasoning_effort != "none")
         return variables
+
+
+def _non_json(value: Any) -> str | None:
+    """What keeps `value` from being JSON the template may see, or None: objects with string
+    keys, arrays, strings, finite numbers (integers msgpack carries), booleans and null. A ZMQ
+    client's msgpack may hold bytes, extension types, timestamps and integer keys, which would
+    reach the prompt as Python reprs; JSON over HTTP may hold NaN and Infinity."""
+    pending = [value]
+    while pending:  # a loop, not recursion: nesting as deep as a client sends cannot overflow
+        item = pending.pop()
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    return f"object keys must be strings, got {type(key).__name__}"
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"numbers must be finite, got {item}"
+        elif isinstance(item, int):  # booleans too
+            if item not in WIRE_INTEGERS:
+                return "integers must fit in 64 bits"
+        elif item is not None and not isinstance(item, str):
+            return f"got a value of type {type(item).__name__}"
+    return None

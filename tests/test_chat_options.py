@@ -3,6 +3,9 @@ they travel to the tokenizer process."""
 
 from __future__ import annotations
 
+import math
+from datetime import datetime, timezone
+
 import msgspec
 import pytest
 
@@ -39,6 +42,39 @@ def test_what_cannot_be_honoured_is_refused(options: ChatOptions, param: str, me
     with pytest.raises(InvalidChatOption) as raised:
         options.validate()
     assert raised.value.param == param and message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (b"bytes", "got a value of type bytes"),
+        (msgspec.msgpack.Ext(1, b"x"), "got a value of type Ext"),
+        (datetime(2026, 1, 1, tzinfo=timezone.utc), "got a value of type datetime"),
+        ({"nested": {1: "a"}}, "object keys must be strings, got int"),
+        ([1.5, math.nan], "numbers must be finite, got nan"),
+        ({"x": [math.inf]}, "numbers must be finite, got inf"),
+        (-math.inf, "numbers must be finite, got -inf"),
+        (2**64, "integers must fit in 64 bits"),
+        ([-(2**63) - 1], "integers must fit in 64 bits"),
+        ((1, 2), "got a value of type tuple"),
+    ],
+)
+def test_kwargs_must_hold_json_values(value: object, problem: str) -> None:
+    """A ZMQ client's msgpack carries more than JSON (bytes, extensions, timestamps, integer
+    keys), which would reach the prompt as Python reprs; JSON over HTTP carries NaN and
+    Infinity. Both are refused, as the kwargs anywhere in them."""
+    with pytest.raises(InvalidChatOption) as raised:
+        ChatOptions(chat_template_kwargs={"v": value}).validate()
+    assert raised.value.param == "chat_template_kwargs"
+    assert str(raised.value) == f"chat_template_kwargs must hold JSON values: {problem}"
+
+
+def test_any_json_value_is_accepted_however_deep() -> None:
+    deep: list = []
+    for _ in range(100_000):  # a loop, not recursion, checks them
+        deep = [deep]
+    values = [None, True, "s", 2**64 - 1, -(2**63), 0.5, [{"a": [{}]}], deep]
+    ChatOptions(chat_template_kwargs={str(i): v for i, v in enumerate(values)}).validate()
 
 
 def test_the_request_fields_win_over_kwargs_of_the_same_name() -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from baton.chat_options import REQUEST_TEMPLATE_REFUSED, ReasoningEffort
@@ -251,17 +250,6 @@ class ChatCompletionRequest(SamplingRequest):
     def _no_request_template(cls, value: str | None) -> str | None:
         if value is not None:
             raise ValueError(REQUEST_TEMPLATE_REFUSED)
-        return value
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _fits_the_wire(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The kwargs travel to the tokenizer process as msgpack, whose integers are 64-bit."""
-        if value is not None:
-            try:
-                msgspec.msgpack.encode(value)
-            except OverflowError as error:
-                raise ValueError("integers must fit in 64 bits") from error
         return value
 
     @model_validator(mode="after")

@@ -52,3 +52,13 @@ def test_documents_and_reasoning_effort_are_served(http: httpx.Client) -> None:
     served = http.post("/v1/chat/completions", json={**CHAT, **fields})
     assert served.status_code == 200, served.text
     assert served.json()["usage"]["prompt_tokens"] == plain.json()["usage"]["prompt_tokens"]
+
+
+def test_non_finite_numbers_in_the_kwargs_are_400(http: httpx.Client) -> None:
+    """JSON's NaN and Infinity pass the kwargs' `Any` (a float field refuses them): refused as
+    ChatOptions refuses them for every client."""
+    for value in (b"NaN", b"Infinity", b"-Infinity"):
+        body = b'{"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": '
+        response = http.post("/v1/chat/completions", content=body + b'{"x": [' + value + b"]}}")
+        error = assert_error(response, 400, "invalid_request")
+        assert error["param"] == "chat_template_kwargs" and "finite" in error["message"]

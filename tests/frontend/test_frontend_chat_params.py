@@ -3,6 +3,8 @@ mapped to each choice, what is refused (400) and accepted, the reply's role, and
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from pydantic import ValidationError
 
@@ -68,6 +70,8 @@ def test_documents_and_reasoning_effort_reach_the_chat_options() -> None:
         ),
         ({"chat_template_kwargs": {"chat_template": "x"}}, "chat_template_kwargs", "templates"),
         ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", "`messages`"),
+        ({"chat_template_kwargs": {"x": [2**70]}}, "chat_template_kwargs", "64 bits"),
+        ({"chat_template_kwargs": {"x": [math.nan]}}, "chat_template_kwargs", "finite, got nan"),
     ],
 )
 def test_chat_options_that_cannot_be_honoured_are_400(
@@ -87,7 +91,6 @@ def test_chat_options_that_cannot_be_honoured_are_400(
         ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", "tools"),
         ({"tools": []}, "tools", "tools are not supported"),
         ({"chat_template": "{{ messages }}"}, "chat_template", "does not accept request chat"),
-        ({"chat_template_kwargs": {"x": [2**70]}}, "chat_template_kwargs", "64 bits"),
         ({"reasoning_effort": "extreme"}, "reasoning_effort", "reasoning_effort: Input should be"),
         ({"documents": [{"title": 1}]}, "documents.0.title", "documents.0.title: Input should be"),
         ({"stream_options": {"include_usage": False}}, "stream_options", "`stream=True`"),

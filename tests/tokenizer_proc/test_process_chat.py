@@ -3,6 +3,10 @@ wire (what reaches the template, what is refused), and the length of the rendere
 
 from __future__ import annotations
 
+import math
+from datetime import datetime, timezone
+
+import msgspec
 import pytest
 from helpers.tokenizer_frames import (
     CLIENT,
@@ -63,6 +67,15 @@ def test_chat_options_reach_the_template(service: TokenizerService) -> None:
         ({"chat": {"chat_template_kwargs": [1]}}, "Expected `object`, got `array`"),
         ({"chat": {"reasoning_effort": "extreme"}}, "Invalid enum value 'extreme'"),
         ({"chat": {"documents": [{"title": 1}]}}, "Expected `str`, got `int`"),
+        # msgpack carries more than JSON: refused, not rendered as Python reprs.
+        (
+            {"chat": {"chat_template_kwargs": {"x": b"\x00"}}},
+            "JSON values: got a value of type bytes",
+        ),
+        ({"chat": {"chat_template_kwargs": {"x": msgspec.msgpack.Ext(5, b"")}}}, "type Ext"),
+        ({"chat": {"chat_template_kwargs": {"x": [datetime.now(timezone.utc)]}}}, "type datetime"),
+        ({"chat": {"chat_template_kwargs": {"x": {1: "a"}}}}, "object keys must be strings"),
+        ({"chat": {"chat_template_kwargs": {"x": math.nan}}}, "numbers must be finite, got nan"),
     ],
 )
 def test_chat_options_that_cannot_be_honoured(
