@@ -51,7 +51,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order. `priority`
         (one per prompt, lower first) needs `scheduling_policy="priority"` unless all are 0, as
-        vLLM's (a RequestError otherwise)."""
+        vLLM's (a RequestError otherwise). A RequestError refuses the whole batch: none of its
+        requests stays queued."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -61,25 +62,32 @@ class LLM:
         priority = priority or [0] * len(prompts)
         if len(priority) != len(prompts):
             raise ValueError("give one priority per prompt")
+        # Every prompt is validated before any is queued: a refused one leaves none behind.
+        prompt_ids = [
+            self._validated_prompt_ids(prompt, params, request_priority)
+            for prompt, params, request_priority in zip(prompts, sampling_params, priority)
+        ]
         outputs: dict[str, RequestOutput] = {}
         detokenizers: dict[str, IncrementalDetokenizer] = {}
-        for prompt, params, request_priority in zip(prompts, sampling_params, priority):
-            request_id = str(next(self._ids))
-            prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            validate_params(params, self.engine.vocab_size)
-            validate_priority(request_priority, self.config.scheduling_policy)
-            validate_prompt(
-                prompt_ids, params.max_tokens, self.engine.vocab_size, self.engine.max_model_len
-            )
-            self.scheduler.add_request(request_id, prompt_ids, params, priority=request_priority)
-            outputs[request_id] = RequestOutput(request_id, prompt_ids)
-            detokenizers[request_id] = IncrementalDetokenizer(
-                self.tokenizer,
-                prompt_ids,
-                stop=params.stop or (),
-                min_tokens=params.min_tokens,
-                include_stop_str_in_output=params.include_stop_str_in_output,
-            )
+        try:
+            for ids, params, request_priority in zip(prompt_ids, sampling_params, priority):
+                request_id = str(next(self._ids))
+                detokenizer = IncrementalDetokenizer(
+                    self.tokenizer,
+                    ids,
+                    stop=params.stop or (),
+                    min_tokens=params.min_tokens,
+                    include_stop_str_in_output=params.include_stop_str_in_output,
+                )
+                self.scheduler.add_request(request_id, ids, params, priority=request_priority)
+                outputs[request_id] = RequestOutput(request_id, ids)
+                detokenizers[request_id] = detokenizer
+        except Exception:
+            # What the scheduler refuses on its state (a full queue...): the requests queued
+            # so far are aborted, as vLLM's LLM aborts them, so none runs on unread.
+            for request_id in outputs:
+                self.scheduler.abort_request(request_id)
+            raise
         pending = set(outputs)
         while pending:
             for step in self.scheduler.step():
@@ -88,6 +96,18 @@ class LLM:
                     if step.finished:
                         pending.discard(step.rid)
         return list(outputs.values())
+
+    def _validated_prompt_ids(
+        self, prompt: Prompt, params: SamplingParams, priority: int
+    ) -> list[int]:
+        """The prompt's token ids; RequestError (or its subclasses) if it cannot be served."""
+        prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        validate_params(params, self.engine.vocab_size)
+        validate_priority(priority, self.config.scheduling_policy)
+        validate_prompt(
+            prompt_ids, params.max_tokens, self.engine.vocab_size, self.engine.max_model_len
+        )
+        return prompt_ids
 
     def _absorb(
         self, step: StepOutput, output: RequestOutput, detok: IncrementalDetokenizer
