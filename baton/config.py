@@ -96,6 +96,8 @@ class BatonConfig:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.max_waiting_requests < 1:  # 0 would refuse every request as overloaded
+            raise ValueError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}")
         if self.batch_order not in BATCH_ORDERS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -51,8 +52,8 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate for every prompt (text or token ids); outputs in prompt order. `priority`
         (one per prompt, lower first) needs `scheduling_policy="priority"` unless all are 0, as
-        vLLM's (a RequestError otherwise). A RequestError refuses the whole batch: none of its
-        requests stays queued."""
+        vLLM's (a RequestError otherwise). A RequestError refuses the whole batch before any of
+        it runs."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -67,35 +68,48 @@ class LLM:
             self._validated_prompt_ids(prompt, params, request_priority)
             for prompt, params, request_priority in zip(prompts, sampling_params, priority)
         ]
+        unqueued = deque(zip(prompt_ids, sampling_params, priority))
         outputs: dict[str, RequestOutput] = {}
         detokenizers: dict[str, IncrementalDetokenizer] = {}
+        pending: set[str] = set()
         try:
-            for ids, params, request_priority in zip(prompt_ids, sampling_params, priority):
-                request_id = str(next(self._ids))
-                detokenizer = IncrementalDetokenizer(
-                    self.tokenizer,
-                    ids,
-                    stop=params.stop or (),
-                    min_tokens=params.min_tokens,
-                    include_stop_str_in_output=params.include_stop_str_in_output,
-                )
-                self.scheduler.add_request(request_id, ids, params, priority=request_priority)
-                outputs[request_id] = RequestOutput(request_id, ids)
-                detokenizers[request_id] = detokenizer
-        except Exception:
-            # What the scheduler refuses on its state (a full queue...): the requests queued
-            # so far are aborted, as vLLM's LLM aborts them, so none runs on unread.
-            for request_id in outputs:
+            while unqueued or pending:
+                # Any number of prompts, as vLLM's LLM takes: the scheduler holds at most
+                # `max_waiting_requests` waiting, and the rest join as it admits them.
+                while unqueued and len(self.scheduler.waiting) < self.config.max_waiting_requests:
+                    pending.add(self._queue(*unqueued.popleft(), outputs, detokenizers))
+                for step in self.scheduler.step():
+                    if step.rid in pending:
+                        self._absorb(step, outputs[step.rid], detokenizers[step.rid])
+                        if step.finished:
+                            pending.discard(step.rid)
+        except BaseException:
+            # Nothing is left running for nobody (a KeyboardInterrupt included).
+            for request_id in pending:
                 self.scheduler.abort_request(request_id)
             raise
-        pending = set(outputs)
-        while pending:
-            for step in self.scheduler.step():
-                if step.rid in pending:
-                    self._absorb(step, outputs[step.rid], detokenizers[step.rid])
-                    if step.finished:
-                        pending.discard(step.rid)
         return list(outputs.values())
+
+    def _queue(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        priority: int,
+        outputs: dict[str, RequestOutput],
+        detokenizers: dict[str, IncrementalDetokenizer],
+    ) -> str:
+        """Add one validated request to the scheduler and to the batch's outputs; its id."""
+        request_id = str(next(self._ids))
+        self.scheduler.add_request(request_id, prompt_ids, params, priority=priority)
+        outputs[request_id] = RequestOutput(request_id, prompt_ids)
+        detokenizers[request_id] = IncrementalDetokenizer(
+            self.tokenizer,
+            prompt_ids,
+            stop=params.stop or (),
+            min_tokens=params.min_tokens,
+            include_stop_str_in_output=params.include_stop_str_in_output,
+        )
+        return request_id
 
     def _validated_prompt_ids(
         self, prompt: Prompt, params: SamplingParams, priority: int
@@ -107,6 +121,7 @@ class LLM:
         validate_prompt(
             prompt_ids, params.max_tokens, self.engine.vocab_size, self.engine.max_model_len
         )
+        self.scheduler.check_admissible(len(prompt_ids), params)
         return prompt_ids
 
     def _absorb(

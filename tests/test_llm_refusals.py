@@ -6,7 +6,7 @@ import pytest
 
 from baton import LLM, SamplingParams
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
-from baton.validation import OverloadedError, RequestError
+from baton.validation import RequestError
 
 FITS = "fine"
 SHORT = SamplingParams(max_tokens=2, ignore_eos=True)
@@ -37,13 +37,29 @@ def test_a_refused_prompt_queues_none_of_its_batch(
     assert len(llm.generate(FITS, SHORT)[0].token_ids) == 2
 
 
-def test_a_batch_the_scheduler_refuses_is_aborted(llm: LLM) -> None:
-    """A full queue refuses the third prompt: the two queued before it are aborted, as vLLM's
-    LLM aborts what it added."""
-    with pytest.raises(OverloadedError):
-        llm.generate([FITS] * 3, SHORT)
+def test_more_prompts_than_the_waiting_queue_holds_all_run(llm: LLM) -> None:
+    """vLLM's LLM takes any number of prompts: past `max_waiting_requests` (2 here) they join
+    the scheduler as it admits the earlier ones, outputs in prompt order."""
+    prompts = [[5 + i, 9, 13 + i] for i in range(7)]
+    greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    together = llm.generate(prompts, greedy)
+    alone = [llm.generate(prompt, greedy)[0] for prompt in prompts]
+    assert [o.prompt_token_ids for o in together] == prompts
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
     assert_nothing_queued(llm)
-    assert [len(o.token_ids) for o in llm.generate([FITS] * 2, SHORT)] == [2, 2]
+
+
+def test_a_request_the_server_can_never_run_queues_none_of_its_batch() -> None:
+    """Penalties under speculative decoding: the scheduler's own refusal, made before the
+    batch's first request is queued."""
+    llm = LLM(
+        RANDOM_MODEL_NAME,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+    )
+    with pytest.raises(RequestError, match="speculative"):
+        llm.generate([FITS, FITS], [SHORT, SamplingParams(max_tokens=2, presence_penalty=1.0)])
+    assert_nothing_queued(llm)
+    assert len(llm.generate(FITS, SHORT)[0].token_ids) == 2
 
 
 def assert_nothing_queued(llm: LLM) -> None:

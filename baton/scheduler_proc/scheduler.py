@@ -94,24 +94,11 @@ class Scheduler:
         deadline_ms: float | None = None,
     ) -> None:
         """Queue a request validated by `baton.validation` (the tokenizer process, or `LLM`);
-        RequestError (typed) where it cannot be taken now: a duplicate id, penalties under
-        speculative decoding, more KV than the whole pool, a full queue."""
+        RequestError (typed) where it cannot be taken now: a duplicate id, one this server can
+        never run (`check_admissible`), a full queue."""
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in use")
-        if params.adjusts_logits and self.engine.speculator is not None:
-            # Verification scores drafts the sampler's penalties know nothing of.
-            raise RequestError(
-                "penalties and logit_bias are not supported with --speculative-config"
-            )
-        max_len = self.engine.max_model_len
-        max_tokens = (
-            params.max_tokens if params.max_tokens is not None else max_len - len(prompt_ids)
-        )
-        if self.kv.pages_for(len(prompt_ids) + max_tokens) > self.kv.num_pages:
-            raise PromptTooLongError(
-                f"the request needs up to {len(prompt_ids) + max_tokens} tokens of KV cache, more "
-                f"than the whole pool ({self.kv.num_pages * self.kv.page_size} tokens)"
-            )
+        max_tokens = self.check_admissible(len(prompt_ids), params)
         if len(self.waiting) >= self.config.max_waiting_requests:
             raise OverloadedError(f"{len(self.waiting)} requests waiting; retry later")
         seq = Sequence(
@@ -128,6 +115,26 @@ class Scheduler:
         )
         self.requests[rid] = seq
         self.order.insert(self.waiting, seq)
+
+    def check_admissible(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        """The request's output limit; RequestError where this server could never run it:
+        penalties under speculative decoding, more KV than the whole pool."""
+        if params.adjusts_logits and self.engine.speculator is not None:
+            # Verification scores drafts the sampler's penalties know nothing of.
+            raise RequestError(
+                "penalties and logit_bias are not supported with --speculative-config"
+            )
+        max_tokens = (
+            params.max_tokens
+            if params.max_tokens is not None
+            else self.engine.max_model_len - num_prompt_tokens
+        )
+        if self.kv.pages_for(num_prompt_tokens + max_tokens) > self.kv.num_pages:
+            raise PromptTooLongError(
+                f"the request needs up to {num_prompt_tokens + max_tokens} tokens of KV cache, "
+                f"more than the whole pool ({self.kv.num_pages * self.kv.page_size} tokens)"
+            )
+        return max_tokens
 
     def abort_request(self, rid: str, reason: FinishReason = "abort") -> None:
         """Finish a request early (client abort, or a stop string found downstream).
