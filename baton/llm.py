@@ -75,7 +75,8 @@ class LLM:
         try:
             while unqueued or pending:
                 # Any number of prompts, as vLLM's LLM takes: the scheduler holds at most
-                # `max_waiting_requests` waiting, and the rest join as it admits them.
+                # `max_waiting_requests` waiting, and the rest join as it admits them (so past
+                # that many, a later prompt's priority cannot overtake an earlier one).
                 while unqueued and len(self.scheduler.waiting) < self.config.max_waiting_requests:
                     pending.add(self._queue(*unqueued.popleft(), outputs, detokenizers))
                 for step in self.scheduler.step():
@@ -100,15 +101,18 @@ class LLM:
     ) -> str:
         """Add one validated request to the scheduler and to the batch's outputs; its id."""
         request_id = str(next(self._ids))
-        self.scheduler.add_request(request_id, prompt_ids, params, priority=priority)
-        outputs[request_id] = RequestOutput(request_id, prompt_ids)
-        detokenizers[request_id] = IncrementalDetokenizer(
+        detokenizer = IncrementalDetokenizer(
             self.tokenizer,
             prompt_ids,
             stop=params.stop or (),
             min_tokens=params.min_tokens,
             include_stop_str_in_output=params.include_stop_str_in_output,
         )
+        # Last: once the scheduler holds the request, nothing here may fail before it is
+        # pending (and so aborted if the batch is interrupted).
+        self.scheduler.add_request(request_id, prompt_ids, params, priority=priority)
+        outputs[request_id] = RequestOutput(request_id, prompt_ids)
+        detokenizers[request_id] = detokenizer
         return request_id
 
     def _validated_prompt_ids(

@@ -19,6 +19,8 @@ MAX_TOP_K = 2**31 - 1
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 1024
+# The sampler turns a bias into tensors every step: bounded, so one request cannot slow all.
+MAX_LOGIT_BIAS_ENTRIES = 1024
 # vLLM's ranges: presence and frequency penalties in [-2, 2] (OpenAI's), repetition > 0.
 MAX_PENALTY = 2.0
 
@@ -111,6 +113,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             raise InvalidSamplingParam(
                 "repetition_penalty",
                 f"repetition_penalty must be greater than zero, got {self.repetition_penalty}",
+            )
+        if len(self.logit_bias or ()) > MAX_LOGIT_BIAS_ENTRIES:
+            raise InvalidSamplingParam(
+                "logit_bias", f"at most {MAX_LOGIT_BIAS_ENTRIES} logit_bias entries"
             )
         if not all(math.isfinite(bias) for bias in (self.logit_bias or {}).values()):
             raise InvalidSamplingParam("logit_bias", "logit_bias values must be finite numbers")

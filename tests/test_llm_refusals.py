@@ -14,7 +14,7 @@ SHORT = SamplingParams(max_tokens=2, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    """The built-in model, with room for two waiting requests (to reach a full queue)."""
+    """The built-in model, with room for two waiting requests (so batches overflow the queue)."""
     return LLM(RANDOM_MODEL_NAME, max_waiting_requests=2)
 
 

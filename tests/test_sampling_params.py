@@ -7,6 +7,7 @@ import pytest
 
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.sampling_params import (
+    MAX_LOGIT_BIAS_ENTRIES,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
@@ -29,6 +30,14 @@ from baton.sampling_params import (
         ("stop", ["x"] * (MAX_STOP_STRINGS + 1), f"at most {MAX_STOP_STRINGS} stop strings"),
         ("stop", "x" * (MAX_STOP_STRING_CHARS + 1), "stop strings must be at most"),
         ("stop_token_ids", [1] * (MAX_STOP_TOKEN_IDS + 1), "at most"),
+        # A full-vocabulary bias once cost 337 ms a step, for every request of the batch.
+        ("logit_bias", dict.fromkeys(range(MAX_LOGIT_BIAS_ENTRIES + 1), 1.0), "at most"),
+        ("logit_bias", {3: float("nan")}, "finite"),
+        ("logit_bias", {512: 1.0}, "outside the vocabulary"),
+        ("presence_penalty", 2.5, "presence_penalty must be in"),
+        ("frequency_penalty", -2.5, "frequency_penalty must be in"),
+        ("repetition_penalty", 0.0, "greater than zero"),
+        ("repetition_penalty", float("nan"), "finite"),
     ],
 )
 def test_unrepresentable_values_are_refused(field: str, value: float, message: str) -> None:
@@ -42,6 +51,9 @@ def test_the_bounds_themselves_are_accepted() -> None:
         top_k=MAX_TOP_K,
         stop=["y" * MAX_STOP_STRING_CHARS] * MAX_STOP_STRINGS,
         stop_token_ids=[1] * MAX_STOP_TOKEN_IDS,
+        logit_bias=dict.fromkeys(range(MAX_LOGIT_BIAS_ENTRIES // 2), 1.0),
+        presence_penalty=2.0,
+        frequency_penalty=-2.0,
     ).validate(vocab_size=512)
 
 

@@ -13,11 +13,17 @@ from baton.config import BatonConfig, ConfigurationError
 from baton.cpu_binding import bind_engine_thread
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.select import model_attention_backend
+from baton.engine.batch_sampling import (
+    completed_histories,
+    logprob_lists,
+    plain_greedy,
+    suppress,
+)
 from baton.engine.compact_weights import COMPACT_MAX_ROWS
 from baton.engine.compute_plan import choose_compute_plan, isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS, NativeDecodeStep
-from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput, TokenHistory
+from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
@@ -181,7 +187,7 @@ class Engine:
             return self._forward_speculative(batch)
         input_ids = self._resolve_placeholders(batch)
         native = self.decode_step is not None and self.decode_step.handles(batch.q_lens)
-        if native and _plain_greedy(batch):  # the step's own argmax: nothing left to sample
+        if native and plain_greedy(batch):  # the step's own argmax: nothing left to sample
             _, tokens = self.decode_step(input_ids, batch.kv_starts, batch.page_tables, True)
             chosen = [tokens[row] for row in batch.sample_rows]
             for row, token in zip(batch.sample_rows, chosen):
@@ -267,16 +273,15 @@ class Engine:
         `rows`). Each row's slot remembers its token for a decode scheduled before it was known.
         `input_ids`, the batch's with placeholders resolved, complete the rows' histories
         (None under speculation, which admits no request with penalties or a logit bias)."""
-        _suppress(logits, [batch.suppressed_token_ids[i] for i in rows])
+        suppress(logits, [batch.suppressed_token_ids[i] for i in rows])
         histories = batch.histories
         if input_ids is not None and any(histories):
-            histories = _completed_histories(batch, input_ids)
+            histories = completed_histories(batch, input_ids)
         sampling = SamplingBatch.from_params(
             [batch.sampling_params[i] for i in rows],
             [batch.generators[i] for i in rows],
             self.device,
             [histories[i] for i in rows] if histories else (),
-            self.vocab_size,
         )
         sampled = self.sampler.sample(logits, sampling)
         token_ids = sampled.token_ids.tolist()
@@ -287,57 +292,6 @@ class Engine:
             logger.error("sampling failed for %d rows of the batch", len(failed_rows))
         return (
             token_ids,
-            *_logprob_lists(sampled, sampling.num_logprobs),
+            *logprob_lists(sampled, sampling.num_logprobs),
             failed_rows,
         )
-
-
-def _plain_greedy(batch: ForwardBatch) -> bool:
-    """Every sampled row takes the argmax of its raw logits and wants no logprobs."""
-    return (
-        all(p.is_greedy and p.logprobs is None for p in batch.sampling_params)
-        and not any(batch.suppressed_token_ids)
-        and not any(batch.histories)
-    )
-
-
-def _completed_histories(batch: ForwardBatch, input_ids: list[int]) -> list[TokenHistory | None]:
-    """Each sampled row's history with the tokens its placeholders stood for appended: outputs
-    still being computed when the scheduler took its copy (overlap loop)."""
-    starts = [0, *itertools.accumulate(batch.q_lens)]
-    completed: list[TokenHistory | None] = []
-    for row, history in zip(batch.sample_rows, batch.histories):
-        if history is not None:
-            resolved = [
-                input_ids[index]
-                for index in range(starts[row], starts[row + 1])
-                if batch.input_ids[index] == PLACEHOLDER_TOKEN
-            ]
-            history = TokenHistory(history.tokens + resolved, history.prompt_len)
-        completed.append(history)
-    return completed
-
-
-def _suppress(logits: torch.Tensor, suppressed_token_ids: list[list[int]]) -> None:
-    """Make the listed tokens of each sampled row impossible to sample (min_tokens)."""
-    rows = [row for row, ids in enumerate(suppressed_token_ids) for _ in ids]
-    if rows:
-        columns = [token for ids in suppressed_token_ids for token in ids]
-        logits[rows, columns] = float("-inf")
-
-
-def _logprob_lists(sampled, num_logprobs) -> tuple[list | None, list | None]:
-    """Host-side logprobs, top-n trimmed to what each row asked for: per row, a list of one
-    (ForwardOutput's layout: one entry per token the row yields)."""
-    if sampled.logprobs is None:
-        return None, None
-    chosen = [[value] for value in sampled.logprobs.cpu().tolist()]
-    if sampled.top_logprob_ids is None:
-        return chosen, [[[]] for _ in chosen]
-    ids = sampled.top_logprob_ids.cpu().tolist()
-    values = sampled.top_logprobs.cpu().tolist()
-    top = [
-        [list(zip(row_ids[: n or 0], row_values[: n or 0]))]
-        for row_ids, row_values, n in zip(ids, values, num_logprobs)
-    ]
-    return chosen, top

@@ -15,8 +15,6 @@ Prompt = str | list[int] | list[ChatMessage]
 # SamplingParams accepts seeds in [0, 2**63); choice i's seed wraps around inside that range.
 SEED_RANGE = 2**63
 DEFAULT_TEMPERATURE = 1.0
-# OpenAI's range for a logit bias; vLLM clamps values into it, as here.
-MAX_LOGIT_BIAS = 100.0
 
 
 @dataclass(frozen=True)
@@ -67,10 +65,7 @@ def sampling_params(
     if request.repetition_penalty is not None:
         params.repetition_penalty = request.repetition_penalty
     if request.logit_bias:
-        params.logit_bias = {
-            int(token_id): min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, bias))
-            for token_id, bias in request.logit_bias.items()
-        }
+        params.logit_bias = request.logit_bias
     try:
         params.validate()  # the vocabulary is the tokenizer process's to check
     except InvalidSamplingParam as error:

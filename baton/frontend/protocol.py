@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from baton.chat_options import REQUEST_TEMPLATE_REFUSED, ReasoningEffort
-from baton.sampling_params import MAX_LOGPROBS
+from baton.sampling_params import MAX_LOGIT_BIAS_ENTRIES, MAX_LOGPROBS
 
 # Each choice is a separate request in the pipeline: `n` is capped here, and choices over all
 # prompts by what the scheduler admits at once (FrontendState.max_choices, frontend/params.py).
@@ -31,6 +31,8 @@ PositiveInt = Annotated[int, Field(ge=1, le=MAX_INT)]
 # An integer msgpack can carry; what it means is checked by SamplingParams.validate.
 WireInt = Annotated[int, Field(ge=-(2**63), lt=2**63)]
 LogprobCount = Annotated[int, Field(ge=0, le=MAX_LOGPROBS)]
+# OpenAI's range for a logit bias; vLLM clamps values into it, as here.
+MAX_LOGIT_BIAS = 100.0
 # The role of a reply after a generation prompt (vLLM's default --response-role).
 REPLY_ROLE = "assistant"
 
@@ -76,7 +78,7 @@ class SamplingRequest(StrictModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[int, float] | None = None  # token ids as strings in JSON
     min_tokens: WireInt = 0
     include_stop_str_in_output: bool = False
     # For the server's --scheduling-policy: vLLM's `priority` (lower runs first), and Baton's
@@ -96,14 +98,27 @@ class SamplingRequest(StrictModel):
             return {key: value for key, value in data.items() if value is not None}
         return data
 
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _token_id_keys(cls, value: Any) -> Any:
+        """OpenAI's keys are token ids written as strings. SamplingParams.validate's bound on
+        the entries is checked first, before anything walks a huge object."""
+        if not isinstance(value, dict):
+            return value  # pydantic says what is wrong with it
+        if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS_ENTRIES} logit_bias entries")
+        for key in value:
+            if not isinstance(key, str) or not key.isdecimal() or int(key) > MAX_INT:
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+        return {int(key): bias for key, bias in value.items()}
+
     @field_validator("logit_bias")
     @classmethod
-    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        """OpenAI's keys are token ids written as strings."""
-        for key in value or {}:
-            if not key.isdecimal() or int(key) > MAX_INT:
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
-        return value
+    def _clamped_biases(cls, value: dict[int, float] | None) -> dict[int, float] | None:
+        """vLLM clamps biases into OpenAI's [-100, 100]; once per request, not per choice."""
+        if value is None:
+            return None
+        return {key: min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, bias)) for key, bias in value.items()}
 
     @field_validator("skip_special_tokens")
     @classmethod

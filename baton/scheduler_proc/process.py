@@ -6,12 +6,14 @@ import logging
 import os
 from collections import deque
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
 
 import zmq
 
 from baton.addresses import ServerAddresses
 from baton.child_process import IDLE_POLL_MS, ReadyReporter, run_child
 from baton.config import BatonConfig
+from baton.engine.forward_batch import ForwardOutput
 from baton.messages import (
     AbortRid,
     Codec,
@@ -76,6 +78,7 @@ class SchedulerService:
                 self._outbox.send(self._outbound.encode(outputs))
 
     def _receive(self) -> SchedulerMessage | None:
+        """The next inbox message (one is waiting), or None for a malformed frame."""
         return self._inbound.decode_or_none(self._inbox.recv())
 
     def _handle_and_reply(self, message: SchedulerMessage) -> None:
@@ -83,12 +86,12 @@ class SchedulerService:
         if reply is not None:
             self._outbox.send(self._outbound.encode(reply))
 
-    def _answer_stats_until_done(self, step: Future) -> None:
+    def _answer_stats_until_done(self, step: Future[ForwardOutput]) -> None:
         """Wait for the engine's `step`, answering stats requests if it takes long."""
         try:
             step.exception(timeout=STATS_MID_STEP_AFTER_S)
             return
-        except TimeoutError:
+        except FutureTimeoutError:  # not the builtin TimeoutError before Python 3.11
             pass
         step.add_done_callback(lambda _: os.write(self._step_done_write, b"\0"))
         while not step.done():

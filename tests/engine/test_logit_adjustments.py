@@ -49,32 +49,36 @@ def test_each_adjustment_follows_the_reference(params: SamplingParams) -> None:
     original = logits.clone()
     history = TokenHistory([1, 3, 3, 5, 2, 2, 2, 9], prompt_len=4)  # outputs: 2 (x3), 9
     plain = SamplingParams()
-    adjustments = LogitAdjustments.build(
-        [plain, params, plain], [None, history, None], VOCAB, "cpu"
-    )
+    adjustments = LogitAdjustments.build([plain, params, plain], [None, history, None], "cpu")
     assert adjustments is not None
-    adjusted = adjustments.apply(logits)
-    assert torch.equal(logits, original)  # the raw logits stay for logprobs
+    adjusted = adjustments.apply_(logits)
+    assert adjusted is logits  # in place: the sampler copies first when logprobs are asked
     assert torch.equal(adjusted[0], original[0]) and torch.equal(adjusted[2], original[2])
     expected = reference(original[1].tolist(), params, history)
     assert adjusted[1].tolist() == pytest.approx(expected, rel=1e-6, abs=1e-6)
 
 
-def test_no_adjustment_builds_nothing() -> None:
-    assert LogitAdjustments.build([SamplingParams()] * 2, [None, None], VOCAB, "cpu") is None
+def test_rows_without_a_history_build_nothing() -> None:
+    assert LogitAdjustments.build([SamplingParams()] * 2, [None, None], "cpu") is None
 
 
-def test_a_row_that_adjusts_needs_its_history() -> None:
-    with pytest.raises(ValueError, match="history"):
-        LogitAdjustments.build([SamplingParams(presence_penalty=1.0)], [None], VOCAB, "cpu")
+def test_a_history_of_only_the_prompt_has_no_output_penalty() -> None:
+    """Before the first output token only the repetition penalty (over the prompt) acts."""
+    params = SamplingParams(repetition_penalty=2.0, frequency_penalty=1.0, presence_penalty=1.0)
+    history = TokenHistory([1, 2], prompt_len=2)
+    adjustments = LogitAdjustments.build([params], [history], "cpu")
+    assert adjustments is not None
+    logits = adjustments.apply_(torch.tensor([[1.0, 4.0, -3.0, 5.0]]))
+    assert logits.tolist() == [[1.0, 2.0, -6.0, 5.0]]
 
 
 def test_greedy_takes_the_adjusted_argmax_and_logprobs_stay_raw() -> None:
     logits = torch.tensor([[0.0, 4.0, 3.0, 1.0]])
     params = SamplingParams(temperature=0, repetition_penalty=2.0, logprobs=1)
     history = TokenHistory([1], prompt_len=1)  # token 1 seen: 4.0 / 2 falls below token 2
-    batch = SamplingBatch.from_params([params], [None], "cpu", [history], vocab_size=4)
+    batch = SamplingBatch.from_params([params], [None], "cpu", [history])
     output = Sampler().sample(logits, batch)
+    assert logits.tolist() == [[0.0, 4.0, 3.0, 1.0]]  # copied before adjusting: logprobs asked
     assert output.token_ids.tolist() == [2]
     raw = torch.log_softmax(logits, dim=-1)
     assert output.logprobs is not None and output.top_logprob_ids is not None

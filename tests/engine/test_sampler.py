@@ -9,7 +9,8 @@ import pytest
 import torch
 from helpers.sampling import reference_distribution
 
-from baton.engine.sampler import Sampler, SamplingBatch, greedy_argmax, make_generator
+from baton.engine.argmax import greedy_argmax
+from baton.engine.sampler import Sampler, SamplingBatch, make_generator
 from baton.sampling_params import SamplingParams
 
 # Distinct, shuffled logits so vocabulary order differs from probability order and no filter

@@ -18,6 +18,7 @@ from helpers.frontend_http import CHAT, VALID, assert_error, auth, base_url
 from baton.config import BatonConfig
 from baton.engine.compute_plan import ComputePlan, CpuCapabilities, choose_compute_plan
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.sampling_params import MAX_LOGIT_BIAS_ENTRIES
 
 
 def test_malformed_json_is_400(http: httpx.Client) -> None:
@@ -72,6 +73,11 @@ def test_malformed_json_is_400(http: httpx.Client) -> None:
         ("/v1/chat/completions", {**CHAT, "logit_bias": {"the": 1.0}}, "logit_bias"),
         ("/v1/chat/completions", {**CHAT, "logit_bias": {"-1": 1.0}}, "logit_bias"),
         ("/v1/completions", {**VALID, "logit_bias": {"3": "high"}}, "logit_bias.3"),
+        (
+            "/v1/completions",
+            {**VALID, "logit_bias": {str(i): 1 for i in range(MAX_LOGIT_BIAS_ENTRIES + 1)}},
+            "logit_bias",
+        ),
         ("/v1/completions", {**VALID, "stream_options": {"include_usage": True}}, "stream_options"),
         (
             "/v1/chat/completions",

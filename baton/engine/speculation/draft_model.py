@@ -20,11 +20,12 @@ import torch
 
 from baton.checkpoint.load import load_checkpoint
 from baton.config import BatonConfig, ConfigurationError
+from baton.engine.argmax import greedy_argmax
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.select import model_attention_backend
 from baton.engine.kv_pool import KVPool
 from baton.engine.model import CausalLM
-from baton.engine.sampler import _draw, greedy_argmax
+from baton.engine.sampler import _draw
 from baton.engine.speculation.drafter import Draft, DraftRequest
 from baton.engine.speculation.verify import target_probs
 from baton.engine.weights import iter_weights

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from baton.config import BatonConfig
+from baton.engine.argmax import greedy_argmax
 from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS
-from baton.engine.sampler import greedy_argmax
 from baton.engine.speculation.draft_budget import DraftBudget, StepCost
 from baton.engine.speculation.draft_model import DraftModel
 from baton.engine.speculation.drafter import Drafter, NgramDrafter
