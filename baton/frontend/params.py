@@ -15,6 +15,16 @@ Prompt = str | list[int] | list[ChatMessage]
 # SamplingParams accepts seeds in [0, 2**63); choice i's seed wraps around inside that range.
 SEED_RANGE = 2**63
 DEFAULT_TEMPERATURE = 1.0
+# Request fields with SamplingParams' name and meaning, whose defaults are SamplingParams' own.
+OPTIONAL_SAMPLING_FIELDS = (
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+)
 
 
 @dataclass(frozen=True)
@@ -52,20 +62,10 @@ def sampling_params(
         include_stop_str_in_output=request.include_stop_str_in_output,
         logprobs=logprobs,
     )
-    if request.top_p is not None:
-        params.top_p = request.top_p
-    if request.top_k is not None:
-        params.top_k = request.top_k
-    if request.min_p is not None:
-        params.min_p = request.min_p
-    if request.presence_penalty is not None:
-        params.presence_penalty = request.presence_penalty
-    if request.frequency_penalty is not None:
-        params.frequency_penalty = request.frequency_penalty
-    if request.repetition_penalty is not None:
-        params.repetition_penalty = request.repetition_penalty
-    if request.logit_bias:
-        params.logit_bias = request.logit_bias
+    for name in OPTIONAL_SAMPLING_FIELDS:  # left out or null: SamplingParams' default
+        value = getattr(request, name)
+        if value is not None:
+            setattr(params, name, value)
     try:
         params.validate()  # the vocabulary is the tokenizer process's to check
     except InvalidSamplingParam as error:
