@@ -25,9 +25,6 @@ MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_PENALTY = 2.0
 
 
-PENALTIES = ("presence_penalty", "frequency_penalty", "repetition_penalty")
-
-
 class InvalidSamplingParam(ValueError):
     """A sampling parameter out of range; `param` names it (OpenAI's error `param`)."""
 
@@ -85,8 +82,14 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     def validate(self, vocab_size: int | None = None) -> None:
         """Raise InvalidSamplingParam naming the first out-of-range field: the one check of
         these ranges, for HTTP (frontend/params.py) and ZMQ clients (baton/validation.py) alike."""
-        names = ("temperature", "top_p", "min_p", *PENALTIES)
-        for name in names:
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
             if not math.isfinite(getattr(self, name)):
                 raise InvalidSamplingParam(name, f"{name} must be a finite number")
         if not 0 <= self.temperature <= MAX_TEMPERATURE:

@@ -274,14 +274,16 @@ class Engine:
         `input_ids`, the batch's with placeholders resolved, complete the rows' histories
         (None under speculation, which admits no request with penalties or a logit bias)."""
         suppress(logits, [batch.suppressed_token_ids[i] for i in rows])
-        histories = batch.histories
-        if input_ids is not None and any(histories):
-            histories = completed_histories(batch, input_ids)
+        histories = (
+            completed_histories(batch, input_ids)
+            if input_ids is not None and any(batch.histories)
+            else None
+        )
         sampling = SamplingBatch.from_params(
             [batch.sampling_params[i] for i in rows],
             [batch.generators[i] for i in rows],
             self.device,
-            [histories[i] for i in rows] if histories else (),
+            [histories[i] for i in rows] if histories is not None else (),
         )
         sampled = self.sampler.sample(logits, sampling)
         token_ids = sampled.token_ids.tolist()

@@ -86,15 +86,15 @@ class SchedulerService:
         if reply is not None:
             self._outbox.send(self._outbound.encode(reply))
 
-    def _answer_stats_until_done(self, step: Future[ForwardOutput]) -> None:
-        """Wait for the engine's `step`, answering stats requests if it takes long."""
+    def _answer_stats_until_done(self, result: Future[ForwardOutput]) -> None:
+        """Wait for the engine's `result`, answering stats requests if it takes long."""
         try:
-            step.exception(timeout=STATS_MID_STEP_AFTER_S)
+            result.exception(timeout=STATS_MID_STEP_AFTER_S)
             return
         except FutureTimeoutError:  # not the builtin TimeoutError before Python 3.11
             pass
-        step.add_done_callback(lambda _: os.write(self._step_done_write, b"\0"))
-        while not step.done():
+        result.add_done_callback(lambda _: os.write(self._step_done_write, b"\0"))
+        while not result.done():
             # Bounded, as every loop of a child process is (child_process.IDLE_POLL_MS).
             if self._inbox not in dict(self._poller.poll(IDLE_POLL_MS)):
                 continue
@@ -104,7 +104,7 @@ class SchedulerService:
                     self._handle_and_reply(message)
                 elif message is not None:
                     self._deferred.append(message)
-        os.read(self._step_done_read, 1)  # the callback's byte: written once `step` is done
+        os.read(self._step_done_read, 1)  # the callback's byte: written once `result` is done
 
     def handle(self, message: SchedulerMessage) -> DetokenizerMessage | None:
         """Apply one message; returns an immediate reply for the detokenizer, if any."""
