@@ -6,8 +6,8 @@ server process needs the config and most need the tokenizer, so the first load c
 metadata into a Hugging Face folder (config.json and the tokenizer files, chat template
 included) in a cache keyed by the file's path, size and modification time; later loads read that
 folder like any checkpoint. The tokenizer is converted by transformers' GGUF converter, in a
-short-lived subprocess: transformers imports torch, which no process but the scheduler should
-hold.
+short-lived subprocess (transformers imports torch, which no process but the scheduler should
+hold) unless this process has imported transformers already.
 """
 
 from __future__ import annotations
@@ -97,12 +97,27 @@ def _convert(gguf_file: Path, target: Path) -> None:
     config = hf_config(reader, gguf_file)
     _check_tensor_types(reader, gguf_file)
     (target / "config.json").write_text(json.dumps(config, indent=2))
+    reason = _build_tokenizer(gguf_file, target)
+    if reason is not None:
+        raise CheckpointError(f"{gguf_file}: cannot build its tokenizer: {reason}")
+    logger.info("converted the metadata of %s (once; cached)", gguf_file.name)
+
+
+def _build_tokenizer(gguf_file: Path, target: Path) -> str | None:
+    """Save the GGUF's tokenizer files into `target`; why it could not, or None."""
+    if "transformers" in sys.modules:
+        # This process holds transformers (and torch) already: a subprocess would only spend
+        # seconds importing them again.
+        try:
+            _save_tokenizer(gguf_file, target)
+        except Exception as error:  # the converter raises many types for a bad tokenizer
+            return str(error)
+        return None
     command = [sys.executable, "-m", __name__, str(gguf_file), str(target)]
     converted = subprocess.run(command, capture_output=True, text=True)
     if converted.returncode != 0:
-        reason = (converted.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CheckpointError(f"{gguf_file}: cannot build its tokenizer: {reason}")
-    logger.info("converted the metadata of %s (once; cached)", gguf_file.name)
+        return (converted.stderr.strip().splitlines() or ["no output"])[-1]
+    return None
 
 
 def _open(gguf_file: Path) -> Any:

@@ -10,9 +10,11 @@ import pytest
 from baton.bench.step_overhead import main
 
 
-def test_step_overhead_figures_add_up(tmp_path: Path) -> None:
+def test_step_overhead_figures_add_up(tmp_path: Path, tiny_llama_dir: Path) -> None:
     output = tmp_path / "steps.json"
     argv = [
+        "--model",
+        str(tiny_llama_dir),
         "--num-prompts",
         "4",
         "--input-len",

@@ -3,6 +3,8 @@ and bad files fail in one line."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import torch
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
-from baton.checkpoint.gguf_metadata import gguf_cache_root
+from baton.checkpoint.gguf_metadata import converted_folder, gguf_cache_root
 from baton.checkpoint.load import load_checkpoint
 from baton.checkpoint.model_config import CheckpointError
 from baton.checkpoint.source import load_model_config
@@ -190,3 +192,63 @@ def test_an_unwritable_cache_is_named_in_one_line(
     with pytest.raises(CheckpointError, match="cannot write its converted metadata") as error:
         load_checkpoint(str(path))
     assert "\n" not in str(error.value)
+
+
+
+CONVERT_IN_A_LEAN_PROCESS = """
+import sys
+from pathlib import Path
+from baton.checkpoint.gguf_metadata import converted_folder
+from baton.checkpoint.model_config import CheckpointError
+try:
+    print(converted_folder(Path(sys.argv[1])))
+except CheckpointError as error:
+    print("error:", error)
+assert "transformers" not in sys.modules and "torch" not in sys.modules
+"""
+
+
+def _convert_in_a_lean_process(path: Path) -> str:
+    """What `converted_folder` prints in a process that never imports transformers (as the
+    frontend and the tokenizer process): the folder, or "error: ..."."""
+    done = subprocess.run(
+        [sys.executable, "-c", CONVERT_IN_A_LEAN_PROCESS, str(path)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_the_tokenizer_converts_alike_with_and_without_transformers_loaded(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process holding transformers converts in place; one without it converts in a
+    subprocess and stays free of torch. The files are the same."""
+    path = _write(_tiny(tiny_model_factory, "llama"), tmp_path / "tiny.gguf", "F32")
+    assert "transformers" in sys.modules
+    in_place = converted_folder(path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "lean-cache"))
+    lean = Path(_convert_in_a_lean_process(path))
+    assert lean.is_relative_to(tmp_path / "lean-cache") and lean.name == in_place.name
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (lean / name).read_text() == (in_place / name).read_text(), name
+
+
+def test_a_tokenizer_that_cannot_be_converted_is_one_line_either_way(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _write(_tiny(tiny_model_factory, "llama"), tmp_path / "tiny.gguf", "F32")
+    key = b"tokenizer.ggml.model"
+    model = gguf.GGUFReader(source).fields[key.decode()].contents().encode()
+    data = bytearray(source.read_bytes())
+    at = data.index(model, data.index(key) + len(key))
+    # A name of the same length: the layout stays valid, the tokenizer model is unknown.
+    data[at : at + len(model)] = b"?" * len(model)
+    broken = tmp_path / "odd-tokenizer.gguf"
+    broken.write_bytes(data)
+    with pytest.raises(CheckpointError, match="cannot build its tokenizer") as error:
+        converted_folder(broken)
+    assert "\n" not in str(error.value)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "lean-cache"))
+    lean = _convert_in_a_lean_process(broken)
+    assert lean.startswith(f"error: {broken.resolve()}: cannot build its tokenizer: ")
+    assert "\n" not in lean
