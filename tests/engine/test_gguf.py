@@ -194,7 +194,6 @@ def test_an_unwritable_cache_is_named_in_one_line(
     assert "\n" not in str(error.value)
 
 
-
 CONVERT_IN_A_LEAN_PROCESS = """
 import sys
 from pathlib import Path
