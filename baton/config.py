@@ -81,6 +81,9 @@ class BatonConfig:
     # On SIGTERM/SIGINT, open HTTP requests may finish for this long (new ones get 503) before
     # they are cut with an error; vLLM's --shutdown-timeout. 0 cuts them at once.
     shutdown_timeout: float = 10.0
+    # Once one engine step has kept the scheduler waiting this long, /health answers 503 so an
+    # orchestrator can restart a hung server; SGLang's --watchdog-timeout (SGLang exits instead).
+    watchdog_timeout: float = 300.0
     log_level: str = "info"
 
     def replace(self, **changes: object) -> BatonConfig:
@@ -117,6 +120,8 @@ class BatonConfig:
             object.__setattr__(self, "speculative_config", spec)
         if not self.shutdown_timeout >= 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
+        if not self.watchdog_timeout > 0:
+            raise ValueError(f"watchdog_timeout must be > 0, got {self.watchdog_timeout}")
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
@@ -245,6 +250,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=defaults.shutdown_timeout,
         help="seconds open requests may finish after SIGTERM before they are cut (0: at once)",
+    )
+    group.add_argument(
+        "--watchdog-timeout",
+        type=float,
+        default=defaults.watchdog_timeout,
+        help="/health answers 503 while one engine step has run longer than this (seconds)",
     )
     group.add_argument("--log-level", default=defaults.log_level)
 

@@ -101,6 +101,9 @@ class AggregateStats(msgspec.Struct, kw_only=True):
     spec_decode_num_accepted_tokens: int
     uptime: float
     generation_throughput: float  # generated tokens per second of uptime
+    # How long the scheduler has been waiting on the engine's current step: 0 between steps,
+    # which is when stats are answered unless a step runs long (scheduler_proc/process.py).
+    engine_step_seconds: float = 0.0
     # The machine and how the engine computes on it: every figure read off this server names them.
     cpu: CpuCapabilities
     compute_plan: ComputePlan

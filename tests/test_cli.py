@@ -86,3 +86,9 @@ def test_zmq_tcp_port_with_an_api_key_is_refused(capsys: pytest.CaptureFixture) 
     """The ZMQ protocol has no credentials: on tcp it once generated for anyone despite the key."""
     with pytest.raises(SystemExit, match="would bypass --api-key"):
         main(["launch", "--api-key", "secret", "--zmq-port", "5755"])
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_a_watchdog_timeout_that_is_not_positive_is_refused(value: str) -> None:
+    with pytest.raises(SystemExit, match="watchdog_timeout must be > 0"):
+        config_from_args(build_parser().parse_args(["launch", "--watchdog-timeout", value]))

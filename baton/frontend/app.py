@@ -46,6 +46,7 @@ def create_app(
         model_root=config.model or name,
         max_model_len=max_model_len,
         max_choices=config.max_running_requests + config.max_waiting_requests,
+        watchdog_timeout=config.watchdog_timeout,
         created=int(time.time()),
         metrics=FrontendMetrics(name),
     )

@@ -68,13 +68,21 @@ async def server_info(request: Request) -> Response:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """200 when every pipeline process answers (a stats round trip), else 503 (also while
-    shutting down, so load balancers stop sending requests)."""
+    """200 when every pipeline process answers (a stats round trip) and no engine step has run
+    past --watchdog-timeout, else 503 (also while shutting down, so load balancers stop sending
+    requests)."""
     state = frontend_state(request)
     if state.draining:
         raise OpenAIError(503, SHUTTING_DOWN)
-    if await scheduler_stats(state) is None:
+    stats = await scheduler_stats(state)
+    if stats is None:
         raise OpenAIError(503, "the pipeline is not answering")
+    if stats.engine_step_seconds > state.watchdog_timeout:
+        raise OpenAIError(
+            503,
+            f"an engine step has run for {stats.engine_step_seconds:.1f} s, past "
+            f"--watchdog-timeout ({state.watchdog_timeout:g} s)",
+        )
     return Response(status_code=200)
 
 

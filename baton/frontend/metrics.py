@@ -55,6 +55,8 @@ class SchedulerStatsCollector(Collector):
              stats.peak_used_pages / total),
             ("peak_memory_bytes", "Peak resident memory of the scheduler process.",
              stats.peak_memory_bytes),
+            ("engine_step_seconds", "How long the engine's current step has run (0: between "
+             "steps, or under 50 ms).", stats.engine_step_seconds),
         ):  # fmt: skip
             yield self._family(GaugeMetricFamily, name, doc, value)
         for name, doc, value in (

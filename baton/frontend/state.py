@@ -52,6 +52,8 @@ class FrontendState:
     # Choices (prompts x n) one request may have: more could never all be admitted at once, as
     # the scheduler holds --max-running-requests running and --max-waiting-requests waiting.
     max_choices: int
+    # /health answers 503 while one engine step has run longer than this (--watchdog-timeout).
+    watchdog_timeout: float
     created: int
     metrics: FrontendMetrics
     client: BatonClient | None = None

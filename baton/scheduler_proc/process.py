@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -48,6 +49,9 @@ class SchedulerService:
 
     def __init__(self, scheduler: Scheduler, inbox: zmq.Socket, outbox: zmq.Socket) -> None:
         self.scheduler = scheduler
+        self.watchdog_timeout = scheduler.config.watchdog_timeout
+        # When the scheduler began waiting on the engine's current step (None between steps).
+        self._waiting_since: float | None = None
         self.started: list[RequestStarted] = []
         self.shutting_down = False
         self._inbox = inbox
@@ -88,15 +92,28 @@ class SchedulerService:
 
     def _answer_stats_until_done(self, result: Future[ForwardOutput]) -> None:
         """Wait for the engine's `result`, answering stats requests if it takes long."""
+        self._waiting_since = time.monotonic()
         try:
             result.exception(timeout=STATS_MID_STEP_AFTER_S)
-            return
         except FutureTimeoutError:  # not the builtin TimeoutError before Python 3.11
-            pass
+            self._answer_stats_through_a_long_step(result)
+        finally:
+            self._waiting_since = None
+
+    def _answer_stats_through_a_long_step(self, result: Future[ForwardOutput]) -> None:
         result.add_done_callback(lambda _: os.write(self._step_done_write, b"\0"))
+        overdue = False
         while not result.done():
             # Bounded, as every loop of a child process is (child_process.IDLE_POLL_MS).
-            if self._inbox not in dict(self._poller.poll(IDLE_POLL_MS)):
+            ready = dict(self._poller.poll(IDLE_POLL_MS))
+            if not overdue and self._step_seconds() > self.watchdog_timeout:
+                overdue = True
+                logger.error(
+                    "an engine step has run past --watchdog-timeout (%g s); /health answers 503 "
+                    "until it ends",
+                    self.watchdog_timeout,
+                )
+            if self._inbox not in ready:
                 continue
             while self._inbox.poll(0):
                 message = self._receive()
@@ -105,6 +122,13 @@ class SchedulerService:
                 elif message is not None:
                     self._deferred.append(message)
         os.read(self._step_done_read, 1)  # the callback's byte: written once `result` is done
+        if overdue:
+            logger.warning("the overdue engine step ended after %.1f s", self._step_seconds())
+
+    def _step_seconds(self) -> float:
+        """How long the scheduler has been waiting on the engine's current step (0: it is not)."""
+        since = self._waiting_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def handle(self, message: SchedulerMessage) -> DetokenizerMessage | None:
         """Apply one message; returns an immediate reply for the detokenizer, if any."""
@@ -116,6 +140,7 @@ class SchedulerService:
             self.scheduler.set_paused(message.rid, message.paused)
         elif isinstance(message, ForwardedStatsRequest):
             stats = self.scheduler.aggregate_stats()
+            stats.engine_step_seconds = self._step_seconds()
             return ForwardedStats(
                 client_id=message.client_id, request_id=message.request_id, stats=stats
             )

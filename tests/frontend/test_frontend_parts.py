@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+import msgspec
 import pytest
 from helpers import SAMPLE_CPU, SAMPLE_PLAN
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,6 +23,15 @@ from baton.frontend.metrics import FrontendMetrics
 from baton.frontend.params import completion_choices
 from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from baton.messages import AggregateStats, GenerateDelta
+
+SAMPLE_STATS = AggregateStats(
+    running_requests=2, waiting_requests=1, paused_requests=1, total_pages=10, free_pages=5,
+    cached_pages=1, used_pages=4, peak_used_pages=7, peak_memory_bytes=3 << 30,
+    finished_requests=3, prompt_tokens=30, cached_prompt_tokens=8, generated_tokens=40,
+    preemptions=1, spec_decode_num_drafts=5, spec_decode_num_draft_tokens=20,
+    spec_decode_num_accepted_tokens=12, uptime=1.0, generation_throughput=40.0,
+    cpu=SAMPLE_CPU, compute_plan=SAMPLE_PLAN,
+)  # fmt: skip
 
 
 def test_completion_choices_index_and_seed_per_choice() -> None:
@@ -97,14 +107,7 @@ def test_metrics_observe_requests_and_stats() -> None:
             request_id="r", token_ids=[4], text="d", finished=True, finish_reason="length"
         )
     )
-    stats = AggregateStats(
-        running_requests=2, waiting_requests=1, paused_requests=1, total_pages=10, free_pages=5,
-        cached_pages=1, used_pages=4, peak_used_pages=7, peak_memory_bytes=3 << 30,
-        finished_requests=3, prompt_tokens=30, cached_prompt_tokens=8, generated_tokens=40,
-        preemptions=1, spec_decode_num_drafts=5, spec_decode_num_draft_tokens=20,
-        spec_decode_num_accepted_tokens=12, uptime=1.0, generation_throughput=40.0,
-        cpu=SAMPLE_CPU, compute_plan=SAMPLE_PLAN,
-    )  # fmt: skip
+    stats = SAMPLE_STATS
     samples = {
         (sample.name, sample.labels.get("finished_reason")): sample.value
         for family in text_string_to_metric_families(metrics.render(stats).decode())
@@ -117,6 +120,7 @@ def test_metrics_observe_requests_and_stats() -> None:
     assert samples[("baton:kv_cache_usage_perc", None)] == pytest.approx(0.4)
     assert samples[("baton:kv_cache_peak_usage_perc", None)] == pytest.approx(0.7)
     assert samples[("baton:peak_memory_bytes", None)] == 3 << 30
+    assert samples[("baton:engine_step_seconds", None)] == 0.0
     assert samples[("baton:num_requests_waiting", None)] == 1
     assert samples[("baton:num_requests_paused", None)] == 1
     assert samples[("baton:prefix_cache_hits_total", None)] == 8
@@ -127,15 +131,42 @@ def test_metrics_observe_requests_and_stats() -> None:
     assert "baton:num_requests_running" not in without_stats
 
 
-def app_client(**settings: object) -> httpx.AsyncClient:
-    """The app in-process: its lifespan does not run, so it has no pipeline client."""
+def app_client(pipeline: object = None, **settings: object) -> httpx.AsyncClient:
+    """The app in-process: its lifespan does not run, so its pipeline client is `pipeline`."""
 
     async def never_connects() -> BatonClient:
         raise AssertionError("the lifespan does not run in-process")
 
     config = BatonConfig(**settings)
     app = create_app(config, never_connects, 64, RANDOM_MODEL_NAME)
+    app.state.frontend.client = pipeline
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app")
+
+
+class StatsOnlyPipeline:
+    """A pipeline client that answers stats only: its engine step has run `step_seconds`."""
+
+    def __init__(self, step_seconds: float) -> None:
+        self.step_seconds = step_seconds
+
+    async def stats(self) -> AggregateStats:
+        return msgspec.structs.replace(SAMPLE_STATS, engine_step_seconds=self.step_seconds)
+
+
+@pytest.mark.parametrize(("step_seconds", "status"), [(0.0, 200), (29.0, 200), (31.0, 503)])
+def test_health_is_503_once_an_engine_step_runs_past_the_watchdog(
+    step_seconds: float, status: int
+) -> None:
+    async def main() -> httpx.Response:
+        pipeline = StatsOnlyPipeline(step_seconds)
+        async with app_client(pipeline, watchdog_timeout=30.0) as client:
+            return await client.get("/health")
+
+    response = asyncio.run(main())
+    assert response.status_code == status
+    if status == 503:
+        message = response.json()["error"]["message"]
+        assert message == "an engine step has run for 31.0 s, past --watchdog-timeout (30 s)"
 
 
 def test_app_in_process_errors() -> None:

@@ -93,9 +93,11 @@ class Harness:
 
 
 @pytest.fixture
-def harness(tiny_llama_dir: Path) -> Iterator[Harness]:
+def harness(tiny_llama_dir: Path, request: pytest.FixtureRequest) -> Iterator[Harness]:
+    """The harness; a test's indirect parameter holds further config settings."""
+    settings = getattr(request, "param", {})
     context = zmq.Context()
-    scheduler = Scheduler(BatonConfig(model=str(tiny_llama_dir), dtype="float32"))
+    scheduler = Scheduler(BatonConfig(model=str(tiny_llama_dir), dtype="float32", **settings))
     harness = Harness(scheduler, context)
     harness.thread.start()
     try:
@@ -136,3 +138,33 @@ def test_stats_are_answered_mid_step_and_other_messages_wait_for_its_end(
     assert started == ["first", "second"]
     # Each long wait consumed its step's wake-up byte, so the next one cannot end early.
     assert not select.select([harness.service._step_done_read], [], [], 0)[0]
+
+
+def ask_stats(harness: Harness) -> ForwardedStats:
+    harness.send(ForwardedStatsRequest(client_id=b"probe", request_id="stats"))
+    while not isinstance(reply := harness.receive(), ForwardedStats):
+        assert isinstance(reply, SchedulerOutputs)
+    return reply
+
+
+@pytest.mark.parametrize("harness", [{"watchdog_timeout": 0.5}], indirect=True)
+def test_a_step_past_the_watchdog_shows_in_stats_and_the_log(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert ask_stats(harness).stats.engine_step_seconds == 0.0  # idle: no step
+    harness.send(tokenized("first", list(range(3, 40))))
+    assert harness.waiting_on_engine.wait(REPLY_TIMEOUT_MS / 1000)
+    early = ask_stats(harness).stats.engine_step_seconds
+    assert 0.0 < early < 0.5
+    time.sleep(0.6)
+    late = ask_stats(harness).stats.engine_step_seconds
+    assert late > 0.5 + early
+    assert any("past --watchdog-timeout (0.5 s)" in r.getMessage() for r in caplog.records)
+    harness.gate.set()
+    finished = False
+    while not finished:
+        outputs = harness.receive()
+        assert isinstance(outputs, SchedulerOutputs)
+        finished = any(step.finish_reason is not None for step in outputs.steps)
+    assert ask_stats(harness).stats.engine_step_seconds == 0.0
+    assert any("overdue engine step ended after" in r.getMessage() for r in caplog.records)
