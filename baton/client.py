@@ -159,6 +159,9 @@ class BatonClient:
         deadline_ms: float | None = None,
         return_stats: bool = False,
         chat: ChatOptions | None = None,
+        *,
+        add_special_tokens: bool = True,
+        skip_special_tokens: bool = True,
     ) -> AsyncIterator[GenerateDelta]:
         """Yield the request's deltas as they come; the last one has `finished` set.
 
@@ -166,7 +169,9 @@ class BatonClient:
         template options); `priority` and `deadline_ms` matter under the server's
         --scheduling-policy (a priority other than 0 needs the priority policy). The last delta
         has the request's stats, but when a stop string ended the request only with
-        `return_stats` (it then comes one step later). Raises ServerError on a typed error.
+        `return_stats` (it then comes one step later). `add_special_tokens` (text prompts: the
+        tokenizer's BOS and the like) and `skip_special_tokens` (the output text) are vLLM's.
+        Raises ServerError on a typed error.
         """
         request_id = request_id or uuid.uuid4().hex
         request = GenerateRequest(
@@ -176,6 +181,8 @@ class BatonClient:
             deadline_ms=deadline_ms,
             return_stats=return_stats,
             chat=chat or ChatOptions(),
+            add_special_tokens=add_special_tokens,
+            skip_special_tokens=skip_special_tokens,
         )
         if isinstance(prompt, str):
             request.prompt = prompt
@@ -216,10 +223,23 @@ class BatonClient:
         deadline_ms: float | None = None,
         return_stats: bool = False,
         chat: ChatOptions | None = None,
+        *,
+        add_special_tokens: bool = True,
+        skip_special_tokens: bool = True,
     ) -> GenerateResult:
         """Run a request to completion and return its output (the options: see `stream`)."""
         result: GenerateResult | None = None
-        stream = self.stream(prompt, params, request_id, priority, deadline_ms, return_stats, chat)
+        stream = self.stream(
+            prompt,
+            params,
+            request_id,
+            priority,
+            deadline_ms,
+            return_stats,
+            chat,
+            add_special_tokens=add_special_tokens,
+            skip_special_tokens=skip_special_tokens,
+        )
         try:
             async for delta in stream:
                 result = result or GenerateResult(delta.request_id)

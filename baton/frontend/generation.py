@@ -38,6 +38,8 @@ async def choice_stream(
         choice.deadline_ms,
         choice.return_stats,
         choice.chat,
+        add_special_tokens=choice.add_special_tokens,
+        skip_special_tokens=choice.skip_special_tokens,
     )
     state.in_flight.enter()
     try:

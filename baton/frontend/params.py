@@ -41,6 +41,8 @@ class ChoiceRequest:
     deadline_ms: float | None = None
     return_stats: bool = False
     chat: ChatOptions | None = None
+    add_special_tokens: bool = True  # a text prompt's; a chat's template decides its own
+    skip_special_tokens: bool = True
 
 
 def sampling_params(
@@ -102,6 +104,8 @@ def completion_choices(request: CompletionRequest, max_choices: int) -> list[Cho
             priority=request.priority,
             deadline_ms=request.deadline_ms,
             return_stats=request.return_stats,
+            add_special_tokens=request.add_special_tokens,
+            skip_special_tokens=request.skip_special_tokens,
         )
         for group, prompt in enumerate(prompts)
         for choice in range(request.n)
@@ -139,6 +143,7 @@ def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
             deadline_ms=request.deadline_ms,
             return_stats=request.return_stats,
             chat=options,
+            skip_special_tokens=request.skip_special_tokens,
         )
         for choice in range(request.n)
     ]

@@ -72,7 +72,6 @@ class SamplingRequest(StrictModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
-    # Only the default: BatonClient cannot pass it on (nor completions' add_special_tokens).
     skip_special_tokens: bool = True
     user: str | None = None
     presence_penalty: float | None = None
@@ -119,11 +118,6 @@ class SamplingRequest(StrictModel):
         if value is None:
             return None
         return {key: min(MAX_LOGIT_BIAS, max(-MAX_LOGIT_BIAS, bias)) for key, bias in value.items()}
-
-    @field_validator("skip_special_tokens")
-    @classmethod
-    def _skip_special_tokens(cls, value: bool) -> bool:
-        return _must_be(value, (True,), "skip_special_tokens=false")
 
     @field_validator("stop")
     @classmethod
@@ -176,11 +170,6 @@ class CompletionRequest(SamplingRequest):
         if value:
             raise ValueError("suffix is not supported")
         return value
-
-    @field_validator("add_special_tokens")
-    @classmethod
-    def _add_special_tokens(cls, value: bool) -> bool:
-        return _must_be(value, (True,), "add_special_tokens=false")
 
     @field_validator("best_of")
     @classmethod

@@ -55,6 +55,34 @@ def test_penalties_and_logit_bias_equal_offline(client: openai.OpenAI, offline: 
     assert response.choices[0].text == expected.text
 
 
+def test_special_tokens_in_the_prompt_and_the_output_as_vllm(
+    client: openai.OpenAI, offline: LLM
+) -> None:
+    """vLLM's add_special_tokens=false leaves out the BOS a text prompt gets; its
+    skip_special_tokens=false shows special tokens in the text (EOS forced here by a bias)."""
+    eos = offline.engine.checkpoint.eos_token_ids[0]
+    eos_text = offline.tokenizer.decode([eos], skip_special_tokens=False)
+    assert eos_text and offline.tokenizer.decode([eos]) == ""
+
+    def complete(**extra: object) -> openai.types.Completion:
+        return client.completions.create(
+            model=MODEL_NAME,
+            prompt=PROMPT,
+            max_tokens=3,
+            temperature=0,
+            logit_bias={str(eos): 100},
+            extra_body={"ignore_eos": True, **extra},
+        )
+
+    default, kept = complete(), complete(skip_special_tokens=False)
+    assert default.choices[0].text == "" and kept.choices[0].text == eos_text * 3
+    bare = complete(add_special_tokens=False)
+    with_bos = offline.tokenizer.encode(PROMPT)
+    assert default.usage.prompt_tokens == len(with_bos)
+    assert bare.usage.prompt_tokens == len(offline.tokenizer.encode(PROMPT, False))
+    assert bare.usage.prompt_tokens == len(with_bos) - 1
+
+
 def test_streamed_completion_with_usage(client: openai.OpenAI, offline: LLM) -> None:
     expected = greedy(offline, PROMPT, max_tokens=30, ignore_eos=True)
     chunks = list(

@@ -133,3 +133,21 @@ def test_streamed_chat_n2_covers_both_choices(client: openai.OpenAI) -> None:
     # Seeded (choice i with seed + i): streamed and whole responses are the same two texts.
     assert texts == {choice.index: choice.message.content for choice in whole.choices}
     assert texts[0] != texts[1]
+
+
+def test_chat_shows_special_tokens_when_asked(client: openai.OpenAI, offline: LLM) -> None:
+    eos = offline.engine.checkpoint.eos_token_ids[0]
+    eos_text = offline.tokenizer.decode([eos], skip_special_tokens=False)
+
+    def reply(**extra: object) -> str | None:
+        response = client.chat.completions.create(
+            model=MODEL_NAME,
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=2,
+            temperature=0,
+            logit_bias={str(eos): 100},
+            extra_body={"ignore_eos": True, **extra},
+        )
+        return response.choices[0].message.content
+
+    assert reply() == "" and reply(skip_special_tokens=False) == eos_text * 2
