@@ -32,6 +32,7 @@ from baton.messages import (
     ClientMessage,
     ClientReply,
     Codec,
+    DetokenizeRequest,
     ErrorCode,
     ErrorReply,
     FinishReason,
@@ -44,6 +45,8 @@ from baton.messages import (
     RequestStats,
     StatsReply,
     StatsRequest,
+    TokenizeReply,
+    TokenizeRequest,
     Usage,
 )
 from baton.sampling_params import SamplingParams
@@ -271,15 +274,47 @@ class BatonClient:
 
     async def stats(self) -> AggregateStats:
         """The scheduler's aggregate stats."""
-        request_id = uuid.uuid4().hex
-        queue: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = queue
-        try:
-            await self._requests.send(self._encoder.encode(StatsRequest(request_id=request_id)))
-            reply = await queue.get()
-        finally:
-            del self._queues[request_id]
-        if isinstance(reply, ErrorReply):
-            raise ServerError(reply.code, reply.message)
+        reply = await self._round_trip(StatsRequest(request_id=uuid.uuid4().hex))
         assert isinstance(reply, StatsReply)
         return reply.stats
+
+    async def tokenize(
+        self,
+        prompt: str | list[ChatMessage],
+        *,
+        add_special_tokens: bool = True,
+        chat: ChatOptions | None = None,
+    ) -> TokenizeReply:
+        """The token ids of a text, or of chat messages rendered under `chat` (the reply's text
+        is the rendered prompt), as the server would tokenize that prompt (vLLM's /tokenize).
+        Raises ServerError on a typed error."""
+        request = TokenizeRequest(request_id=uuid.uuid4().hex, chat=chat or ChatOptions())
+        if isinstance(prompt, str):
+            request.prompt, request.add_special_tokens = prompt, add_special_tokens
+        else:
+            request.messages = list(prompt)
+        reply = await self._round_trip(request)
+        assert isinstance(reply, TokenizeReply)
+        return reply
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        """The text of `token_ids`, special tokens kept (vLLM's /detokenize)."""
+        request = DetokenizeRequest(request_id=uuid.uuid4().hex, token_ids=list(token_ids))
+        reply = await self._round_trip(request)
+        assert isinstance(reply, TokenizeReply)
+        return reply.text
+
+    async def _round_trip(
+        self, request: StatsRequest | TokenizeRequest | DetokenizeRequest
+    ) -> StatsReply | TokenizeReply:
+        """Send a request that has one reply and wait for it; ServerError for an error reply."""
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request.request_id] = queue
+        try:
+            await self._requests.send(self._encoder.encode(request))
+            reply = await queue.get()
+        finally:
+            del self._queues[request.request_id]
+        if isinstance(reply, ErrorReply):
+            raise ServerError(reply.code, reply.message)
+        return reply

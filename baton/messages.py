@@ -159,12 +159,39 @@ class StatsRequest(msgspec.Struct, tag="stats", kw_only=True):
     request_id: str
 
 
+class TokenizeRequest(msgspec.Struct, tag="tokenize", kw_only=True):
+    """vLLM's /tokenize: the token ids of a text (`add_special_tokens`: BOS and the like) or of
+    chat messages rendered under `chat`; answered with a TokenizeReply. Exactly one of `prompt`
+    and `messages` is set."""
+
+    request_id: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    chat: ChatOptions = msgspec.field(default_factory=ChatOptions)
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(msgspec.Struct, tag="detokenize", kw_only=True):
+    """vLLM's /detokenize: the text of token ids (special tokens kept); answered with a
+    TokenizeReply."""
+
+    request_id: str
+    token_ids: list[int]
+
+
 class Shutdown(msgspec.Struct, tag="shutdown"):
     """Ask the scheduler or the detokenizer to leave its loop (sent by the launcher on stop, on
     their private sockets; clients cannot send it)."""
 
 
-ClientMessage = GenerateRequest | AbortRequest | PauseRequest | StatsRequest
+ClientMessage = (
+    GenerateRequest
+    | AbortRequest
+    | PauseRequest
+    | StatsRequest
+    | TokenizeRequest
+    | DetokenizeRequest
+)
 
 
 # --- tokenizer_proc / detokenizer_proc -> scheduler_proc ----------------------------------------
@@ -257,7 +284,26 @@ class ForwardedStats(msgspec.Struct, tag="stats_out", kw_only=True):
     stats: AggregateStats
 
 
-DetokenizerMessage = SchedulerOutputs | RequestFailed | ForwardedStats | Shutdown
+class TokenizeReply(msgspec.Struct, tag="tokenize_reply", kw_only=True):
+    """A text and its token ids: a TokenizeRequest's (the text as encoded: a chat's rendered
+    prompt) or a DetokenizeRequest's."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+
+
+class ForwardedTokenizeReply(msgspec.Struct, tag="tokenize_out", kw_only=True):
+    """The tokenizer's TokenizeReply on its way to the client (every reply comes from the
+    detokenizer)."""
+
+    client_id: bytes
+    reply: TokenizeReply
+
+
+DetokenizerMessage = (
+    SchedulerOutputs | RequestFailed | ForwardedStats | ForwardedTokenizeReply | Shutdown
+)
 
 
 # --- detokenizer_proc -> client -----------------------------------------------------------------
@@ -317,7 +363,7 @@ class StatsReply(msgspec.Struct, tag="stats_reply", kw_only=True):
 class Replies(msgspec.Struct, tag="replies"):
     """Replies for one client, batched per detokenizer iteration."""
 
-    items: list[GenerateDelta | ErrorReply | StatsReply]
+    items: list[GenerateDelta | ErrorReply | StatsReply | TokenizeReply]
 
 
 class Hello(msgspec.Struct, tag="hello"):

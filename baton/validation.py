@@ -64,12 +64,17 @@ def validate_prompt(
     where prompt and output cannot fit the context (`max_tokens` None: until its end)."""
     if not prompt_ids:
         raise RequestError("the prompt is empty")
-    for index, token in enumerate(prompt_ids):
+    check_token_ids(prompt_ids, vocab_size, "prompt_token_ids")
+    check_context_length(len(prompt_ids), max_tokens, max_model_len)
+
+
+def check_token_ids(token_ids: Sequence[int], vocab_size: int, name: str) -> None:
+    """RequestError naming the first id (of the field `name`) outside the vocabulary."""
+    for index, token in enumerate(token_ids):
         if not 0 <= token < vocab_size:
             raise RequestError(
-                f"prompt_token_ids[{index}] = {token} is outside the vocabulary [0, {vocab_size})"
+                f"{name}[{index}] = {token} is outside the vocabulary [0, {vocab_size})"
             )
-    check_context_length(len(prompt_ids), max_tokens, max_model_len)
 
 
 def validate_deadline(deadline_ms: float | None) -> None:

@@ -25,7 +25,14 @@ from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.client import BatonClient
 from baton.config import BatonConfig
 from baton.launch import Server
-from baton.messages import AbortRequest, GenerateRequest, Hello, StatsRequest
+from baton.messages import (
+    AbortRequest,
+    DetokenizeRequest,
+    GenerateRequest,
+    Hello,
+    StatsRequest,
+    TokenizeRequest,
+)
 
 SEED = 0
 FRAMES_PER_SOCKET = 150
@@ -35,6 +42,8 @@ REAL_TOKENS = 24
 ROUTES = [
     ("POST", "/v1/completions"),
     ("POST", "/v1/chat/completions"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
     ("GET", "/v1/models"),
     ("GET", "/server_info"),
     ("GET", "/health"),
@@ -44,7 +53,7 @@ ROUTES = [
 FIELDS = [
     "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
     "stream", "seed", "logprobs", "top_logprobs", "min_tokens", "stop_token_ids", "ignore_eos",
-    "model", "stream_options", "role", "content",
+    "model", "stream_options", "role", "content", "tokens", "add_special_tokens",
 ]  # fmt: skip
 SPECIAL_FRAMES = [
     b"",
@@ -115,6 +124,8 @@ def client_frames(rng: random.Random) -> list[bytes]:
         ),
         msgspec.msgpack.encode(AbortRequest(request_id="nobody")),
         msgspec.msgpack.encode(StatsRequest(request_id="s")),
+        msgspec.msgpack.encode(TokenizeRequest(request_id="t", prompt="hi")),
+        msgspec.msgpack.encode(DetokenizeRequest(request_id="d", token_ids=[1, 2])),
         msgspec.msgpack.encode(Hello()),
     ]
     frames = list(SPECIAL_FRAMES)

@@ -18,18 +18,20 @@ from baton.messages import (
     DetokenizerMessage,
     ErrorReply,
     ForwardedStats,
+    ForwardedTokenizeReply,
     GenerateDelta,
     RequestFailed,
     RequestStarted,
     SchedulerOutputs,
     StatsReply,
     StepOutput,
+    TokenizeReply,
     Usage,
 )
 
 logger = logging.getLogger(__name__)
 
-ReplyItem = GenerateDelta | ErrorReply | StatsReply
+ReplyItem = GenerateDelta | ErrorReply | StatsReply | TokenizeReply
 
 
 @dataclass(slots=True)
@@ -88,6 +90,8 @@ class DetokenizerService:
         elif isinstance(message, ForwardedStats):
             reply = StatsReply(request_id=message.request_id, stats=message.stats)
             _add_reply(handled, message.client_id, reply)
+        elif isinstance(message, ForwardedTokenizeReply):
+            _add_reply(handled, message.client_id, message.reply)
         return handled
 
     def client_vanished(self, client_id: bytes) -> list[AbortRid]:

@@ -1,4 +1,5 @@
-"""API-key check: with `api_key` set, every /v1 route needs "Authorization: Bearer <key>".
+"""API-key check: with `api_key` set, every /v1 route, /tokenize and /detokenize need
+"Authorization: Bearer <key>" (vLLM leaves the last two open; they make the server work).
 
 /health and /metrics stay open, as in vLLM, so probes and scrapers need no secret. A pure ASGI
 middleware, so a request without the key is refused before its body is read.
@@ -12,18 +13,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from baton.frontend.errors import OpenAIError
 
-PROTECTED_PREFIX = "/v1"
+PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
 
 
 class ApiKeyMiddleware:
-    """Answers 401 (OpenAI's error JSON) to /v1 requests without the right bearer token."""
+    """Answers 401 (OpenAI's error JSON) to protected requests without the right bearer token."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIX):
+        if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIXES):
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization", b"")

@@ -6,7 +6,12 @@ from dataclasses import dataclass
 
 from baton.chat_options import ChatOptions, InvalidChatOption
 from baton.frontend.errors import OpenAIError
-from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from baton.frontend.protocol import (
+    ChatCompletionRequest,
+    ChatTemplateRequest,
+    CompletionRequest,
+    SamplingRequest,
+)
 from baton.messages import ChatMessage
 from baton.sampling_params import InvalidSamplingParam, SamplingParams
 
@@ -112,7 +117,12 @@ def completion_choices(request: CompletionRequest, max_choices: int) -> list[Cho
     ]
 
 
-def chat_options(request: ChatCompletionRequest) -> ChatOptions:
+def chat_messages(request: ChatTemplateRequest) -> list[ChatMessage]:
+    """The conversation as the pipeline takes it."""
+    return [ChatMessage(role=m.role, content=m.text) for m in request.messages]
+
+
+def chat_options(request: ChatTemplateRequest) -> ChatOptions:
     """How the conversation is rendered; a 400 for options that cannot be honoured (the check
     the tokenizer process makes for every client, made here before any choice starts)."""
     options = ChatOptions(
@@ -131,7 +141,7 @@ def chat_options(request: ChatCompletionRequest) -> ChatOptions:
 
 def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
     """n choices of one conversation (the tokenizer process applies the chat template)."""
-    messages = [ChatMessage(role=m.role, content=m.text) for m in request.messages]
+    messages = chat_messages(request)
     options = chat_options(request)
     return [
         ChoiceRequest(

@@ -201,10 +201,30 @@ class ChatMessageParam(StrictModel):
         return "\n".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(SamplingRequest):
-    """`POST /v1/chat/completions`; `max_completion_tokens` wins over the older `max_tokens`."""
+class ChatTemplateRequest(StrictModel):
+    """The messages and vLLM's chat template fields (baton/chat_options.py) of a request that
+    renders a conversation: chat completions and /tokenize. The request's own template is
+    refused."""
 
     messages: Annotated[list[ChatMessageParam], Field(min_length=1)]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None
+    reasoning_effort: ReasoningEffort | None = None
+
+    @field_validator("chat_template")
+    @classmethod
+    def _no_request_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(REQUEST_TEMPLATE_REFUSED)
+        return value
+
+
+class ChatCompletionRequest(SamplingRequest, ChatTemplateRequest):
+    """`POST /v1/chat/completions`; `max_completion_tokens` wins over the older `max_tokens`."""
+
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool = False
@@ -212,13 +232,6 @@ class ChatCompletionRequest(SamplingRequest):
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    # vLLM's chat template fields (baton/chat_options.py); the request's own template is refused.
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template: str | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    documents: list[dict[str, str]] | None = None
-    reasoning_effort: ReasoningEffort | None = None
     # vLLM's: the reply starts with the final message's content when it has the reply's role.
     echo: bool = False
 
@@ -247,13 +260,6 @@ class ChatCompletionRequest(SamplingRequest):
                 "When using `tool_choice`, `tools` must be set (and this server does not "
                 "support tools)."
             )
-        return value
-
-    @field_validator("chat_template")
-    @classmethod
-    def _no_request_template(cls, value: str | None) -> str | None:
-        if value is not None:
-            raise ValueError(REQUEST_TEMPLATE_REFUSED)
         return value
 
     @model_validator(mode="after")

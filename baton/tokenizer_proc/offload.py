@@ -13,12 +13,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
-from baton.messages import DetokenizerMessage, GenerateRequest, SchedulerMessage
+from baton.messages import DetokenizerMessage, GenerateRequest, SchedulerMessage, TokenizeRequest
 
 Destination = Literal["scheduler", "detokenizer"]
 Outgoing = tuple[Destination, SchedulerMessage | DetokenizerMessage]
-# What the worker runs: (client_id, request) -> the tokenized request, or its rejection.
-Tokenize = Callable[[bytes, GenerateRequest], Outgoing]
+# A request with a prompt to tokenize: one to generate from, or a /tokenize.
+PromptRequest = GenerateRequest | TokenizeRequest
+# What the worker runs: (client_id, request) -> what answers it (the tokenized request, a
+# /tokenize reply, or a rejection).
+Tokenize = Callable[[bytes, PromptRequest], Outgoing]
 
 
 class PromptOffload:
@@ -52,7 +55,7 @@ class PromptOffload:
         """Whether request `rid` is on the worker (not yet forwarded)."""
         return rid in self._held
 
-    def submit(self, rid: str, client_id: bytes, request: GenerateRequest) -> None:
+    def submit(self, rid: str, client_id: bytes, request: PromptRequest) -> None:
         """Tokenize `request` on the worker; its rid must not be held already."""
         assert rid not in self._held, rid
         self._held[rid] = []
@@ -87,6 +90,6 @@ class PromptOffload:
         os.close(self._wake_read)
         os.close(self._wake_write)
 
-    def _run(self, rid: str, client_id: bytes, request: GenerateRequest) -> None:
+    def _run(self, rid: str, client_id: bytes, request: PromptRequest) -> None:
         self._done.append((rid, self._tokenize(client_id, request)))
         os.write(self._wake_write, b"\0")

@@ -209,10 +209,14 @@ def test_server_info_names_the_machine_and_the_compute_plan(http: httpx.Client) 
     assert info["scheduler"]["total_pages"] > 0 and "cpu" not in info["scheduler"]
 
 
-def test_api_key_is_required_on_v1_only(restricted_frontend: BatonConfig) -> None:
+def test_api_key_is_required_on_v1_and_tokenization_only(restricted_frontend: BatonConfig) -> None:
     url = base_url(restricted_frontend)
     with httpx.Client(base_url=url, timeout=30) as client:
         assert_error(client.post("/v1/completions", json=VALID), 401, "invalid_api_key")
+        assert_error(client.post("/tokenize", json={"prompt": "a"}), 401, "invalid_api_key")
+        assert_error(client.post("/detokenize", json={"tokens": [1]}), 401, "invalid_api_key")
+        headers = auth(restricted_frontend)
+        assert client.post("/tokenize", json={"prompt": "a"}, headers=headers).status_code == 200
         wrong = {"Authorization": "Bearer nope"}
         assert_error(client.get("/v1/models", headers=wrong), 401, "invalid_api_key")
         # Refused before the body is read: malformed JSON without a key is still a 401.

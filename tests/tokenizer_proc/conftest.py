@@ -9,7 +9,7 @@ from helpers.tokenizer_frames import MAX_MODEL_LEN
 
 from baton.checkpoint.load import Checkpoint
 from baton.config import BatonConfig
-from baton.tokenizer_proc.process import TokenizerService
+from baton.tokenizer_proc.service import TokenizerService
 
 
 @pytest.fixture(scope="module")

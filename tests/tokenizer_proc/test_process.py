@@ -43,7 +43,7 @@ from baton.messages import (
     make_rid,
 )
 from baton.sampling_params import SamplingParams
-from baton.tokenizer_proc.process import TokenizerService
+from baton.tokenizer_proc.service import TokenizerService
 
 
 def test_text_prompt_is_tokenized(stories_service: TokenizerService) -> None:

@@ -20,7 +20,7 @@ from helpers.tokenizer_frames import (
 from baton.checkpoint.load import Checkpoint
 from baton.checkpoint.tokenizer import Tokenizer
 from baton.messages import ChatMessage, GenerateRequest, TokenizedRequest
-from baton.tokenizer_proc.process import TokenizerService
+from baton.tokenizer_proc.service import TokenizerService
 
 
 def test_chat_messages_use_the_fallback(stories_service: TokenizerService) -> None:

@@ -18,7 +18,7 @@ from helpers.tokenizer_frames import (
 )
 
 from baton.messages import AbortRequest, AbortRid, TokenizedRequest, make_rid
-from baton.tokenizer_proc.process import OFFLOAD_PROMPT_CHARS, TokenizerService
+from baton.tokenizer_proc.service import OFFLOAD_PROMPT_CHARS, TokenizerService
 
 
 def test_prompt_length_limits(service: TokenizerService) -> None:
