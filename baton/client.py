@@ -284,11 +284,17 @@ class BatonClient:
         *,
         add_special_tokens: bool = True,
         chat: ChatOptions | None = None,
+        return_token_strs: bool = False,
     ) -> TokenizeReply:
         """The token ids of a text, or of chat messages rendered under `chat` (the reply's text
-        is the rendered prompt), as the server would tokenize that prompt (vLLM's /tokenize).
-        Raises ServerError on a typed error."""
-        request = TokenizeRequest(request_id=uuid.uuid4().hex, chat=chat or ChatOptions())
+        is the rendered prompt), as the server would tokenize that prompt (vLLM's /tokenize);
+        with `return_token_strs`, their vocabulary entries too. Raises ServerError on a typed
+        error."""
+        request = TokenizeRequest(
+            request_id=uuid.uuid4().hex,
+            chat=chat or ChatOptions(),
+            return_token_strs=return_token_strs,
+        )
         if isinstance(prompt, str):
             request.prompt, request.add_special_tokens = prompt, add_special_tokens
         else:

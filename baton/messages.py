@@ -161,14 +161,15 @@ class StatsRequest(msgspec.Struct, tag="stats", kw_only=True):
 
 class TokenizeRequest(msgspec.Struct, tag="tokenize", kw_only=True):
     """vLLM's /tokenize: the token ids of a text (`add_special_tokens`: BOS and the like) or of
-    chat messages rendered under `chat`; answered with a TokenizeReply. Exactly one of `prompt`
-    and `messages` is set."""
+    chat messages rendered under `chat`, and with `return_token_strs` their vocabulary entries;
+    answered with a TokenizeReply. Exactly one of `prompt` and `messages` is set."""
 
     request_id: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     chat: ChatOptions = msgspec.field(default_factory=ChatOptions)
     add_special_tokens: bool = True
+    return_token_strs: bool = False
 
 
 class DetokenizeRequest(msgspec.Struct, tag="detokenize", kw_only=True):
@@ -291,6 +292,9 @@ class TokenizeReply(msgspec.Struct, tag="tokenize_reply", kw_only=True):
     request_id: str
     text: str
     token_ids: list[int]
+    # Each id's vocabulary entry ("▁time", "<0xE2>"; None past the tokenizer's vocabulary),
+    # when the TokenizeRequest asked for them.
+    token_strs: list[str | None] | None = None
 
 
 class ForwardedTokenizeReply(msgspec.Struct, tag="tokenize_out", kw_only=True):

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from baton.frontend.errors import OpenAIError, json_response
+from baton.frontend.errors import json_response
 from baton.frontend.params import chat_messages, chat_options
 from baton.frontend.protocol import ChatTemplateRequest, StrictModel, TokenId
 from baton.frontend.state import frontend_state
@@ -46,19 +46,22 @@ async def tokenize(request: Request) -> Response:
     raw = await request.body()
     body = _tokenize_body(raw)
     state.check_model(body.model)
-    if body.return_token_strs:
-        raise OpenAIError(400, "return_token_strs is not supported", param="return_token_strs")
     client = state.require_client()
+    strs = body.return_token_strs
     if isinstance(body, TokenizeChatRequest):
-        reply = await client.tokenize(chat_messages(body), chat=chat_options(body))
+        options = chat_options(body)
+        reply = await client.tokenize(chat_messages(body), chat=options, return_token_strs=strs)
     else:
-        reply = await client.tokenize(body.prompt, add_special_tokens=body.add_special_tokens)
+        special = body.add_special_tokens
+        reply = await client.tokenize(
+            body.prompt, add_special_tokens=special, return_token_strs=strs
+        )
     return json_response(
         {
             "count": len(reply.token_ids),
             "max_model_len": state.max_model_len,
             "tokens": reply.token_ids,
-            "token_strs": None,
+            "token_strs": reply.token_strs,
         }
     )
 

@@ -177,6 +177,8 @@ class TokenizerService:
         text, add_special_tokens = self._prompt_text(message)
         token_ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         reply = TokenizeReply(request_id=message.request_id, text=text, token_ids=token_ids)
+        if message.return_token_strs:
+            reply.token_strs = [self.tokenizer.id_to_token(token) for token in token_ids]
         return ("detokenizer", ForwardedTokenizeReply(client_id=client_id, reply=reply))
 
     def _detokenize(self, client_id: bytes, message: DetokenizeRequest) -> Outgoing:

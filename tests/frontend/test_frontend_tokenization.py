@@ -29,6 +29,10 @@ def test_tokenize_a_text_as_vllm(http: httpx.Client, offline: LLM) -> None:
     assert body == {"count": len(ids), "max_model_len": 512, "tokens": ids, "token_strs": None}
     bare = http.post("/tokenize", json={"prompt": TEXT, "add_special_tokens": False}).json()
     assert bare["tokens"] == offline.tokenizer.encode(TEXT, add_special_tokens=False)
+    body = http.post("/tokenize", json={"prompt": TEXT, "return_token_strs": True}).json()
+    assert body["tokens"] == ids
+    assert body["token_strs"] == [offline.tokenizer.id_to_token(token) for token in ids]
+    assert body["token_strs"][0] == "<s>" and "".join(body["token_strs"][1:]) == "▁Once▁upon▁a▁time"
 
 
 def test_tokenize_messages_as_chat_completions_renders_them(
@@ -60,8 +64,6 @@ def test_detokenize_keeps_special_tokens(http: httpx.Client, offline: LLM) -> No
         ("/tokenize", {"prompt": 5}, 400, "invalid_request", "prompt"),
         ("/tokenize", {}, 400, "invalid_request", "prompt"),
         ("/tokenize", {"messages": []}, 400, "invalid_request", "messages"),
-        ("/tokenize", {"prompt": "a", "return_token_strs": True},
-         400, "invalid_request", "token_strs"),
         ("/tokenize", {"prompt": "a", "model": "other"}, 404, "model_not_found", "other"),
         ("/tokenize", {"messages": [{"role": "user", "content": "a"}], "chat_template": "x"},
          400, "invalid_request", "chat_template"),

@@ -40,6 +40,11 @@ def test_a_text_is_tokenized_with_or_without_special_tokens(
     )
     assert bare.token_ids == tokenizer.encode(text, add_special_tokens=False)
     assert len(bare.token_ids) == len(with_bos.token_ids) - 1
+    assert with_bos.token_strs is None  # not asked for
+    strs = reply(
+        stories_service, TokenizeRequest(request_id="r1", prompt=text, return_token_strs=True)
+    )
+    assert strs.token_strs == [tokenizer.id_to_token(token) for token in with_bos.token_ids]
 
 
 def test_messages_are_rendered_as_for_generation(stories_service: TokenizerService) -> None:
