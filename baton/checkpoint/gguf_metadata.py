@@ -111,7 +111,7 @@ def _build_tokenizer(gguf_file: Path, target: Path) -> str | None:
         try:
             _save_tokenizer(gguf_file, target)
         except Exception as error:  # the converter raises many types for a bad tokenizer
-            return str(error)
+            return " ".join(f"{type(error).__name__}: {error}".split())  # one line, as below
         return None
     command = [sys.executable, "-m", __name__, str(gguf_file), str(target)]
     converted = subprocess.run(command, capture_output=True, text=True)
@@ -204,7 +204,7 @@ def _check_tensor_types(reader: Any, gguf_file: Path) -> None:
 
 
 def _save_tokenizer(gguf_file: Path, target: Path) -> None:
-    """Run in the conversion subprocess: the GGUF's tokenizer, saved as tokenizer files."""
+    """The GGUF's tokenizer, saved as tokenizer files (in this process or the subprocess)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)

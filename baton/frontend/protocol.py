@@ -56,7 +56,19 @@ def _must_be(value: Any, allowed: tuple[Any, ...], what: str) -> Any:
     return value
 
 
-class SamplingRequest(StrictModel):
+class NullMeansDefault(StrictModel):
+    """A request body in which an explicit null reads as the field left out, as in vLLM (whose
+    request fields are optional with these defaults): clients send `"n": null`."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_takes_the_default(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+
+class SamplingRequest(NullMeansDefault):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -87,15 +99,6 @@ class SamplingRequest(StrictModel):
     # Baton's extension: each choice carries its request's stats (queue, prompt and decode times,
     # TTFT, tokens/s, cached tokens, preemptions), in the final chunk when streamed.
     return_stats: bool = False
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_takes_the_default(cls, data: Any) -> Any:
-        """An explicit null reads as the field left out, as in vLLM (whose request fields are
-        optional with these defaults): clients send `"n": null` or `"stream": null`."""
-        if isinstance(data, dict):
-            return {key: value for key, value in data.items() if value is not None}
-        return data
 
     @field_validator("logit_bias", mode="before")
     @classmethod
@@ -201,10 +204,10 @@ class ChatMessageParam(StrictModel):
         return "\n".join(part.text for part in self.content)
 
 
-class ChatTemplateRequest(StrictModel):
+class ChatTemplateRequest(NullMeansDefault):
     """The messages and vLLM's chat template fields (baton/chat_options.py) of a request that
-    renders a conversation: chat completions and /tokenize. The request's own template is
-    refused."""
+    renders a conversation: chat completions and /tokenize. The request's own template and
+    tools are refused."""
 
     messages: Annotated[list[ChatMessageParam], Field(min_length=1)]
     add_generation_prompt: bool = True
@@ -213,34 +216,8 @@ class ChatTemplateRequest(StrictModel):
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, str]] | None = None
     reasoning_effort: ReasoningEffort | None = None
-
-    @field_validator("chat_template")
-    @classmethod
-    def _no_request_template(cls, value: str | None) -> str | None:
-        if value is not None:
-            raise ValueError(REQUEST_TEMPLATE_REFUSED)
-        return value
-
-
-class ChatCompletionRequest(SamplingRequest, ChatTemplateRequest):
-    """`POST /v1/chat/completions`; `max_completion_tokens` wins over the older `max_tokens`."""
-
-    max_tokens: PositiveInt | None = None
-    max_completion_tokens: PositiveInt | None = None
-    logprobs: bool = False
-    top_logprobs: LogprobCount | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    # vLLM's: the reply starts with the final message's content when it has the reply's role.
-    echo: bool = False
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type", "text") != "text":
-            raise ValueError("only the text response format is supported")
-        return value
 
     @field_validator("tools")
     @classmethod
@@ -260,6 +237,32 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateRequest):
                 "When using `tool_choice`, `tools` must be set (and this server does not "
                 "support tools)."
             )
+        return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _no_request_template(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError(REQUEST_TEMPLATE_REFUSED)
+        return value
+
+
+class ChatCompletionRequest(SamplingRequest, ChatTemplateRequest):
+    """`POST /v1/chat/completions`; `max_completion_tokens` wins over the older `max_tokens`."""
+
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool = False
+    top_logprobs: LogprobCount | None = None
+    response_format: dict[str, Any] | None = None
+    # vLLM's: the reply starts with the final message's content when it has the reply's role.
+    echo: bool = False
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type", "text") != "text":
+            raise ValueError("only the text response format is supported")
         return value
 
     @model_validator(mode="after")

@@ -7,16 +7,17 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from pydantic import field_validator
 
 from baton.frontend.errors import json_response
 from baton.frontend.params import chat_messages, chat_options
-from baton.frontend.protocol import ChatTemplateRequest, StrictModel, TokenId
+from baton.frontend.protocol import ChatTemplateRequest, NullMeansDefault, TokenId
 from baton.frontend.state import frontend_state
 
 router = APIRouter()
 
 
-class TokenizeCompletionRequest(StrictModel):
+class TokenizeTextBody(NullMeansDefault):
     """A text to tokenize; `add_special_tokens` adds the tokenizer's BOS and the like."""
 
     model: str | None = None
@@ -25,14 +26,24 @@ class TokenizeCompletionRequest(StrictModel):
     return_token_strs: bool = False
 
 
-class TokenizeChatRequest(ChatTemplateRequest):
-    """A conversation to tokenize as chat completions would render it."""
+class TokenizeChatBody(ChatTemplateRequest):
+    """A conversation to tokenize as chat completions would render it. Whether special tokens
+    are added is the template's to say, as for chat completions: vLLM's `add_special_tokens`
+    is accepted at its default, false, only."""
 
     model: str | None = None
     return_token_strs: bool = False
+    add_special_tokens: bool = False
+
+    @field_validator("add_special_tokens")
+    @classmethod
+    def _template_decides(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("add_special_tokens=true is not supported with messages")
+        return value
 
 
-class DetokenizeRequest(StrictModel):
+class DetokenizeBody(NullMeansDefault):
     """Token ids to turn into text (special tokens kept)."""
 
     model: str | None = None
@@ -48,7 +59,7 @@ async def tokenize(request: Request) -> Response:
     state.check_model(body.model)
     client = state.require_client()
     strs = body.return_token_strs
-    if isinstance(body, TokenizeChatRequest):
+    if isinstance(body, TokenizeChatBody):
         options = chat_options(body)
         reply = await client.tokenize(chat_messages(body), chat=options, return_token_strs=strs)
     else:
@@ -70,18 +81,18 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     """The text of the token ids, as vLLM answers."""
     state = frontend_state(request)
-    body = DetokenizeRequest.model_validate_json(await request.body())
+    body = DetokenizeBody.model_validate_json(await request.body())
     state.check_model(body.model)
     text = await state.require_client().detokenize(body.tokens)
     return json_response({"prompt": text})
 
 
-def _tokenize_body(raw: bytes) -> TokenizeCompletionRequest | TokenizeChatRequest:
+def _tokenize_body(raw: bytes) -> TokenizeTextBody | TokenizeChatBody:
     """A chat request if the body has `messages`, else a completion one (vLLM's union)."""
     try:
         fields: Any = json.loads(raw)
     except ValueError:
         fields = None  # the model's own parse reports it, as for every other route
-    if isinstance(fields, dict) and "messages" in fields:
-        return TokenizeChatRequest.model_validate_json(raw)
-    return TokenizeCompletionRequest.model_validate_json(raw)
+    if isinstance(fields, dict) and fields.get("messages") is not None:
+        return TokenizeChatBody.model_validate_json(raw)
+    return TokenizeTextBody.model_validate_json(raw)

@@ -174,6 +174,7 @@ class TokenizerService:
     def _tokenize(self, client_id: bytes, message: TokenizeRequest) -> Outgoing:
         if (message.prompt is None) == (message.messages is None):
             raise RequestError("exactly one of prompt and messages must be set")
+        _check_chat_options(message)
         text, add_special_tokens = self._prompt_text(message)
         token_ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         reply = TokenizeReply(request_id=message.request_id, text=text, token_ids=token_ids)
@@ -182,6 +183,9 @@ class TokenizerService:
         return ("detokenizer", ForwardedTokenizeReply(client_id=client_id, reply=reply))
 
     def _detokenize(self, client_id: bytes, message: DetokenizeRequest) -> Outgoing:
+        # Bounded as a prompt is: a ZMQ frame of millions of ids would hold up the loop.
+        if len(message.token_ids) > self.max_model_len:
+            raise RequestError(f"at most {self.max_model_len} token ids (the context length)")
         check_token_ids(message.token_ids, self.vocab_size, "token_ids")
         text = self.tokenizer.decode(message.token_ids, skip_special_tokens=False)
         reply = TokenizeReply(request_id=message.request_id, text=text, token_ids=message.token_ids)
@@ -229,6 +233,7 @@ class TokenizerService:
         validate_params(request.params, self.vocab_size)
         validate_priority(request.priority, self.scheduling_policy)
         validate_deadline(request.deadline_ms)
+        _check_chat_options(request)
         prompt_ids = self._prompt_ids(request)
         validate_prompt(prompt_ids, request.params.max_tokens, self.vocab_size, self.max_model_len)
         return prompt_ids
@@ -241,9 +246,6 @@ class TokenizerService:
 
     def _prompt_text(self, request: PromptRequest) -> tuple[str, bool]:
         """The text a prompt or chat makes, and whether to add special tokens encoding it."""
-        if request.messages is None and request.chat != ChatOptions():
-            raise RequestError("chat options (`chat`) need `messages`")
-        validate_chat_options(request.chat)
         if request.prompt is not None:
             text, add_special_tokens = request.prompt, request.add_special_tokens
         else:
@@ -270,6 +272,12 @@ def prompt_chars(request: PromptRequest) -> int:
         # JSON: they are not validated yet, and a ZMQ client's may hold values JSON has not).
         chars += len(msgspec.msgpack.encode(request.chat))
     return chars
+
+
+def _check_chat_options(request: PromptRequest) -> None:
+    if request.messages is None and request.chat != ChatOptions():
+        raise RequestError("chat options (`chat`) need `messages`")
+    validate_chat_options(request.chat)
 
 
 def _failure(client_id: bytes, request_id: str, code: ErrorCode, message: str) -> Outgoing:

@@ -68,6 +68,10 @@ def test_detokenize_keeps_special_tokens(http: httpx.Client, offline: LLM) -> No
         ("/tokenize", {"messages": [{"role": "user", "content": "a"}], "chat_template": "x"},
          400, "invalid_request", "chat_template"),
         ("/tokenize", {"prompt": "a" * 60_000}, 400, "prompt_too_long", "maximum context"),
+        ("/tokenize", {"messages": [{"role": "user", "content": "a"}], "tools": []},
+         400, "invalid_request", "tools are not supported"),
+        ("/tokenize", {"messages": [{"role": "user", "content": "a"}], "add_special_tokens": True},
+         400, "invalid_request", "add_special_tokens=true is not supported"),
     ],
 )  # fmt: skip
 def test_bad_requests_are_openai_errors(
@@ -80,3 +84,15 @@ def test_bad_requests_are_openai_errors(
 def test_malformed_json_is_a_400(http: httpx.Client) -> None:
     assert_error(http.post("/tokenize", content=b"{"), 400, "invalid_request")
     assert_error(http.post("/detokenize", content=b"[1"), 400, "invalid_request")
+
+
+def test_an_explicit_null_takes_the_default_as_in_vllm(http: httpx.Client, offline: LLM) -> None:
+    ids = offline.tokenizer.encode(TEXT)
+    nulls = {"prompt": TEXT, "messages": None, "add_special_tokens": None, "model": None}
+    body = http.post("/tokenize", json={**nulls, "return_token_strs": None}).json()
+    assert body["tokens"] == ids and body["token_strs"] is None
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "add_generation_prompt": None}
+    conversation = [ChatMessage("user", "Hi")]
+    assert http.post("/tokenize", json=chat).json()["tokens"] == render_chat(
+        offline.tokenizer, conversation
+    )

@@ -147,7 +147,7 @@ def ask_stats(harness: Harness) -> ForwardedStats:
     return reply
 
 
-@pytest.mark.parametrize("harness", [{"watchdog_timeout": 0.5}], indirect=True)
+@pytest.mark.parametrize("harness", [{"watchdog_timeout": 1.0}], indirect=True)
 def test_a_step_past_the_watchdog_shows_in_stats_and_the_log(
     harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -155,11 +155,11 @@ def test_a_step_past_the_watchdog_shows_in_stats_and_the_log(
     harness.send(tokenized("first", list(range(3, 40))))
     assert harness.waiting_on_engine.wait(REPLY_TIMEOUT_MS / 1000)
     early = ask_stats(harness).stats.engine_step_seconds
-    assert 0.0 < early < 0.5
-    time.sleep(0.6)
+    assert 0.0 < early < 1.0
+    time.sleep(1.1)
     late = ask_stats(harness).stats.engine_step_seconds
-    assert late > 0.5 + early
-    assert any("past --watchdog-timeout (0.5 s)" in r.getMessage() for r in caplog.records)
+    assert late > 1.0 + early
+    assert any("past --watchdog-timeout (1 s)" in r.getMessage() for r in caplog.records)
     harness.gate.set()
     finished = False
     while not finished:

@@ -64,6 +64,10 @@ def test_chat_options_reach_the_template(service: TokenizerService) -> None:
             {"chat": {"chat_template_kwargs": {"x": 1}}, "messages": None, "prompt": "a"},
             "need `messages`",
         ),
+        (
+            {"chat": {"add_generation_prompt": False}, "messages": None, "prompt_token_ids": [5]},
+            "need `messages`",
+        ),
         ({"chat": {"chat_template_kwargs": [1]}}, "Expected `object`, got `array`"),
         ({"chat": {"reasoning_effort": "extreme"}}, "Invalid enum value 'extreme'"),
         ({"chat": {"documents": [{"title": 1}]}}, "Expected `str`, got `int`"),

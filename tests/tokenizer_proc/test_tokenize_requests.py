@@ -68,6 +68,7 @@ def test_ids_are_decoded_with_their_special_tokens(stories_service: TokenizerSer
     [
         (DetokenizeRequest(request_id="r1", token_ids=[5, 512]), "token_ids[1] = 512 is outside"),
         (DetokenizeRequest(request_id="r1", token_ids=[-1]), "token_ids[0] = -1 is outside"),
+        (DetokenizeRequest(request_id="r1", token_ids=[5] * 513), "at most 512 token ids"),
         (TokenizeRequest(request_id="r1"), "exactly one of prompt and messages"),
         (
             TokenizeRequest(request_id="r1", prompt="a", messages=[ChatMessage("user", "b")]),
