@@ -164,7 +164,6 @@ class BatonClient:
         chat: ChatOptions | None = None,
         *,
         add_special_tokens: bool = True,
-        skip_special_tokens: bool = True,
     ) -> AsyncIterator[GenerateDelta]:
         """Yield the request's deltas as they come; the last one has `finished` set.
 
@@ -172,8 +171,8 @@ class BatonClient:
         template options); `priority` and `deadline_ms` matter under the server's
         --scheduling-policy (a priority other than 0 needs the priority policy). The last delta
         has the request's stats, but when a stop string ended the request only with
-        `return_stats` (it then comes one step later). `add_special_tokens` (text prompts: the
-        tokenizer's BOS and the like) and `skip_special_tokens` (the output text) are vLLM's.
+        `return_stats` (it then comes one step later). `add_special_tokens` is vLLM's: whether a
+        text prompt gets the tokenizer's BOS and the like.
         Raises ServerError on a typed error.
         """
         request_id = request_id or uuid.uuid4().hex
@@ -185,7 +184,6 @@ class BatonClient:
             return_stats=return_stats,
             chat=chat or ChatOptions(),
             add_special_tokens=add_special_tokens,
-            skip_special_tokens=skip_special_tokens,
         )
         if isinstance(prompt, str):
             request.prompt = prompt
@@ -228,7 +226,6 @@ class BatonClient:
         chat: ChatOptions | None = None,
         *,
         add_special_tokens: bool = True,
-        skip_special_tokens: bool = True,
     ) -> GenerateResult:
         """Run a request to completion and return its output (the options: see `stream`)."""
         result: GenerateResult | None = None
@@ -241,7 +238,6 @@ class BatonClient:
             return_stats,
             chat,
             add_special_tokens=add_special_tokens,
-            skip_special_tokens=skip_special_tokens,
         )
         try:
             async for delta in stream:

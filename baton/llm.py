@@ -107,6 +107,7 @@ class LLM:
             stop=params.stop or (),
             min_tokens=params.min_tokens,
             include_stop_str_in_output=params.include_stop_str_in_output,
+            skip_special_tokens=params.skip_special_tokens,
         )
         # Last: once the scheduler holds the request, nothing here may fail before it is
         # pending (and so aborted if the batch is interrupted).

@@ -128,7 +128,6 @@ class GenerateRequest(msgspec.Struct, tag="generate", kw_only=True):
     chat: ChatOptions = msgspec.field(default_factory=ChatOptions)
     params: SamplingParams = msgspec.field(default_factory=SamplingParams)
     add_special_tokens: bool = True
-    skip_special_tokens: bool = True
     # For --scheduling-policy: vLLM's `priority` (lower runs first; other than 0 only under
     # the priority policy), and a deadline in ms from arrival (edf, lrs).
     priority: int = 0

@@ -55,6 +55,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     logprobs: int | None = None
     # vLLM's: keep the stop string, or the stop token's text, at the end of the output.
     include_stop_str_in_output: bool = False
+    # vLLM's: leave special tokens (EOS, chat markers) out of the output text.
+    skip_special_tokens: bool = True
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0

@@ -222,6 +222,19 @@ def test_stop_strings_trim_text(default_llm: LLM) -> None:
     assert len(output.token_ids) < len(full.token_ids)
 
 
+def test_special_tokens_stay_in_the_text_when_asked(default_llm: LLM) -> None:
+    """vLLM's SamplingParams.skip_special_tokens: EOS, forced by a bias, shows only if false."""
+    eos = default_llm.engine.checkpoint.eos_token_ids[0]
+    forced = {"temperature": 0, "max_tokens": 3, "ignore_eos": True, "logit_bias": {eos: 100}}
+    skipped, kept = default_llm.generate(
+        ["abc", "abc"],
+        [SamplingParams(**forced), SamplingParams(**forced, skip_special_tokens=False)],
+    )
+    assert skipped.token_ids == kept.token_ids == [eos] * 3
+    eos_text = default_llm.tokenizer.decode([eos], skip_special_tokens=False)
+    assert skipped.text == "" and kept.text == eos_text * 3 and eos_text
+
+
 def test_seeded_sampling_is_reproducible_across_batches(default_llm: LLM) -> None:
     seeded = SamplingParams(temperature=1.0, top_k=50, seed=1234, max_tokens=16, ignore_eos=True)
     alone = default_llm.generate("hello", seeded)[0].token_ids

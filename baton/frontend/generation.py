@@ -39,7 +39,6 @@ async def choice_stream(
         choice.return_stats,
         choice.chat,
         add_special_tokens=choice.add_special_tokens,
-        skip_special_tokens=choice.skip_special_tokens,
     )
     state.in_flight.enter()
     try:

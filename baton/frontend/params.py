@@ -47,7 +47,6 @@ class ChoiceRequest:
     return_stats: bool = False
     chat: ChatOptions | None = None
     add_special_tokens: bool = True  # a text prompt's; a chat's template decides its own
-    skip_special_tokens: bool = True
 
 
 def sampling_params(
@@ -67,6 +66,7 @@ def sampling_params(
         ignore_eos=request.ignore_eos,
         min_tokens=request.min_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,
+        skip_special_tokens=request.skip_special_tokens,
         logprobs=logprobs,
     )
     for name in OPTIONAL_SAMPLING_FIELDS:  # left out or null: SamplingParams' default
@@ -110,7 +110,6 @@ def completion_choices(request: CompletionRequest, max_choices: int) -> list[Cho
             deadline_ms=request.deadline_ms,
             return_stats=request.return_stats,
             add_special_tokens=request.add_special_tokens,
-            skip_special_tokens=request.skip_special_tokens,
         )
         for group, prompt in enumerate(prompts)
         for choice in range(request.n)
@@ -153,7 +152,6 @@ def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
             deadline_ms=request.deadline_ms,
             return_stats=request.return_stats,
             chat=options,
-            skip_special_tokens=request.skip_special_tokens,
         )
         for choice in range(request.n)
     ]

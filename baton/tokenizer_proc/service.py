@@ -202,7 +202,7 @@ class TokenizerService:
             prompt_tokens=len(prompt_ids),
             prompt_tail=prompt_ids[-PROMPT_TAIL_TOKENS:],
             stop=list(params.stop or ()),
-            skip_special_tokens=message.skip_special_tokens,
+            skip_special_tokens=params.skip_special_tokens,
             min_tokens=params.min_tokens,
             include_stop_str_in_output=params.include_stop_str_in_output,
             return_stats=message.return_stats,

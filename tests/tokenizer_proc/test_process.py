@@ -47,10 +47,8 @@ from baton.tokenizer_proc.service import TokenizerService
 
 
 def test_text_prompt_is_tokenized(stories_service: TokenizerService) -> None:
-    params = SamplingParams(temperature=0.5, max_tokens=8, stop=["."])
-    request = GenerateRequest(
-        request_id="r1", prompt="Once upon a time", params=params, skip_special_tokens=False
-    )
+    params = SamplingParams(temperature=0.5, max_tokens=8, stop=["."], skip_special_tokens=False)
+    request = GenerateRequest(request_id="r1", prompt="Once upon a time", params=params)
     before = time.monotonic()
     outputs = stories_service.handle(CLIENT, to_frame(request))
     tokenized = single(outputs, "scheduler", TokenizedRequest)
