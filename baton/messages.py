@@ -161,7 +161,9 @@ class StatsRequest(msgspec.Struct, tag="stats", kw_only=True):
 class TokenizeRequest(msgspec.Struct, tag="tokenize", kw_only=True):
     """vLLM's /tokenize: the token ids of a text (`add_special_tokens`: BOS and the like) or of
     chat messages rendered under `chat`, and with `return_token_strs` their vocabulary entries;
-    answered with a TokenizeReply. Exactly one of `prompt` and `messages` is set."""
+    answered with a TokenizeReply. Exactly one of `prompt` and `messages` is set. Its
+    `request_id`, as any request's, must not be that of one of the client's running requests:
+    replies are routed by it."""
 
     request_id: str
     prompt: str | None = None
