@@ -18,9 +18,29 @@ import zmq
 from baton.addresses import ServerAddresses
 from baton.config import BatonConfig, ConfigurationError
 from baton.cpu_binding import bind_service_process
-from baton.messages import ChildSpec, Codec, LauncherMessage, ProcessReady
+from baton.messages import Codec
 
 logger = logging.getLogger(__name__)
+
+
+# The launcher's messages with its children (msgspec, as every message of a server).
+class ChildSpec(msgspec.Struct, kw_only=True):
+    """What a child process is started with: written to its stdin, never on its argv, where every
+    local user could read secrets such as the API key (`ps`)."""
+
+    config: BatonConfig
+    addresses: ServerAddresses
+
+
+class ProcessReady(msgspec.Struct, tag="ready", kw_only=True):
+    """A child process reports it is serving (or that it failed to start, with `error`)."""
+
+    name: str
+    error: str | None = None
+    info: dict[str, str] = {}
+
+
+LauncherMessage = ProcessReady
 
 _PR_SET_PDEATHSIG = 1
 # The longest a child's loop waits on its sockets. A process-directed signal (the launcher's

@@ -23,10 +23,10 @@ import zmq
 from baton.addresses import ServerAddresses
 from baton.checkpoint.model_config import CheckpointError
 from baton.checkpoint.source import load_model_config
-from baton.child_process import start_child
+from baton.child_process import LauncherMessage, start_child
 from baton.config import BatonConfig, add_config_args, config_from_args
 from baton.cpu_binding import AUTO, NOBIND, resolve_binding
-from baton.messages import Codec, LauncherMessage, Shutdown
+from baton.messages import Codec, Shutdown
 
 logger = logging.getLogger(__name__)
 

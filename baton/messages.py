@@ -2,8 +2,8 @@
 
 Flow: client -> tokenizer_proc -> scheduler_proc -> detokenizer_proc -> client. Every reply to a
 client comes from the detokenizer, routed by the client's ZMQ identity (`client_id`), so each
-client gets only its own replies; the launcher hands each child its `ChildSpec` on stdin, and the
-children report back with `ProcessReady`. Never pickle: a frame that does not decode into the
+client gets only its own replies (the launcher's own messages with its children are in
+`child_process.py`). Never pickle: a frame that does not decode into the
 receiver's union is logged and dropped (`decode_or_none`), it never kills a process.
 """
 
@@ -14,9 +14,7 @@ from typing import Generic, Literal, TypeVar
 
 import msgspec
 
-from baton.addresses import ServerAddresses
 from baton.chat_options import ChatOptions
-from baton.config import BatonConfig
 from baton.engine.compute_plan import ComputePlan, CpuCapabilities
 from baton.sampling_params import SamplingParams
 
@@ -382,25 +380,6 @@ class HelloAck(msgspec.Struct, tag="hello_ack"):
 ClientReply = Replies | HelloAck
 DetokenizerClientMessage = Hello
 
-
-# --- launcher ---------------------------------------------------------------------------------
-class ChildSpec(msgspec.Struct, kw_only=True):
-    """What a child process is started with: written to its stdin, never on its argv, where every
-    local user could read secrets such as the API key (`ps`)."""
-
-    config: BatonConfig
-    addresses: ServerAddresses
-
-
-class ProcessReady(msgspec.Struct, tag="ready", kw_only=True):
-    """A child process reports it is serving (or that it failed to start, with `error`)."""
-
-    name: str
-    error: str | None = None
-    info: dict[str, str] = {}
-
-
-LauncherMessage = ProcessReady
 
 T = TypeVar("T")
 

@@ -13,7 +13,7 @@ from helpers.detokenizer import CLIENT_A, encode, request_started, step_output
 from baton.addresses import ServerAddresses
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.checkpoint.tokenizer import Tokenizer
-from baton.child_process import start_child
+from baton.child_process import LauncherMessage, start_child
 from baton.config import BatonConfig
 from baton.messages import (
     AbortRid,
@@ -23,7 +23,6 @@ from baton.messages import (
     GenerateDelta,
     Hello,
     HelloAck,
-    LauncherMessage,
     Replies,
     SchedulerMessage,
     SchedulerOutputs,

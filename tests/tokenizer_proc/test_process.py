@@ -24,7 +24,7 @@ from helpers.tokenizer_frames import (
 from baton.addresses import ServerAddresses
 from baton.checkpoint.load import Checkpoint, load_checkpoint
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
-from baton.child_process import start_child
+from baton.child_process import LauncherMessage, start_child
 from baton.config import BatonConfig
 from baton.messages import (
     PROMPT_TAIL_TOKENS,
@@ -34,7 +34,6 @@ from baton.messages import (
     DetokenizerMessage,
     ForwardedStatsRequest,
     GenerateRequest,
-    LauncherMessage,
     RequestFailed,
     SchedulerMessage,
     Shutdown,
