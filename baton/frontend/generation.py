@@ -40,14 +40,13 @@ async def choice_stream(
         choice.chat,
         add_special_tokens=choice.add_special_tokens,
     )
-    state.in_flight.enter()
-    try:
-        async for delta in stream:
-            tracker.observe(delta)
-            yield delta
-    finally:
-        await stream.aclose()
-        state.in_flight.leave()
+    with state.in_flight.held():  # until the abort that closing the stream sends is out
+        try:
+            async for delta in stream:
+                tracker.observe(delta)
+                yield delta
+        finally:
+            await stream.aclose()
 
 
 async def merged_streams(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from starlette.requests import Request
@@ -15,23 +17,25 @@ SHUTTING_DOWN = "the server is shutting down"
 
 
 class InFlight:
-    """Counts the pipeline requests being streamed, so shutdown can wait for their aborts."""
+    """Counts the pipeline requests in flight (streams, tokenize round trips), so shutdown can
+    wait for them and for their aborts."""
 
     def __init__(self) -> None:
         self.count = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def enter(self) -> None:
-        """One more request in flight."""
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Count one request in flight for the block's duration."""
         self.count += 1
         self._idle.clear()
-
-    def leave(self) -> None:
-        """A request finished or was aborted."""
-        self.count -= 1
-        if self.count == 0:
-            self._idle.set()
+        try:
+            yield
+        finally:
+            self.count -= 1
+            if self.count == 0:
+                self._idle.set()
 
     async def drained(self, timeout: float) -> bool:
         """Wait until none is in flight (False if `timeout` passed first)."""

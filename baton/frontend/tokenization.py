@@ -9,10 +9,12 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from pydantic import field_validator
 
+from baton.client import BatonClient
 from baton.frontend.errors import json_response
 from baton.frontend.params import chat_messages, chat_options
 from baton.frontend.protocol import ChatTemplateRequest, NullMeansDefault, TokenId
 from baton.frontend.state import frontend_state
+from baton.messages import TokenizeReply
 
 router = APIRouter()
 
@@ -58,15 +60,8 @@ async def tokenize(request: Request) -> Response:
     body = _tokenize_body(raw)
     state.check_model(body.model)
     client = state.require_client()
-    strs = body.return_token_strs
-    if isinstance(body, TokenizeChatBody):
-        options = chat_options(body)
-        reply = await client.tokenize(chat_messages(body), chat=options, return_token_strs=strs)
-    else:
-        special = body.add_special_tokens
-        reply = await client.tokenize(
-            body.prompt, add_special_tokens=special, return_token_strs=strs
-        )
+    with state.in_flight.held():  # shutdown waits for the round trip, as for a stream
+        reply = await _tokenized(client, body)
     return json_response(
         {
             "count": len(reply.token_ids),
@@ -83,8 +78,21 @@ async def detokenize(request: Request) -> Response:
     state = frontend_state(request)
     body = DetokenizeBody.model_validate_json(await request.body())
     state.check_model(body.model)
-    text = await state.require_client().detokenize(body.tokens)
+    client = state.require_client()
+    with state.in_flight.held():
+        text = await client.detokenize(body.tokens)
     return json_response({"prompt": text})
+
+
+async def _tokenized(
+    client: BatonClient, body: TokenizeTextBody | TokenizeChatBody
+) -> TokenizeReply:
+    strs = body.return_token_strs
+    if isinstance(body, TokenizeChatBody):
+        options = chat_options(body)
+        return await client.tokenize(chat_messages(body), chat=options, return_token_strs=strs)
+    special = body.add_special_tokens
+    return await client.tokenize(body.prompt, add_special_tokens=special, return_token_strs=strs)
 
 
 def _tokenize_body(raw: bytes) -> TokenizeTextBody | TokenizeChatBody:
