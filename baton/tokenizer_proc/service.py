@@ -55,7 +55,8 @@ from baton.validation import (
 )
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
+# The requests answered through `_answered`: each names its `request_id`.
+Answerable = TypeVar("Answerable", GenerateRequest, TokenizeRequest, DetokenizeRequest)
 
 # A text prompt this long is tokenized on the worker thread (offload.py); shorter ones take
 # milliseconds and are done on the loop, in order.
@@ -138,7 +139,7 @@ class TokenizerService:
             stats = ForwardedStatsRequest(client_id=client_id, request_id=message.request_id)
             return [("scheduler", stats)]
         if isinstance(message, DetokenizeRequest):
-            return [self._answered(client_id, message.request_id, self._detokenize, message)]
+            return [self._answered(client_id, self._detokenize, message)]
         if self.offload is None:
             return [self.answer(client_id, message)]
         if self.offload.holds(rid):
@@ -155,13 +156,14 @@ class TokenizerService:
         """A request with a prompt, answered: a GenerateRequest validated, tokenized and
         forwarded to the scheduler, a TokenizeRequest's token ids sent back; or its rejection."""
         if isinstance(message, TokenizeRequest):
-            return self._answered(client_id, message.request_id, self._tokenize, message)
-        return self._answered(client_id, message.request_id, self._forward, message)
+            return self._answered(client_id, self._tokenize, message)
+        return self._answered(client_id, self._forward, message)
 
     def _answered(
-        self, client_id: bytes, request_id: str, answer: Callable[[bytes, T], Outgoing], message: T
+        self, client_id: bytes, answer: Callable[[bytes, Answerable], Outgoing], message: Answerable
     ) -> Outgoing:
         """`answer(client_id, message)`, or the client's error reply if it raises."""
+        request_id = message.request_id
         try:
             return answer(client_id, message)
         except RequestError as error:
