@@ -42,6 +42,7 @@ from baton.messages import (
     HelloAck,
     LogprobEntry,
     PauseRequest,
+    PromptLogprobs,
     RequestStats,
     StatsReply,
     StatsRequest,
@@ -72,6 +73,7 @@ class GenerateResult:
     text: str = ""
     finish_reason: FinishReason | None = None
     logprobs: list[LogprobEntry] | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # with `SamplingParams.prompt_logprobs`
     usage: Usage | None = None
     stats: RequestStats | None = None
 
@@ -246,6 +248,8 @@ class BatonClient:
                 result.text += delta.text
                 if delta.logprobs is not None:
                     result.logprobs = (result.logprobs or []) + delta.logprobs
+                if delta.prompt_logprobs is not None:
+                    result.prompt_logprobs = delta.prompt_logprobs
                 if delta.finished:
                     result.finish_reason = delta.finish_reason
                     result.usage = delta.usage

@@ -27,6 +27,9 @@ class RequestOutput:
     text: str = ""
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     logprobs: list[TokenLogprob] | None = None
+    # With `prompt_logprobs`: one entry per prompt token after the first (vLLM's list starts
+    # with None for the first, which nothing precedes).
+    prompt_logprobs: list[TokenLogprob] | None = None
     stats: RequestStats | None = None
 
 
@@ -133,6 +136,8 @@ class LLM:
         self, step: StepOutput, output: RequestOutput, detok: IncrementalDetokenizer
     ) -> None:
         """Fold one step's tokens into the output; a stop string ends the request here."""
+        if step.prompt_logprobs is not None:
+            output.prompt_logprobs = step.prompt_logprobs
         if output.finish_reason is None and step.new_token_ids:
             delta = detok.push(step.new_token_ids, step.ends_on_stop_token)
             output.token_ids.extend(step.new_token_ids[: delta.num_tokens])

@@ -66,6 +66,8 @@ class StepOutput(msgspec.Struct, kw_only=True):
     # Prompt tokens served by the prefix cache, sent with the request's first tokens: a stop
     # string can end the request downstream before the final output (and its stats) exists.
     cached_tokens: int | None = None
+    # With `prompt_logprobs`, also with the first tokens: the prompt's tokens after its first.
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     @property
     def ends_on_stop_token(self) -> bool:
@@ -204,7 +206,7 @@ class RequestStarted(msgspec.Struct, tag="started", kw_only=True):
     """Registers a request with the detokenizer before any of its outputs (same socket: FIFO):
     whom to reply to, under the client's own `request_id`, and how to turn its tokens into
     text. Of the prompt, only its length and last few tokens (the context the first generated
-    token is decoded in) cross the wire."""
+    token is decoded in) cross the wire, or all of it when its tokens' logprobs are asked for."""
 
     rid: str
     client_id: bytes
@@ -335,13 +337,23 @@ class LogprobEntry(msgspec.Struct, array_like=True):
     top: list[TokenText]
 
 
+class PromptLogprobs(msgspec.Struct, array_like=True):
+    """A prompt's tokens as a client sees them in logprobs: the first one's text (nothing
+    precedes it to give it a probability), then an entry for each token after it."""
+
+    first_token: str
+    entries: list[LogprobEntry]
+
+
 class GenerateDelta(msgspec.Struct, tag="delta", kw_only=True):
-    """New output of one request; the last one has `finished`, `finish_reason`, usage and stats."""
+    """New output of one request; the last one has `finished`, `finish_reason`, usage and stats.
+    With `prompt_logprobs`, the first one carries them."""
 
     request_id: str
     token_ids: list[int]
     text: str
     logprobs: list[LogprobEntry] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
     finished: bool = False
     finish_reason: FinishReason | None = None
     usage: Usage | None = None

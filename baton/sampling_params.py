@@ -38,7 +38,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     `top_k` <= 0 and `top_p` == 1 disable those filters; `temperature` 0 is greedy; `stop` may be
     given as one string; `logprobs=n` returns the chosen token's log-probability and the top-n;
-    `min_tokens` keeps EOS and `stop_token_ids` from being sampled before that many outputs.
+    `min_tokens` keeps EOS and `stop_token_ids` from being sampled before that many outputs;
+    `prompt_logprobs=n` returns each prompt token's log-probability (given the tokens before it)
+    and the top-n there, as vLLM's.
     Penalties and `logit_bias` act as vLLM's (engine/logit_adjustments.py), greedy rows included.
     """
 
@@ -53,6 +55,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     # vLLM's: keep the stop string, or the stop token's text, at the end of the output.
     include_stop_str_in_output: bool = False
     # vLLM's: leave special tokens (EOS, chat markers) out of the output text.
@@ -141,6 +144,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise InvalidSamplingParam(
                 "logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
+            )
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise InvalidSamplingParam(
+                "prompt_logprobs",
+                f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}",
             )
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise InvalidSamplingParam("seed", f"seed must be in [0, 2**63), got {self.seed}")

@@ -75,6 +75,29 @@ def test_greedy_outputs_equal_offline_llm(server: Server, offline: LLM) -> None:
         assert result.usage.prompt_tokens == len(reference.prompt_token_ids)
 
 
+def test_prompt_logprobs_reach_a_zmq_client(server: Server, offline: LLM) -> None:
+    """The scored prompt's tokens, with texts, in the result of `generate`."""
+    params = SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=1)
+    expected = offline.generate(STORY_PROMPTS[0], params)[0]
+
+    async def main():
+        client = await connected(server)
+        try:
+            return await client.generate(STORY_PROMPTS[0], params)
+        finally:
+            await client.close()
+
+    result = run(main())
+    scored = result.prompt_logprobs
+    assert scored.first_token == "<s>"
+    assert "".join(entry.token.text for entry in scored.entries) == " " + STORY_PROMPTS[0]
+    assert [entry.token.logprob for entry in scored.entries] == pytest.approx(
+        [entry.logprob for entry in expected.prompt_logprobs], abs=1e-4
+    )
+    assert [len(entry.top) for entry in scored.entries] == [1] * len(scored.entries)
+    assert result.token_ids == expected.token_ids
+
+
 def test_stream_abort_frees_pages_and_spares_others(server: Server, offline: LLM) -> None:
     long = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
     expected = offline.generate(STORY_PROMPTS[1], long)[0]

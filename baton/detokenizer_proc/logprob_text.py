@@ -12,7 +12,7 @@ import re
 
 from baton.checkpoint.byte_tokenizer import byte_to_unicode
 from baton.checkpoint.tokenizer import Tokenizer
-from baton.messages import LogprobEntry, TokenLogprob, TokenText
+from baton.messages import LogprobEntry, PromptLogprobs, TokenLogprob, TokenText
 
 # Enough context for a tokenizer's decoder to place spaces and merge byte pieces right.
 CONTEXT_TOKENS = 4
@@ -47,6 +47,17 @@ class LogprobTexts:
             entries.append(LogprobEntry(token=chosen, top=top))
             window = [*window[1 - CONTEXT_TOKENS :], token_id]
         return entries, [*context, *token_ids][-CONTEXT_TOKENS:]
+
+    def prompt(self, prompt_ids: list[int], logprobs: list[TokenLogprob]) -> PromptLogprobs:
+        """A prompt's tokens with the logprobs of all but its first, each token's text in the
+        context of the prompt before it."""
+        if len(logprobs) != len(prompt_ids) - 1:
+            raise ValueError(
+                f"{len(logprobs)} prompt logprobs for a prompt of {len(prompt_ids)} tokens"
+            )
+        first = self._token(self.anchor, self._decode(self.anchor), prompt_ids[0], 0.0).text
+        entries, _ = self.entries(prompt_ids[:1], prompt_ids[1:], logprobs)
+        return PromptLogprobs(first_token=first, entries=entries)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=False)

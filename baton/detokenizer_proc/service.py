@@ -42,6 +42,8 @@ class _RequestState:
     request_id: str
     detokenizer: IncrementalDetokenizer
     prompt_tokens: int
+    # The prompt's last few tokens, or all of them when its tokens' logprobs are asked for.
+    prompt_tail: list[int]
     completion_tokens: int = 0
     cached_tokens: int = 0  # from the scheduler's first output of the request
     # The last few generated tokens: the context each logprob token's text is decoded in.
@@ -126,6 +128,7 @@ class DetokenizerService:
             request_id=started.request_id,
             detokenizer=detokenizer,
             prompt_tokens=started.prompt_tokens,
+            prompt_tail=started.prompt_tail,
             return_stats=started.return_stats,
         )
 
@@ -174,7 +177,7 @@ class DetokenizerService:
         stopped_by_string = pushed.stop_string is not None
         if step.finished and not stopped_by_string:
             text += state.detokenizer.flush()
-        if not (step.finished or stopped_by_string or token_ids):
+        if not (step.finished or stopped_by_string or token_ids) and step.prompt_logprobs is None:
             return None
         finished = step.finished or stopped_by_string
         logprobs = None
@@ -189,6 +192,10 @@ class DetokenizerService:
             logprobs=logprobs,
             finished=finished,
         )
+        if step.prompt_logprobs is not None:
+            delta.prompt_logprobs = self._logprob_texts.prompt(
+                state.prompt_tail, step.prompt_logprobs
+            )
         if finished:
             delta.finish_reason = "stop" if stopped_by_string else step.finish_reason
             # A stop string can finish the request before the scheduler's final output (stats).

@@ -1,5 +1,6 @@
 """From a ForwardBatch to the sampler and back: which batches need no sampler at all, the
-sampled rows' histories and suppressed tokens, and the logprobs in ForwardOutput's layout."""
+sampled rows' histories and suppressed tokens, the logprobs in ForwardOutput's layout, and the
+scored prompt tokens' logprobs."""
 
 from __future__ import annotations
 
@@ -8,14 +9,25 @@ from collections.abc import Sequence
 
 import torch
 
-from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, TokenHistory
+from baton.engine.forward_batch import (
+    PLACEHOLDER_TOKEN,
+    ForwardBatch,
+    PromptScoring,
+    TokenHistory,
+)
 from baton.engine.sampler import SampleOutput
+
+# Logits rows turned into log-probabilities at a time when scoring a prompt: bounds the memory
+# beside the logits themselves (a chunk of 2048 prompt tokens over a 152k vocabulary is 1.2 GB).
+SCORING_SLICE_ROWS = 256
 
 
 def plain_greedy(batch: ForwardBatch) -> bool:
-    """Every sampled row takes the argmax of its raw logits and wants no logprobs."""
+    """Every sampled row takes the argmax of its raw logits and wants no logprobs, and no
+    prompt is scored."""
     return (
-        all(p.is_greedy and p.logprobs is None for p in batch.sampling_params)
+        not batch.prompt_scoring
+        and all(p.is_greedy and p.logprobs is None for p in batch.sampling_params)
         and not any(batch.suppressed_token_ids)
         and not any(batch.histories)
     )
@@ -63,3 +75,46 @@ def logprob_lists(
         for row_ids, row_values, n in zip(ids, values, num_logprobs)
     ]
     return chosen, top
+
+
+def scored_positions(batch: ForwardBatch, row_starts: Sequence[int]) -> list[int]:
+    """The flat token indices whose logits score the batch's prompt tokens, in
+    `prompt_scoring` order; `row_starts[row]` is the row's first flat index."""
+    return [
+        row_starts[scoring.row] + scoring.offset + k
+        for scoring in batch.prompt_scoring
+        for k in range(len(scoring.targets))
+    ]
+
+
+def prompt_logprobs(
+    logits: torch.Tensor, scorings: list[PromptScoring]
+) -> list[list[tuple[float, list[tuple[int, float]]]]]:
+    """Per scoring, each target's log-probability under its row of `logits` ([targets, V],
+    float32, in `scorings` order) and the top-n (id, logprob) there."""
+    targets = torch.tensor(
+        [token for scoring in scorings for token in scoring.targets], device=logits.device
+    )
+    max_top = max(scoring.num_top for scoring in scorings)
+    chosen: list[float] = []
+    top_ids: list[list[int]] = []
+    top_values: list[list[float]] = []
+    for start in range(0, logits.shape[0], SCORING_SLICE_ROWS):
+        part = torch.log_softmax(logits[start : start + SCORING_SLICE_ROWS], dim=-1)
+        rows_targets = targets[start : start + SCORING_SLICE_ROWS].unsqueeze(1)
+        chosen.extend(part.gather(1, rows_targets).squeeze(1).tolist())
+        if max_top:
+            values, ids = part.topk(max_top, dim=-1)
+            top_ids.extend(ids.tolist())
+            top_values.extend(values.tolist())
+    scored: list[list[tuple[float, list[tuple[int, float]]]]] = []
+    index = 0
+    for scoring in scorings:
+        entries = []
+        for _ in scoring.targets:
+            n = scoring.num_top
+            top = list(zip(top_ids[index][:n], top_values[index][:n])) if n else []
+            entries.append((chosen[index], top))
+            index += 1
+        scored.append(entries)
+    return scored

@@ -17,6 +17,8 @@ from baton.engine.batch_sampling import (
     completed_histories,
     logprob_lists,
     plain_greedy,
+    prompt_logprobs,
+    scored_positions,
     suppress,
 )
 from baton.engine.compact_weights import COMPACT_MAX_ROWS
@@ -193,19 +195,31 @@ class Engine:
             for row, token in zip(batch.sample_rows, chosen):
                 self._last_sampled[batch.slots[row]] = token
             return ForwardOutput([[token] for token in chosen])
-        ends = list(itertools.accumulate(batch.q_lens))
+        starts = [0, *itertools.accumulate(batch.q_lens)]
+        num_sampled = len(batch.sample_rows)
         logits = self.logits(
             input_ids,
             batch.kv_starts,
             batch.q_lens,
             batch.page_tables,
-            [ends[row] - 1 for row in batch.sample_rows],
+            [starts[row + 1] - 1 for row in batch.sample_rows] + scored_positions(batch, starts),
         )
         token_ids, logprobs, top_logprobs, failed_rows = self._sample(
-            logits, list(range(len(batch.sample_rows))), batch, input_ids
+            logits[:num_sampled], list(range(num_sampled)), batch, input_ids
         )
         return ForwardOutput(
-            [[token] for token in token_ids], logprobs, top_logprobs, failed_rows=failed_rows
+            [[token] for token in token_ids],
+            logprobs,
+            top_logprobs,
+            failed_rows=failed_rows,
+            prompt_logprobs=dict(
+                zip(
+                    [scoring.row for scoring in batch.prompt_scoring],
+                    prompt_logprobs(logits[num_sampled:], batch.prompt_scoring),
+                )
+            )
+            if batch.prompt_scoring
+            else {},
         )
 
     def _resolve_placeholders(self, batch: ForwardBatch) -> list[int]:

@@ -22,6 +22,18 @@ class TokenHistory:
     prompt_len: int
 
 
+@dataclass(frozen=True)
+class PromptScoring:
+    """Prompt tokens of one prefill row to score (`SamplingParams.prompt_logprobs`): the
+    log-probability of `targets[k]` given the row's tokens up to and including its position
+    `offset + k` (an index into the row's chunk), with the `num_top` likeliest alternatives."""
+
+    row: int
+    offset: int
+    targets: list[int]
+    num_top: int
+
+
 @dataclass
 class ForwardBatch:
     """A ragged batch: row i appends `q_lens[i]` tokens after `kv_starts[i]` cached ones."""
@@ -46,6 +58,8 @@ class ForwardBatch:
     # Per sampled row whose params have penalties or a logit bias: its tokens as the scheduler
     # knew them (the engine appends the row's placeholders, resolved); None for other rows.
     histories: list[TokenHistory | None] = field(default_factory=list)
+    # Prefill rows whose prompt tokens are scored, in row order.
+    prompt_scoring: list[PromptScoring] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:
@@ -62,10 +76,14 @@ class ForwardOutput:
     sampled after them), and for each of them its log-probability and the top-n alternatives
     where the request asked for them; `failed_rows` (indices into the sampled rows) could not
     be sampled: their requests end with an error, the batch's other rows go on. `num_drafted`,
-    per sampled row: the drafts verified (0 without speculation)."""
+    per sampled row: the drafts verified (0 without speculation). `prompt_logprobs`, by the row of
+    each of the batch's `prompt_scoring`: each target's log-probability and top alternatives."""
 
     token_ids: list[list[int]]
     logprobs: list[list[float]] | None = None
     top_logprobs: list[list[list[tuple[int, float]]]] | None = field(default=None)
     failed_rows: list[int] = field(default_factory=list)
     num_drafted: list[int] | None = None
+    prompt_logprobs: dict[int, list[tuple[float, list[tuple[int, float]]]]] = field(
+        default_factory=dict
+    )

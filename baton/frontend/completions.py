@@ -53,7 +53,11 @@ def completion_body(
     """A non-streamed response; `with_logprobs` and `with_stats` when those were asked for."""
 
     def choice_body(output: ChoiceOutput) -> dict[str, object]:
-        logprobs = ChoiceLogprobs().completion(output.logprobs) if with_logprobs else None
+        logprobs = (
+            ChoiceLogprobs().completion(output.logprobs, output.prompt_logprobs)
+            if with_logprobs
+            else None
+        )
         return {
             "index": output.index,
             "text": output.text,
@@ -72,8 +76,8 @@ class CompletionChunkWriter(ChunkWriterBase):
         held back); none for a delta without tokens."""
         logprobs = None
         if self._logprobs is not None:
-            logprobs = self._logprobs[index].completion(delta.logprobs)
-        elif not (delta.token_ids or delta.finished):
+            logprobs = self._logprobs[index].completion(delta.logprobs, delta.prompt_logprobs)
+        elif not (delta.token_ids or delta.finished or delta.text):
             return []
         choice = {
             "index": index,

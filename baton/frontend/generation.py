@@ -15,10 +15,11 @@ from typing import TypeVar
 import msgspec
 from starlette.requests import Request
 
+from baton.frontend.echo import prompt_echo
 from baton.frontend.errors import ClientGone
 from baton.frontend.params import ChoiceRequest
 from baton.frontend.state import FrontendState
-from baton.messages import GenerateDelta, LogprobEntry, RequestStats, Usage
+from baton.messages import GenerateDelta, LogprobEntry, PromptLogprobs, RequestStats, Usage
 
 T = TypeVar("T")
 IndexedDelta = tuple[int, GenerateDelta]
@@ -30,6 +31,9 @@ async def choice_stream(
     """The choice's deltas, observed by the metrics; closing it aborts the request."""
     client = state.require_client()
     tracker = state.metrics.track()
+    echo = None
+    if choice.echo is not None:
+        echo = await prompt_echo(client, choice.prompt, choice.echo)  # type: ignore[arg-type]
     stream = client.stream(
         choice.prompt,
         choice.params,
@@ -44,7 +48,7 @@ async def choice_stream(
         try:
             async for delta in stream:
                 tracker.observe(delta)
-                yield delta
+                yield delta if echo is None else echo.apply(delta)
         finally:
             await stream.aclose()
 
@@ -102,6 +106,7 @@ class ChoiceOutput:
     token_ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     logprobs: list[LogprobEntry] = field(default_factory=list)
+    prompt_logprobs: PromptLogprobs | None = None  # with completions' echo and logprobs
     finish_reason: str | None = None
     usage: Usage | None = None
     stats: RequestStats | None = None
@@ -120,6 +125,8 @@ async def collect(choice: ChoiceRequest, stream: AsyncIterator[GenerateDelta]) -
         output.texts.append(delta.text)
         if delta.logprobs:
             output.logprobs.extend(delta.logprobs)
+        if delta.prompt_logprobs is not None:
+            output.prompt_logprobs = delta.prompt_logprobs
         if delta.finished:
             output.finish_reason = delta.finish_reason
             output.usage = delta.usage

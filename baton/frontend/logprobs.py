@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from baton.messages import LogprobEntry, TokenText
+from baton.messages import LogprobEntry, PromptLogprobs, TokenText
 
 
 class ChoiceLogprobs:
@@ -13,14 +13,24 @@ class ChoiceLogprobs:
     def __init__(self) -> None:
         self._offset = 0
 
-    def completion(self, entries: list[LogprobEntry] | None) -> dict[str, list]:
-        """Completions' shape: parallel lists; each top dict includes the chosen token."""
+    def completion(
+        self, entries: list[LogprobEntry] | None, prompt: PromptLogprobs | None = None
+    ) -> dict[str, list]:
+        """Completions' shape: parallel lists; each top dict includes the chosen token. An
+        echoed `prompt` comes first, its first token with null logprobs (as OpenAI's)."""
         body: dict[str, list] = {
             "tokens": [],
             "token_logprobs": [],
             "top_logprobs": [],
             "text_offset": [],
         }
+        if prompt is not None:
+            body["tokens"].append(prompt.first_token)
+            body["token_logprobs"].append(None)
+            body["top_logprobs"].append(None)
+            body["text_offset"].append(self._offset)
+            self._offset += len(prompt.first_token)
+            entries = [*prompt.entries, *(entries or ())]
         for entry in entries or ():
             body["tokens"].append(entry.token.text)
             body["token_logprobs"].append(entry.token.logprob)

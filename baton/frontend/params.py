@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from baton.chat_options import ChatOptions, InvalidChatOption
+from baton.frontend.echo import EchoMode
 from baton.frontend.errors import OpenAIError
 from baton.frontend.protocol import (
     ChatCompletionRequest,
@@ -47,10 +48,15 @@ class ChoiceRequest:
     return_stats: bool = False
     chat: ChatOptions | None = None
     add_special_tokens: bool = True  # a text prompt's; a chat's template decides its own
+    echo: EchoMode | None = None  # completions' echo (frontend/echo.py)
 
 
 def sampling_params(
-    request: SamplingRequest, max_tokens: int | None, logprobs: int | None, choice: int
+    request: SamplingRequest,
+    max_tokens: int | None,
+    logprobs: int | None,
+    choice: int,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """The params of the `choice`-th sample: with a seed, choice i uses seed + i, so the choices
     differ from each other yet are reproducible."""
@@ -68,6 +74,7 @@ def sampling_params(
         include_stop_str_in_output=request.include_stop_str_in_output,
         skip_special_tokens=request.skip_special_tokens,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
     )
     for name in OPTIONAL_SAMPLING_FIELDS:  # left out or null: SamplingParams' default
         value = getattr(request, name)
@@ -100,16 +107,25 @@ def completion_choices(request: CompletionRequest, max_choices: int) -> list[Cho
             f"at once ({max_choices}: --max-running-requests + --max-waiting-requests)",
             param="prompt",
         )
+    echo: EchoMode | None = None
+    max_tokens = request.max_tokens
+    if request.echo:
+        echo = "before_output"
+        if max_tokens == 0:
+            echo, max_tokens = "instead_of_output", 1
+    # With echo, logprobs cover the prompt's tokens too.
+    prompt_logprobs = request.logprobs if request.echo else None
     return [
         ChoiceRequest(
             index=group * request.n + choice,
             group=group,
             prompt=prompt,
-            params=sampling_params(request, request.max_tokens, request.logprobs, choice),
+            params=sampling_params(request, max_tokens, request.logprobs, choice, prompt_logprobs),
             priority=request.priority,
             deadline_ms=request.deadline_ms,
             return_stats=request.return_stats,
             add_special_tokens=request.add_special_tokens,
+            echo=echo,
         )
         for group, prompt in enumerate(prompts)
         for choice in range(request.n)

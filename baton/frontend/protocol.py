@@ -1,13 +1,13 @@
 """Request bodies of the OpenAI-compatible API, as pydantic models (OpenAI's and vLLM's names).
 
 Models are strict (a string is never coerced into a number) and ignore unknown fields, as vLLM
-does. The shape of a request is checked here (types, OpenAI's own bounds such as `n` and a
-positive `max_tokens`); the sampling ranges are `SamplingParams.validate`'s and the chat
+does. The shape of a request is checked here (types, OpenAI's own bounds such as `n` and
+`max_tokens`); the sampling ranges are `SamplingParams.validate`'s and the chat
 template options `ChatOptions.validate`'s, which the frontend calls before the pipeline
 (frontend/params.py), the same checks and wording a ZMQ client gets. Options that would change
-the output but are not implemented (completions' echo, tools, a request's own chat
-template...) are rejected rather than silently ignored. Responses are plain dicts built
-per endpoint: pydantic per streamed chunk would cost too much.
+the output but are not implemented (tools, a request's own chat template...) are rejected
+rather than silently ignored. Responses are plain dicts built per endpoint: pydantic per
+streamed chunk would cost too much.
 """
 
 from __future__ import annotations
@@ -155,17 +155,20 @@ class CompletionRequest(SamplingRequest):
         | TokenIds
         | Annotated[list[TokenIds], Field(min_length=1)]
     )
-    max_tokens: PositiveInt | None = 16
+    echo: bool = False  # before max_tokens, which reads it
+    # 0 only with `echo`: the prompt alone comes back (its logprobs too, with `logprobs`).
+    max_tokens: Annotated[int, Field(ge=0, le=MAX_INT)] | None = 16
     logprobs: LogprobCount | None = None
-    echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
     add_special_tokens: bool = True
 
-    @field_validator("echo")
+    @field_validator("max_tokens")
     @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        return _must_be(value, (False,), "echo")
+    def _no_empty_output(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value == 0 and not info.data.get("echo"):
+            raise ValueError("max_tokens must be at least 1 (or 0, with echo)")
+        return value
 
     @field_validator("suffix")
     @classmethod

@@ -8,6 +8,7 @@ from baton.engine.forward_batch import (
     PLACEHOLDER_TOKEN,
     ForwardBatch,
     ForwardOutput,
+    PromptScoring,
     TokenHistory,
 )
 from baton.messages import TokenLogprob
@@ -37,6 +38,11 @@ def build_forward_batch(
         batch.q_lens.append(step.num_tokens)
         batch.page_tables.append(seq.page_table[: -(-end // seq.page_size)])
         batch.slots.append(seq.slot)
+        offset, targets = seq.prompt_tokens_to_score(step)
+        if targets:
+            batch.prompt_scoring.append(
+                PromptScoring(index, offset, targets, seq.params.prompt_logprobs or 0)
+            )
         if speculative:
             batch.num_drafts.append(step.num_drafts)
             batch.contexts.append(list(seq.tokens) if step.num_drafts else [])
@@ -93,7 +99,7 @@ def apply_results(
     results = []
     sampled_index = 0
     failed = set(output.failed_rows)
-    for row in rows:
+    for index, row in enumerate(rows):
         seq, step = row.seq, row.step
         tokens: list[int] = []
         logprobs = None
@@ -118,6 +124,9 @@ def apply_results(
             sampled_index += 1
         if seq.is_finished:
             continue
+        scored = output.prompt_logprobs.get(index)
+        if scored is not None:  # a prefill chunk's prompt tokens, in order (see Sequence)
+            seq.prompt_logprobs.extend(TokenLogprob(logprob, top) for logprob, top in scored)
         if not tokens:  # a prefill chunk that does not finish the prefill
             seq.apply_prefill(None)
             continue

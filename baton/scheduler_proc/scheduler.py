@@ -118,12 +118,14 @@ class Scheduler:
 
     def check_admissible(self, num_prompt_tokens: int, params: SamplingParams) -> int:
         """The request's output limit; RequestError where this server could never run it:
-        penalties under speculative decoding, more KV than the whole pool."""
+        penalties or prompt logprobs under speculative decoding, more KV than the whole pool."""
         if params.adjusts_logits and self.engine.speculator is not None:
             # Verification scores drafts the sampler's penalties know nothing of.
             raise RequestError(
                 "penalties and logit_bias are not supported with --speculative-config"
             )
+        if params.prompt_logprobs is not None and self.engine.speculator is not None:
+            raise RequestError("prompt_logprobs is not supported with --speculative-config")
         max_tokens = (
             params.max_tokens
             if params.max_tokens is not None
@@ -233,6 +235,7 @@ class Scheduler:
                         new_token_ids=new_tokens,
                         logprobs=logprobs,
                         cached_tokens=seq.num_cached_tokens if first_tokens else None,
+                        prompt_logprobs=seq.prompt_logprobs if first_tokens else None,
                     )
                 )
         return outputs

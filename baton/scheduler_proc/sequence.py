@@ -22,6 +22,7 @@ from collections import deque
 
 import torch
 
+from baton.messages import TokenLogprob
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.errors import (
     AcceptedExceedsScheduled,
@@ -80,6 +81,12 @@ class Sequence(RequestLifecycle):
         self.num_speculative_steps = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        # With `prompt_logprobs`: the scored prompt tokens' logprobs so far, the prompt's second
+        # token first (the logits at position i score token i + 1). Kept across a preemption,
+        # so a recomputed prefill scores nothing twice.
+        self.prompt_logprobs: list[TokenLogprob] | None = (
+            [] if params.prompt_logprobs is not None else None
+        )
         self._pending: deque[ScheduledStep] = deque()
         self._record(EventKind.CREATED, len(prompt_ids))
 
@@ -127,16 +134,33 @@ class Sequence(RequestLifecycle):
     def match_and_add_prefix(self, kv: KVCacheManager) -> int:
         """Take the longest cached prefix (whole pages); returns the tokens it covers.
 
-        At least one prefill token is left to compute, since its logits give the next token.
+        At least one prefill token is left to compute, since its logits give the next token,
+        and every prompt token still to score.
         """
         if self.page_table or self._pending:
             raise WrongState("prefix matching needs a sequence that holds no pages")
-        match = kv.match_prefix(self.tokens[: self.prefill_len - 1])
+        matchable = self.prefill_len - 1
+        if self.prompt_logprobs is not None:
+            # A cached position yields no logits: those of prompt tokens still to score must
+            # be computed (vLLM, too, skips the prefix cache for such requests).
+            matchable = min(matchable, len(self.prompt_logprobs))
+        match = kv.match_prefix(self.tokens[:matchable])
         self.prefix_node = match.node
         self.page_table = list(match.pages)
         self.kv_position = len(match.pages) * self.page_size
         self._record(EventKind.PREFIX_MATCHED, self.kv_position)
         return self.kv_position
+
+    def prompt_tokens_to_score(self, step: ScheduledStep) -> tuple[int, list[int]]:
+        """For a prefill step: the index in its chunk of its first position whose logits score
+        a prompt token not yet scored, and the prompt tokens those positions score ([] if none)."""
+        if self.prompt_logprobs is None or not step.is_prefill:
+            return 0, []
+        first = max(step.start, len(self.prompt_logprobs))
+        last = min(step.start + step.num_tokens, self.num_prompt_tokens - 1)
+        if first >= last:
+            return 0, []
+        return first - step.start, self.tokens[first + 1 : last + 1]
 
     def cache_computed_prefix(self, kv: KVCacheManager) -> None:
         """Share this sequence's computed whole pages through the prefix cache (after prefill).

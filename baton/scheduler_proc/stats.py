@@ -62,10 +62,12 @@ class StatsCollector:
             spec_draft_tokens=seq.num_draft_tokens,
             spec_accepted_tokens=seq.num_accepted_tokens,
         )
+        first_tokens = bool(new_tokens) and seq.num_output_tokens == len(new_tokens)
         return StepOutput(
             rid=seq.rid,
             new_token_ids=new_tokens,
             logprobs=logprobs,
+            prompt_logprobs=seq.prompt_logprobs if first_tokens else None,
             finished=True,
             finish_reason=seq.finish_reason,
             stats=stats,

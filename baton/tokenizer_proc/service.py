@@ -202,7 +202,9 @@ class TokenizerService:
             client_id=client_id,
             request_id=message.request_id,
             prompt_tokens=len(prompt_ids),
-            prompt_tail=prompt_ids[-PROMPT_TAIL_TOKENS:],
+            prompt_tail=prompt_ids
+            if params.prompt_logprobs is not None
+            else prompt_ids[-PROMPT_TAIL_TOKENS:],
             stop=list(params.stop or ()),
             skip_special_tokens=params.skip_special_tokens,
             min_tokens=params.min_tokens,

@@ -287,3 +287,43 @@ def test_a_stop_string_final_delta_waits_for_the_stats_when_asked(tokenizer: Tok
     assert (final.text, final.finished, final.finish_reason) == ("abc ", True, "stop")
     assert final.stats == final_output.stats and final.usage.completion_tokens == len(tokens)
     assert service.handle_message(SchedulerOutputs(steps=[final_output])).replies == {}
+
+
+def test_prompt_logprobs_come_with_the_first_delta_as_the_prompt_reads(
+    tokenizer: Tokenizer,
+) -> None:
+    """With `prompt_logprobs` the whole prompt crosses the wire (`prompt_tail`), and its
+    tokens' texts, in the prompt's own context, come with the first delta only."""
+    service = DetokenizerService(tokenizer)
+    prompt = encode(tokenizer, "Hey you")
+    started = request_started(CLIENT_A, "r", prompt)
+    assert len(prompt) == 7 and started.prompt_tail == prompt  # shorter than any tail
+    scored = [TokenLogprob(-0.25 * i, [(prompt[i], -0.25 * i), (65, -3.0)]) for i in range(1, 7)]
+    first = step_output(CLIENT_A, "r", [33])
+    first.prompt_logprobs = scored
+    handled = service.handle_message(SchedulerOutputs(started=[started], steps=[first]))
+    (delta,) = _deltas(handled, CLIENT_A)
+    assert delta.text == "!"
+    assert delta.prompt_logprobs.first_token == "H"
+    entries = delta.prompt_logprobs.entries
+    assert "".join(entry.token.text for entry in entries) == "ey you"
+    assert [entry.token.logprob for entry in entries] == [-0.25 * i for i in range(1, 7)]
+    assert [alt.text for alt in entries[0].top] == ["e", "A"]
+    (last,) = _stream(service, CLIENT_A, "r", [[33]])
+    assert last.prompt_logprobs is None and last.finished
+
+
+def test_prompt_logprobs_for_a_prompt_the_detokenizer_lacks_fail_only_that_request(
+    tokenizer: Tokenizer,
+) -> None:
+    """Entries that do not fit the prompt it has (the tail of a request registered without
+    prompt logprobs) are the request's internal error; the scheduler is told to abort it."""
+    service = DetokenizerService(tokenizer)
+    started = request_started(CLIENT_A, "r", encode(tokenizer, "x" * 40))
+    first = step_output(CLIENT_A, "r", [33])
+    first.prompt_logprobs = [TokenLogprob(-1.0, []) for _ in range(39)]
+    handled = service.handle_message(SchedulerOutputs(started=[started], steps=[first]))
+    (error,) = handled.replies[CLIENT_A]
+    assert isinstance(error, ErrorReply) and error.code == "internal"
+    assert "prompt logprobs" in error.message
+    assert handled.to_scheduler == [AbortRid(rid=make_rid(CLIENT_A, "r"))]

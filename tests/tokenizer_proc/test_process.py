@@ -66,6 +66,22 @@ def test_text_prompt_is_tokenized(stories_service: TokenizerService) -> None:
     assert before <= tokenized.arrival_time <= time.monotonic()
 
 
+def test_the_detokenizer_gets_the_whole_prompt_when_its_logprobs_are_asked_for(
+    random_checkpoint: Checkpoint,
+) -> None:
+    """It decodes each scored prompt token in the context of the prompt before it."""
+    vocab = random_checkpoint.config.vocab_size
+    service = TokenizerService(random_checkpoint.tokenizer, vocab, MAX_MODEL_LEN, "fcfs")
+    prompt = list(range(1, 2 * PROMPT_TAIL_TOKENS))
+    for params, tail in (
+        (SamplingParams(prompt_logprobs=0), prompt),
+        (SamplingParams(logprobs=0), prompt[-PROMPT_TAIL_TOKENS:]),
+    ):
+        request = GenerateRequest(request_id="r", prompt_token_ids=prompt, params=params)
+        tokenized = single(service.handle(CLIENT, to_frame(request)), "scheduler", TokenizedRequest)
+        assert tokenized.started.prompt_tail == tail
+
+
 def test_priority_and_deadline_reach_the_scheduler(random_checkpoint: Checkpoint) -> None:
     vocab = random_checkpoint.config.vocab_size
     service = TokenizerService(random_checkpoint.tokenizer, vocab, MAX_MODEL_LEN, "priority")

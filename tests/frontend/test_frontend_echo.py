@@ -1,0 +1,121 @@
+"""Completions' `echo` through the official `openai` client, checked against the offline `LLM`:
+the prompt's text before the output, with `logprobs` the prompt tokens' logprobs before the
+output's (the first token's null), and with `max_tokens: 0` the prompt alone, as vLLM answers
+(lm-evaluation-harness scores a continuation this way)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import openai
+import pytest
+from helpers.frontend_http import MODEL_NAME, greedy
+
+from baton import LLM
+
+PROMPT = "Once upon a time"
+TOLERANCE = 1e-4
+
+
+def assert_logprobs_layout(logprobs: object) -> None:
+    """Parallel lists whose offsets run over the tokens' texts."""
+    tokens = logprobs.tokens
+    assert len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == len(tokens)
+    assert logprobs.text_offset == [len("".join(tokens[:i])) for i in range(len(tokens))]
+
+
+def assert_scores_match(values: list[float], expected: list[float]) -> None:
+    assert len(values) == len(expected)
+    for value, reference in zip(values, expected):
+        assert math.isclose(value, reference, abs_tol=TOLERANCE)
+
+
+def test_echo_puts_the_prompt_before_the_output(client: openai.OpenAI, offline: LLM) -> None:
+    expected = greedy(offline, PROMPT, max_tokens=8)
+    response = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0, echo=True, n=2
+    )
+    for choice in response.choices:
+        assert choice.text == PROMPT + expected.text and choice.logprobs is None
+    assert response.usage.completion_tokens == 2 * len(expected.token_ids)
+    streamed = client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0, echo=True, stream=True
+    )
+    texts = [chunk.choices[0].text for chunk in streamed]
+    assert texts[0].startswith(PROMPT) and "".join(texts) == PROMPT + expected.text
+
+
+def test_echo_of_token_ids_decodes_them(client: openai.OpenAI, offline: LLM) -> None:
+    prompt_ids = offline.tokenizer.encode(PROMPT)  # BOS first: echoed as vLLM decodes it
+    expected = greedy(offline, prompt_ids, max_tokens=4)
+    response = client.completions.create(
+        model=MODEL_NAME, prompt=prompt_ids, max_tokens=4, temperature=0, echo=True
+    )
+    decoded = offline.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+    assert response.choices[0].text == decoded + expected.text
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_echo_with_logprobs_scores_the_prompt_then_the_output(
+    client: openai.OpenAI, offline: LLM, stream: bool
+) -> None:
+    expected = greedy(offline, PROMPT, max_tokens=6, logprobs=2, prompt_logprobs=2)
+    prompt_ids = expected.prompt_token_ids
+    response = client.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPT,
+        max_tokens=6,
+        temperature=0,
+        echo=True,
+        logprobs=2,
+        stream=stream,
+        extra_body={"ignore_eos": True},
+    )
+    if stream:
+        chunks = [chunk.choices[0] for chunk in response]
+        text = "".join(chunk.text for chunk in chunks)
+        fields = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+        logprobs = SimpleNamespace(
+            **{
+                name: [v for chunk in chunks for v in getattr(chunk.logprobs, name)]
+                for name in fields
+            }
+        )
+        # The first chunk carries the whole prompt, scored, and the first output token.
+        assert len(chunks[0].logprobs.tokens) == len(prompt_ids) + 1
+    else:
+        text, logprobs = response.choices[0].text, response.choices[0].logprobs
+    assert text == PROMPT + expected.text
+    assert_logprobs_layout(logprobs)
+    num_prompt = len(prompt_ids)
+    assert len(logprobs.tokens) == num_prompt + len(expected.token_ids)
+    # The first prompt token has nothing before it to give it a probability.
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    # The BOS, then the prompt's tokens as they read in it (SentencePiece's leading space).
+    assert logprobs.tokens[0] == "<s>"
+    assert "".join(logprobs.tokens[1:num_prompt]) == " " + PROMPT
+    scores = [entry.logprob for entry in expected.prompt_logprobs + expected.logprobs]
+    assert_scores_match(logprobs.token_logprobs[1:], scores)
+    for top, entry in zip(logprobs.top_logprobs[1:], expected.prompt_logprobs):
+        # The top 2, and the prompt's own token where it is not among them.
+        assert 2 <= len(top) <= 3
+        assert_scores_match(sorted(top.values(), reverse=True)[:2], [lp for _, lp in entry.top])
+
+
+def test_echo_without_output_returns_the_scored_prompt(client: openai.OpenAI, offline: LLM) -> None:
+    """`max_tokens: 0` with echo: the prompt alone, its tokens scored (one token is generated
+    and dropped, as vLLM does)."""
+    expected = greedy(offline, PROMPT, max_tokens=1, prompt_logprobs=0)
+    for stream in (False, True):
+        response = client.completions.create(
+            model=MODEL_NAME, prompt=PROMPT, max_tokens=0, echo=True, logprobs=0, stream=stream
+        )
+        (choice,) = next(iter(response)).choices if stream else response.choices
+        assert choice.text == PROMPT and choice.finish_reason == "length"
+        assert_logprobs_layout(choice.logprobs)
+        assert len(choice.logprobs.tokens) == len(expected.prompt_token_ids)
+        assert choice.logprobs.token_logprobs[0] is None
+        assert_scores_match(
+            choice.logprobs.token_logprobs[1:], [e.logprob for e in expected.prompt_logprobs]
+        )
