@@ -119,3 +119,31 @@ def test_echo_without_output_returns_the_scored_prompt(client: openai.OpenAI, of
         assert_scores_match(
             choice.logprobs.token_logprobs[1:], [e.logprob for e in expected.prompt_logprobs]
         )
+
+
+def test_a_loglikelihood_request_as_lm_evaluation_harness_sends_it(
+    client: openai.OpenAI, offline: LLM
+) -> None:
+    """Several token-id prompts (context + continuation) in one request, `max_tokens: 1`,
+    `echo`, `logprobs: 1`, read as lm-evaluation-harness reads them: the continuation's logprobs
+    are `token_logprobs[context_len:-1]`, and it is greedy when each is its top one's."""
+    context = offline.tokenizer.encode("Once upon a time, there was a")
+    continuations = [
+        offline.tokenizer.encode(" little girl", add_special_tokens=False),
+        offline.tokenizer.encode(" purple elephant", add_special_tokens=False),
+    ]
+    prompts = [context + continuation for continuation in continuations]
+    response = client.completions.create(
+        model=MODEL_NAME, prompt=prompts, max_tokens=1, temperature=0, echo=True, logprobs=1
+    )
+    choices = sorted(response.choices, key=lambda choice: choice.index)
+    for prompt, choice in zip(prompts, choices, strict=True):
+        reference = greedy(offline, prompt, max_tokens=1, prompt_logprobs=1).prompt_logprobs
+        expected = [entry.logprob for entry in reference[len(context) - 1 :]]
+        token_logprobs = choice.logprobs.token_logprobs[len(context) : -1]
+        assert_scores_match(token_logprobs, expected)
+        top = choice.logprobs.top_logprobs[len(context) : -1]
+        is_greedy = all(lp == max(alts.values()) for lp, alts in zip(token_logprobs, top))
+        assert is_greedy == all(
+            entry.top[0][1] == entry.logprob for entry in reference[len(context) - 1 :]
+        )
