@@ -54,8 +54,9 @@ class TokenLogprob(msgspec.Struct, array_like=True):
     top: list[tuple[int, float]]
 
 
-class StepOutput(msgspec.Struct, kw_only=True):
-    """New tokens of one request from one step; the last one carries finish reason and stats."""
+class StepOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """New tokens of one request from one step; the last one carries finish reason and stats.
+    Defaults stay off the wire: one of these crosses it per request per step."""
 
     rid: str
     new_token_ids: list[int]
@@ -345,9 +346,10 @@ class PromptLogprobs(msgspec.Struct, array_like=True):
     entries: list[LogprobEntry]
 
 
-class GenerateDelta(msgspec.Struct, tag="delta", kw_only=True):
+class GenerateDelta(msgspec.Struct, tag="delta", kw_only=True, omit_defaults=True):
     """New output of one request; the last one has `finished`, `finish_reason`, usage and stats.
-    With `prompt_logprobs`, the first one carries them."""
+    With `prompt_logprobs`, the first one carries them. Defaults stay off the wire (one delta a
+    token)."""
 
     request_id: str
     token_ids: list[int]

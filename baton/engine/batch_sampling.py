@@ -5,7 +5,7 @@ scored prompt tokens' logprobs."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -17,8 +17,8 @@ from baton.engine.forward_batch import (
 )
 from baton.engine.sampler import SampleOutput
 
-# Logits rows turned into log-probabilities at a time when scoring a prompt: bounds the memory
-# beside the logits themselves (a chunk of 2048 prompt tokens over a 152k vocabulary is 1.2 GB).
+# Scored prompt positions whose logits exist at a time: bounds a scoring step's memory (a chunk
+# of 2048 prompt tokens over a 152k vocabulary would be 1.2 GB of logits, twice with softmax).
 SCORING_SLICE_ROWS = 256
 
 
@@ -88,20 +88,21 @@ def scored_positions(batch: ForwardBatch, row_starts: Sequence[int]) -> list[int
 
 
 def prompt_logprobs(
-    logits: torch.Tensor, scorings: list[PromptScoring]
+    scored_logits: Callable[[int, int], torch.Tensor], scorings: list[PromptScoring]
 ) -> list[list[tuple[float, list[tuple[int, float]]]]]:
-    """Per scoring, each target's log-probability under its row of `logits` ([targets, V],
-    float32, in `scorings` order) and the top-n (id, logprob) there."""
-    targets = torch.tensor(
-        [token for scoring in scorings for token in scoring.targets], device=logits.device
-    )
+    """Per scoring, each target's log-probability and the top-n (id, logprob) there;
+    `scored_logits(start, end)` gives the float32 logits of the scored positions [start, end),
+    numbered over all `scorings` in order; it is asked for a slice at a time."""
+    targets = torch.tensor([token for scoring in scorings for token in scoring.targets])
+    num_scored = len(targets)
     max_top = max(scoring.num_top for scoring in scorings)
     chosen: list[float] = []
     top_ids: list[list[int]] = []
     top_values: list[list[float]] = []
-    for start in range(0, logits.shape[0], SCORING_SLICE_ROWS):
-        part = torch.log_softmax(logits[start : start + SCORING_SLICE_ROWS], dim=-1)
-        rows_targets = targets[start : start + SCORING_SLICE_ROWS].unsqueeze(1)
+    for start in range(0, num_scored, SCORING_SLICE_ROWS):
+        end = min(start + SCORING_SLICE_ROWS, num_scored)
+        part = torch.log_softmax(scored_logits(start, end), dim=-1)
+        rows_targets = targets[start:end].to(part.device).unsqueeze(1)
         chosen.extend(part.gather(1, rows_targets).squeeze(1).tolist())
         if max_top:
             values, ids = part.topk(max_top, dim=-1)

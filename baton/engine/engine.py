@@ -196,31 +196,53 @@ class Engine:
                 self._last_sampled[batch.slots[row]] = token
             return ForwardOutput([[token] for token in chosen])
         starts = [0, *itertools.accumulate(batch.q_lens)]
-        num_sampled = len(batch.sample_rows)
-        logits = self.logits(
-            input_ids,
-            batch.kv_starts,
-            batch.q_lens,
-            batch.page_tables,
-            [starts[row + 1] - 1 for row in batch.sample_rows] + scored_positions(batch, starts),
-        )
+        sample_indices = [starts[row + 1] - 1 for row in batch.sample_rows]
+        scored = {}
+        if batch.prompt_scoring:
+            logits, scored = self._scored_forward(batch, input_ids, starts, sample_indices)
+        else:
+            logits = self.logits(
+                input_ids, batch.kv_starts, batch.q_lens, batch.page_tables, sample_indices
+            )
         token_ids, logprobs, top_logprobs, failed_rows = self._sample(
-            logits[:num_sampled], list(range(num_sampled)), batch, input_ids
+            logits, list(range(len(sample_indices))), batch, input_ids
         )
         return ForwardOutput(
             [[token] for token in token_ids],
             logprobs,
             top_logprobs,
             failed_rows=failed_rows,
-            prompt_logprobs=dict(
-                zip(
-                    [scoring.row for scoring in batch.prompt_scoring],
-                    prompt_logprobs(logits[num_sampled:], batch.prompt_scoring),
-                )
-            )
-            if batch.prompt_scoring
-            else {},
+            prompt_logprobs=scored,
         )
+
+    def _scored_forward(
+        self,
+        batch: ForwardBatch,
+        input_ids: list[int],
+        starts: list[int],
+        sample_indices: list[int],
+    ) -> tuple[torch.Tensor, dict[int, list[tuple[float, list[tuple[int, float]]]]]]:
+        """A batch that scores prompt tokens: the sampled rows' logits, and by row the scored
+        tokens' logprobs. Off the native step the LM head runs a slice of scored positions at a
+        time, so a long chunk never holds all its logits at once (2048 x 152k floats: 1.2 GB)."""
+        num_sampled = len(sample_indices)
+        indices = sample_indices + scored_positions(batch, starts)
+        args = (input_ids, batch.kv_starts, batch.q_lens, batch.page_tables)
+        if self.decode_step is not None and self.decode_step.handles(batch.q_lens):
+            logits = self.logits(*args, indices)  # at most NATIVE_STEP_MAX_ROWS rows
+            sampled = logits[:num_sampled]
+
+            def scored_logits(start: int, end: int) -> torch.Tensor:
+                return logits[num_sampled + start : num_sampled + end]
+        else:
+            normed = self._final_hidden(*args, indices)
+            sampled = self.model.lm_head(normed[:num_sampled])
+
+            def scored_logits(start: int, end: int) -> torch.Tensor:
+                return self.model.lm_head(normed[num_sampled + start : num_sampled + end])
+
+        rows = [scoring.row for scoring in batch.prompt_scoring]
+        return sampled, dict(zip(rows, prompt_logprobs(scored_logits, batch.prompt_scoring)))
 
     def _resolve_placeholders(self, batch: ForwardBatch) -> list[int]:
         """The batch's input ids, each placeholder replaced by the last token sampled for its
@@ -260,13 +282,27 @@ class Engine:
         logits_indices: list[int],
     ) -> torch.Tensor:
         """Run the model over the rows (K/V into the pool); float32 logits at `logits_indices`."""
-        indices = torch.tensor(logits_indices, dtype=torch.long, device=self.device)
         if self.decode_step is not None and self.decode_step.handles(q_lens):
             logits, _ = self.decode_step(input_ids, kv_starts, page_tables, False)
-            return logits[indices]  # a copy: the step's buffer is overwritten by the next one
+            # A copy: the step's buffer is overwritten by the next one.
+            return logits[torch.tensor(logits_indices, dtype=torch.long, device=self.device)]
+        return self.model.lm_head(
+            self._final_hidden(input_ids, kv_starts, q_lens, page_tables, logits_indices)
+        )
+
+    def _final_hidden(
+        self,
+        input_ids: list[int],
+        kv_starts: list[int],
+        q_lens: list[int],
+        page_tables: list[list[int]],
+        logits_indices: list[int],
+    ) -> torch.Tensor:
+        """The model's forward over the rows, up to the LM head (`CausalLM.final_hidden`)."""
+        indices = torch.tensor(logits_indices, dtype=torch.long, device=self.device)
         meta = build_attention_metadata(kv_starts, q_lens, page_tables, self.page_size, self.device)
         self.attention.plan(meta)
-        return self.model(
+        return self.model.final_hidden(
             torch.tensor(input_ids, dtype=torch.long, device=self.device),
             meta.positions,
             self.kv_pool,

@@ -188,6 +188,20 @@ class CausalLM(nn.Module):
         input_ids/positions: [tokens]. The caller must have called `attn.plan(meta)` for this
         batch; every layer's new K/V are written to `kv_pool` at `meta.slot_mapping`.
         """
+        normed = self.final_hidden(input_ids, positions, kv_pool, attn, meta, logits_indices)
+        return self.lm_head(normed)
+
+    def final_hidden(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_pool: KVPool,
+        attn: AttentionBackend,
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """`forward` up to the LM head: the final norm's float32 output at the chosen rows,
+        which `lm_head` turns into logits (a caller may do so a slice at a time)."""
         hidden = F.embedding(input_ids, self.embed_tokens)
         angles = self.rotary.angles(positions)
         for layer in self.layers:
@@ -195,7 +209,7 @@ class CausalLM(nn.Module):
         # Norm and LM head only where a token is sampled: the head is the largest matmul. Both
         # in float32 (see __init__), so no rounding to the model's dtype comes between them.
         hidden = hidden[logits_indices].float()
-        return self.lm_head(rms_norm(hidden, self.norm.weight.float(), self.norm.eps))
+        return rms_norm(hidden, self.norm.weight.float(), self.norm.eps)
 
     def use_native_kernels(self, native: NativeKernels) -> None:
         """Normalise, rotate q/k and store K/V with the native kernels: float32 CPU models whose

@@ -10,7 +10,7 @@ from baton.client import BatonClient
 from baton.messages import GenerateDelta
 
 # Where the prompt goes: before the generated output, or instead of it (max_tokens 0: one token
-# is still generated, as vLLM does, and dropped).
+# is still generated and dropped, as vLLM does; its finish reason stays, an "error" included).
 EchoMode = Literal["before_output", "instead_of_output"]
 
 
@@ -26,8 +26,6 @@ class Echo:
         """The delta as the client sees it (modified in place)."""
         if self._mode == "instead_of_output":
             delta.token_ids, delta.text, delta.logprobs = [], "", None
-            if delta.finished:
-                delta.finish_reason = "length"
         if self._prompt_text is not None:
             delta.text = self._prompt_text + delta.text
             self._prompt_text = None

@@ -31,9 +31,6 @@ async def choice_stream(
     """The choice's deltas, observed by the metrics; closing it aborts the request."""
     client = state.require_client()
     tracker = state.metrics.track()
-    echo = None
-    if choice.echo is not None:
-        echo = await prompt_echo(client, choice.prompt, choice.echo)  # type: ignore[arg-type]
     stream = client.stream(
         choice.prompt,
         choice.params,
@@ -46,6 +43,9 @@ async def choice_stream(
     )
     with state.in_flight.held():  # until the abort that closing the stream sends is out
         try:
+            echo = None
+            if choice.echo is not None:
+                echo = await prompt_echo(client, choice.prompt, choice.echo)  # type: ignore[arg-type]
             async for delta in stream:
                 tracker.observe(delta)
                 yield delta if echo is None else echo.apply(delta)

@@ -38,11 +38,12 @@ def build_forward_batch(
         batch.q_lens.append(step.num_tokens)
         batch.page_tables.append(seq.page_table[: -(-end // seq.page_size)])
         batch.slots.append(seq.slot)
-        offset, targets = seq.prompt_tokens_to_score(step)
-        if targets:
-            batch.prompt_scoring.append(
-                PromptScoring(index, offset, targets, seq.params.prompt_logprobs or 0)
-            )
+        if seq.prompt_logprobs is not None and step.is_prefill:
+            offset, targets = seq.prompt_tokens_to_score(step)
+            if targets:
+                batch.prompt_scoring.append(
+                    PromptScoring(index, offset, targets, seq.params.prompt_logprobs or 0)
+                )
         if speculative:
             batch.num_drafts.append(step.num_drafts)
             batch.contexts.append(list(seq.tokens) if step.num_drafts else [])
@@ -124,9 +125,11 @@ def apply_results(
             sampled_index += 1
         if seq.is_finished:
             continue
-        scored = output.prompt_logprobs.get(index)
-        if scored is not None:  # a prefill chunk's prompt tokens, in order (see Sequence)
-            seq.prompt_logprobs.extend(TokenLogprob(logprob, top) for logprob, top in scored)
+        if output.prompt_logprobs and index in output.prompt_logprobs:
+            # A prefill chunk's scored prompt tokens, in order (see Sequence).
+            seq.prompt_logprobs.extend(
+                TokenLogprob(logprob, top) for logprob, top in output.prompt_logprobs[index]
+            )
         if not tokens:  # a prefill chunk that does not finish the prefill
             seq.apply_prefill(None)
             continue

@@ -140,10 +140,11 @@ class Sequence(RequestLifecycle):
         if self.page_table or self._pending:
             raise WrongState("prefix matching needs a sequence that holds no pages")
         matchable = self.prefill_len - 1
-        if self.prompt_logprobs is not None:
+        scored = self.prompt_logprobs
+        if scored is not None and len(scored) < self.num_prompt_tokens - 1:
             # A cached position yields no logits: those of prompt tokens still to score must
             # be computed (vLLM, too, skips the prefix cache for such requests).
-            matchable = min(matchable, len(self.prompt_logprobs))
+            matchable = min(matchable, len(scored))
         match = kv.match_prefix(self.tokens[:matchable])
         self.prefix_node = match.node
         self.page_table = list(match.pages)
@@ -152,10 +153,10 @@ class Sequence(RequestLifecycle):
         return self.kv_position
 
     def prompt_tokens_to_score(self, step: ScheduledStep) -> tuple[int, list[int]]:
-        """For a prefill step: the index in its chunk of its first position whose logits score
-        a prompt token not yet scored, and the prompt tokens those positions score ([] if none)."""
-        if self.prompt_logprobs is None or not step.is_prefill:
-            return 0, []
+        """For a prefill step of a sequence with `prompt_logprobs`: the index in its chunk of
+        its first position whose logits score a prompt token not yet scored, and the prompt
+        tokens those positions score ([] if none)."""
+        assert self.prompt_logprobs is not None and step.is_prefill
         first = max(step.start, len(self.prompt_logprobs))
         last = min(step.start + step.num_tokens, self.num_prompt_tokens - 1)
         if first >= last:

@@ -13,6 +13,8 @@ import pytest
 from helpers.frontend_http import MODEL_NAME, greedy
 
 from baton import LLM
+from baton.frontend.echo import Echo
+from baton.messages import GenerateDelta
 
 PROMPT = "Once upon a time"
 TOLERANCE = 1e-4
@@ -147,3 +149,17 @@ def test_a_loglikelihood_request_as_lm_evaluation_harness_sends_it(
         assert is_greedy == all(
             entry.top[0][1] == entry.logprob for entry in reference[len(context) - 1 :]
         )
+
+
+def test_echo_without_output_keeps_the_finish_reason() -> None:
+    """The dropped token's finish reason stays, as vLLM's: a failed request reads "error",
+    never a complete-looking "length"."""
+    for reason in ("length", "stop", "error", "abort"):
+        delta = GenerateDelta(
+            request_id="r", token_ids=[5], text="x", finished=True, finish_reason=reason
+        )
+        echoed = Echo("The prompt", "instead_of_output").apply(delta)
+        assert (echoed.text, echoed.token_ids, echoed.finish_reason) == ("The prompt", [], reason)
+    before = Echo("The prompt", "before_output")
+    first, second = (GenerateDelta(request_id="r", token_ids=[5], text="x") for _ in range(2))
+    assert [before.apply(first).text, before.apply(second).text] == ["The promptx", "x"]

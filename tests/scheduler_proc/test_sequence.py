@@ -196,6 +196,43 @@ def test_prefix_match_leaves_one_token_to_compute() -> None:
     assert other.schedule_prefill(4, kv).samples
 
 
+def test_scored_prompt_positions_per_chunk_and_the_prefix_cache() -> None:
+    """Position i scores prompt token i + 1: each chunk scores from the first token not yet
+    scored, the final position (which samples) scores nothing, and a prompt still to score
+    matches the prefix cache only over positions already scored."""
+    kv = KVCacheManager(16, PAGE, enable_prefix_caching=True)
+    prompt = list(range(1, 11))
+    warm = Sequence("w", prompt, SamplingParams(), 4, PAGE)
+    warm.match_and_add_prefix(kv)
+    warm.schedule_prefill(10, kv)
+    warm.apply_prefill(50)
+    warm.release(kv)  # the prompt's first 8 tokens are cached now
+    seq = Sequence("r", prompt, SamplingParams(prompt_logprobs=1), 8, PAGE, 2)
+    assert seq.match_and_add_prefix(kv) == 0  # nothing scored: every position is computed
+    first = seq.schedule_prefill(4, kv)
+    second = seq.schedule_prefill(6, kv)  # scheduled while the first is in flight
+    assert seq.prompt_tokens_to_score(first) == (0, prompt[1:5])
+    assert seq.prompt_tokens_to_score(second) == (0, prompt[5:10])  # its last position samples
+    seq.apply_prefill(None)
+    seq.prompt_logprobs.extend([None] * 4)  # as apply_results does with the chunk's entries
+    seq.apply_prefill(60)
+    seq.prompt_logprobs.extend([None] * 5)
+    seq.schedule_decode(kv)
+    seq.apply_decode(61)
+    seq.release(kv)  # a preemption after prefill: every prompt token is scored
+    assert seq.reacquire(kv) == 8  # so the cache serves it again
+    recompute = seq.schedule_prefill(4, kv)
+    assert seq.prompt_tokens_to_score(recompute) == (0, [])
+    # Preempted mid-prefill, with 3 tokens scored: the match stops there.
+    partial = Sequence("p", prompt, SamplingParams(prompt_logprobs=0), 8, PAGE)
+    partial.prompt_logprobs.extend([None] * 3)
+    assert partial.match_and_add_prefix(kv) == 0  # whole pages only: 3 tokens make none
+    partial.release(kv)
+    partial.prompt_logprobs.extend([None] * 2)
+    assert partial.match_and_add_prefix(kv) == 4
+    assert partial.prompt_tokens_to_score(partial.schedule_prefill(6, kv)) == (1, prompt[6:10])
+
+
 def test_history_records_every_transition() -> None:
     seq, kv = make(in_flight=2)
     seq.match_and_add_prefix(kv)
