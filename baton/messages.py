@@ -48,10 +48,12 @@ class RequestStats(msgspec.Struct, kw_only=True):
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
-    """The chosen token's log-probability and the top-n alternatives (id, logprob)."""
+    """The chosen token's log-probability and the top-n alternatives (id, logprob); a scored
+    prompt token also has its rank in the distribution (1: the likeliest)."""
 
     logprob: float
     top: list[tuple[int, float]]
+    rank: int | None = None
 
 
 class StepOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -332,10 +334,11 @@ class TokenText(msgspec.Struct, array_like=True):
 
 
 class LogprobEntry(msgspec.Struct, array_like=True):
-    """A generated token and its top alternatives (most likely first)."""
+    """A token and its top alternatives (most likely first); a scored prompt token's rank."""
 
     token: TokenText
     top: list[TokenText]
+    rank: int | None = None
 
 
 class PromptLogprobs(msgspec.Struct, array_like=True):

@@ -44,7 +44,7 @@ class LogprobTexts:
             base = self._decode(window)
             chosen = self._token(window, base, token_id, logprob.logprob)
             top = [self._token(window, base, alt, alt_logprob) for alt, alt_logprob in logprob.top]
-            entries.append(LogprobEntry(token=chosen, top=top))
+            entries.append(LogprobEntry(token=chosen, top=top, rank=logprob.rank))
             window = [*window[1 - CONTEXT_TOKENS :], token_id]
         return entries, [*context, *token_ids][-CONTEXT_TOKENS:]
 

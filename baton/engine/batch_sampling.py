@@ -89,33 +89,37 @@ def scored_positions(batch: ForwardBatch, row_starts: Sequence[int]) -> list[int
 
 def prompt_logprobs(
     scored_logits: Callable[[int, int], torch.Tensor], scorings: list[PromptScoring]
-) -> list[list[tuple[float, list[tuple[int, float]]]]]:
-    """Per scoring, each target's log-probability and the top-n (id, logprob) there;
+) -> list[list[tuple[float, list[tuple[int, float]], int]]]:
+    """Per scoring, each target's log-probability, the top-n (id, logprob) there and the
+    target's rank (1 + the tokens more likely than it, vLLM's);
     `scored_logits(start, end)` gives the float32 logits of the scored positions [start, end),
     numbered over all `scorings` in order; it is asked for a slice at a time."""
     targets = torch.tensor([token for scoring in scorings for token in scoring.targets])
     num_scored = len(targets)
     max_top = max(scoring.num_top for scoring in scorings)
     chosen: list[float] = []
+    ranks: list[int] = []
     top_ids: list[list[int]] = []
     top_values: list[list[float]] = []
     for start in range(0, num_scored, SCORING_SLICE_ROWS):
         end = min(start + SCORING_SLICE_ROWS, num_scored)
         part = torch.log_softmax(scored_logits(start, end), dim=-1)
         rows_targets = targets[start:end].to(part.device).unsqueeze(1)
-        chosen.extend(part.gather(1, rows_targets).squeeze(1).tolist())
+        chosen_part = part.gather(1, rows_targets)
+        chosen.extend(chosen_part.squeeze(1).tolist())
+        ranks.extend(((part > chosen_part).sum(dim=-1) + 1).tolist())
         if max_top:
             values, ids = part.topk(max_top, dim=-1)
             top_ids.extend(ids.tolist())
             top_values.extend(values.tolist())
-    scored: list[list[tuple[float, list[tuple[int, float]]]]] = []
+    scored: list[list[tuple[float, list[tuple[int, float]], int]]] = []
     index = 0
     for scoring in scorings:
         entries = []
         for _ in scoring.targets:
             n = scoring.num_top
             top = list(zip(top_ids[index][:n], top_values[index][:n])) if n else []
-            entries.append((chosen[index], top))
+            entries.append((chosen[index], top, ranks[index]))
             index += 1
         scored.append(entries)
     return scored

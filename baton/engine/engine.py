@@ -221,7 +221,7 @@ class Engine:
         input_ids: list[int],
         starts: list[int],
         sample_indices: list[int],
-    ) -> tuple[torch.Tensor, dict[int, list[tuple[float, list[tuple[int, float]]]]]]:
+    ) -> tuple[torch.Tensor, dict[int, list[tuple[float, list[tuple[int, float]], int]]]]:
         """A batch that scores prompt tokens: the sampled rows' logits, and by row the scored
         tokens' logprobs. Off the native step the LM head runs a slice of scored positions at a
         time, so a long chunk never holds all its logits at once (2048 x 152k floats: 1.2 GB)."""

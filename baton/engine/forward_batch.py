@@ -77,13 +77,13 @@ class ForwardOutput:
     where the request asked for them; `failed_rows` (indices into the sampled rows) could not
     be sampled: their requests end with an error, the batch's other rows go on. `num_drafted`,
     per sampled row: the drafts verified (0 without speculation). `prompt_logprobs`, by the row of
-    each of the batch's `prompt_scoring`: each target's log-probability and top alternatives."""
+    each of the batch's `prompt_scoring`: each target's logprob, top alternatives and rank."""
 
     token_ids: list[list[int]]
     logprobs: list[list[float]] | None = None
     top_logprobs: list[list[list[tuple[int, float]]]] | None = field(default=None)
     failed_rows: list[int] = field(default_factory=list)
     num_drafted: list[int] | None = None
-    prompt_logprobs: dict[int, list[tuple[float, list[tuple[int, float]]]]] = field(
+    prompt_logprobs: dict[int, list[tuple[float, list[tuple[int, float]], int]]] = field(
         default_factory=dict
     )

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request, Response
 
 from baton.frontend.choices_response import respond_with_choices, response_body, response_envelope
 from baton.frontend.generation import ChoiceOutput
-from baton.frontend.logprobs import ChoiceLogprobs
+from baton.frontend.logprobs import ChoiceLogprobs, vllm_prompt_logprobs
 from baton.frontend.params import ChoiceRequest, chat_choices
 from baton.frontend.protocol import ChatCompletionRequest
 from baton.frontend.state import frontend_state
@@ -82,7 +82,11 @@ def chat_body(
             "finish_reason": output.finish_reason,
         }
 
-    return response_body(envelope, outputs, choice_body, with_stats)
+    body = response_body(envelope, outputs, choice_body, with_stats)
+    scored = [output.prompt_logprobs for output in outputs if output.prompt_logprobs is not None]
+    if scored:  # vLLM's: the conversation's, once for all its choices
+        body["prompt_logprobs"] = vllm_prompt_logprobs(scored[0])
+    return body
 
 
 class ChatChunkWriter(ChunkWriterBase):

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 
 from baton.frontend.choices_response import respond_with_choices, response_body, response_envelope
 from baton.frontend.generation import ChoiceOutput
-from baton.frontend.logprobs import ChoiceLogprobs
+from baton.frontend.logprobs import ChoiceLogprobs, vllm_prompt_logprobs
 from baton.frontend.params import completion_choices
 from baton.frontend.protocol import CompletionRequest
 from baton.frontend.state import frontend_state
@@ -58,12 +58,15 @@ def completion_body(
             if with_logprobs
             else None
         )
-        return {
+        body = {
             "index": output.index,
             "text": output.text,
             "logprobs": logprobs,
             "finish_reason": output.finish_reason,
         }
+        if output.prompt_logprobs is not None:  # asked for, or echo with logprobs (vLLM's)
+            body["prompt_logprobs"] = vllm_prompt_logprobs(output.prompt_logprobs)
+        return body
 
     return response_body(envelope, outputs, choice_body, with_stats)
 

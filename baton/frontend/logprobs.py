@@ -50,5 +50,21 @@ class ChoiceLogprobs:
         return {"content": content}
 
 
+def vllm_prompt_logprobs(prompt: PromptLogprobs) -> list[dict[str, dict[str, object]] | None]:
+    """vLLM's `prompt_logprobs`: null for the first token (nothing precedes it), then per token
+    `{id: {logprob, rank, decoded_token}}` for it and its top alternatives (ranks 1, 2...)."""
+    body: list[dict[str, dict[str, object]] | None] = [None]
+    for entry in prompt.entries:
+        position = {str(entry.token.token_id): _vllm_logprob(entry.token, entry.rank)}
+        for rank, alt in enumerate(entry.top, 1):
+            position.setdefault(str(alt.token_id), _vllm_logprob(alt, rank))
+        body.append(position)
+    return body
+
+
+def _vllm_logprob(token: TokenText, rank: int | None) -> dict[str, object]:
+    return {"logprob": token.logprob, "rank": rank, "decoded_token": token.text}
+
+
 def _chat_token(token: TokenText) -> dict[str, object]:
     return {"token": token.text, "logprob": token.logprob, "bytes": token.bytes}

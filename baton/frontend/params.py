@@ -113,8 +113,9 @@ def completion_choices(request: CompletionRequest, max_choices: int) -> list[Cho
         echo = "before_output"
         if max_tokens == 0:
             echo, max_tokens = "instead_of_output", 1
-    # With echo, logprobs cover the prompt's tokens too.
-    prompt_logprobs = request.logprobs if request.echo else None
+    prompt_logprobs = request.prompt_logprobs
+    if prompt_logprobs is None and request.echo:  # logprobs then cover the prompt too
+        prompt_logprobs = request.logprobs
     return [
         ChoiceRequest(
             index=group * request.n + choice,
@@ -163,7 +164,13 @@ def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
             index=choice,
             group=0,
             prompt=messages,
-            params=sampling_params(request, request.output_limit, request.logprob_count, choice),
+            params=sampling_params(
+                request,
+                request.output_limit,
+                request.logprob_count,
+                choice,
+                request.prompt_logprobs,
+            ),
             priority=request.priority,
             deadline_ms=request.deadline_ms,
             return_stats=request.return_stats,

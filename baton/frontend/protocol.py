@@ -92,6 +92,8 @@ class SamplingRequest(NullMeansDefault):
     logit_bias: dict[int, float] | None = None  # token ids as strings in JSON
     min_tokens: WireInt = 0
     include_stop_str_in_output: bool = False
+    # vLLM's: each prompt token's logprob, rank and top-n, in the response's `prompt_logprobs`.
+    prompt_logprobs: LogprobCount | None = None
     # For the server's --scheduling-policy: vLLM's `priority` (lower runs first), and Baton's
     # extension `deadline_ms` (from arrival; edf and lrs). The pipeline checks the deadline.
     priority: WireInt = 0
@@ -128,6 +130,14 @@ class SamplingRequest(NullMeansDefault):
         stops = [value] if isinstance(value, str) else value or []
         if any(not stop for stop in stops):
             raise ValueError("stop strings must be non-empty")
+        return value
+
+    @field_validator("prompt_logprobs")
+    @classmethod
+    def _prompt_logprobs_not_streamed(cls, value: int | None, info: ValidationInfo) -> int | None:
+        """As vLLM: a streamed response has no place for them."""
+        if value is not None and info.data.get("stream"):
+            raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
         return value
 
     @field_validator("stream_options", mode="before")

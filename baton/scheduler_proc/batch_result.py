@@ -128,7 +128,8 @@ def apply_results(
         if output.prompt_logprobs and index in output.prompt_logprobs:
             # A prefill chunk's scored prompt tokens, in order (see Sequence).
             seq.prompt_logprobs.extend(
-                TokenLogprob(logprob, top) for logprob, top in output.prompt_logprobs[index]
+                TokenLogprob(logprob, top, rank)
+                for logprob, top, rank in output.prompt_logprobs[index]
             )
         if not tokens:  # a prefill chunk that does not finish the prefill
             seq.apply_prefill(None)

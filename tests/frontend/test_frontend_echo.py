@@ -1,7 +1,7 @@
-"""Completions' `echo` through the official `openai` client, checked against the offline `LLM`:
-the prompt's text before the output, with `logprobs` the prompt tokens' logprobs before the
-output's (the first token's null), and with `max_tokens: 0` the prompt alone, as vLLM answers
-(lm-evaluation-harness scores a continuation this way)."""
+"""Completions' `echo` and vLLM's `prompt_logprobs` through the official `openai` client,
+checked against the offline `LLM`: the prompt's text before the output, with `logprobs` the
+prompt tokens' logprobs before the output's (the first token's null), and with `max_tokens: 0`
+the prompt alone, as vLLM answers (lm-evaluation-harness scores a continuation this way)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from helpers.frontend_http import MODEL_NAME, greedy
 
 from baton import LLM
 from baton.frontend.echo import Echo
+from baton.frontend.protocol import CompletionRequest
 from baton.messages import GenerateDelta
 
 PROMPT = "Once upon a time"
@@ -163,3 +164,49 @@ def test_echo_without_output_keeps_the_finish_reason() -> None:
     before = Echo("The prompt", "before_output")
     first, second = (GenerateDelta(request_id="r", token_ids=[5], text="x") for _ in range(2))
     assert [before.apply(first).text, before.apply(second).text] == ["The promptx", "x"]
+
+
+def test_vllm_prompt_logprobs_field_on_completions_and_chat(
+    client: openai.OpenAI, offline: LLM
+) -> None:
+    """vLLM's `prompt_logprobs`: null, then per prompt token `{id: {logprob, rank,
+    decoded_token}}` for it and its top-n (ranks 1..n); per choice on completions, once at the
+    top of a chat response."""
+    expected = greedy(offline, PROMPT, max_tokens=2, prompt_logprobs=2)
+    response = client.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPT,
+        max_tokens=2,
+        temperature=0,
+        extra_body={"prompt_logprobs": 2},
+    )
+    choice = response.choices[0]
+    assert choice.text == expected.text and choice.logprobs is None  # no echo
+    scored = choice.model_extra["prompt_logprobs"]
+    prompt_ids = expected.prompt_token_ids
+    assert scored[0] is None and len(scored) == len(prompt_ids)
+    for index, (position, entry) in enumerate(zip(scored[1:], expected.prompt_logprobs), 1):
+        own = position[str(prompt_ids[index])]
+        assert math.isclose(own["logprob"], entry.logprob, abs_tol=TOLERANCE)
+        assert own["rank"] == entry.rank and own["decoded_token"]
+        tops = sorted((v for k, v in position.items() if v["rank"] <= 2), key=lambda v: v["rank"])
+        assert_scores_match([v["logprob"] for v in tops][:2], [lp for _, lp in entry.top])
+        assert 2 <= len(position) <= 3
+    chat = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=2,
+        n=2,
+        extra_body={"prompt_logprobs": 0},
+    )
+    scored = chat.model_extra["prompt_logprobs"]
+    assert scored[0] is None and len(scored) == chat.usage.prompt_tokens
+    assert all(len(position) == 1 for position in scored[1:])  # the prompt's own token only
+
+
+def test_prompt_logprobs_are_not_streamed() -> None:
+    """As vLLM: a streamed response has no place for them (a 400 at validation)."""
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        CompletionRequest.model_validate({"prompt": "a", "stream": True, "prompt_logprobs": 1})
+    with pytest.raises(ValueError, match="prompt_logprobs"):
+        CompletionRequest.model_validate({"prompt": "a", "prompt_logprobs": 21})
