@@ -106,10 +106,10 @@ class ChoiceOutput:
     token_ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     logprobs: list[LogprobEntry] = field(default_factory=list)
-    prompt_logprobs: PromptLogprobs | None = None  # with completions' echo and logprobs
     finish_reason: str | None = None
     usage: Usage | None = None
     stats: RequestStats | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # when the prompt was scored
 
     @property
     def text(self) -> str:

@@ -159,6 +159,9 @@ def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
     """n choices of one conversation (the tokenizer process applies the chat template)."""
     messages = chat_messages(request)
     options = chat_options(request)
+    prompt_logprobs = request.prompt_logprobs
+    if prompt_logprobs is None and request.echo:  # vLLM's rule
+        prompt_logprobs = request.top_logprobs
     return [
         ChoiceRequest(
             index=choice,
@@ -169,7 +172,7 @@ def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
                 request.output_limit,
                 request.logprob_count,
                 choice,
-                request.prompt_logprobs,
+                prompt_logprobs,
             ),
             priority=request.priority,
             deadline_ms=request.deadline_ms,

@@ -202,6 +202,17 @@ def test_vllm_prompt_logprobs_field_on_completions_and_chat(
     scored = chat.model_extra["prompt_logprobs"]
     assert scored[0] is None and len(scored) == chat.usage.prompt_tokens
     assert all(len(position) == 1 for position in scored[1:])  # the prompt's own token only
+    # vLLM's rule: a chat echo with top_logprobs scores the prompt with that many alternatives.
+    echoed = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=2,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"echo": True},
+    )
+    assert all(len(position) >= 2 for position in echoed.model_extra["prompt_logprobs"][1:])
+    assert "prompt_logprobs" not in (chat.choices[0].model_extra or {})
 
 
 def test_prompt_logprobs_are_not_streamed() -> None:
