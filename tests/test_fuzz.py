@@ -53,7 +53,8 @@ ROUTES = [
 FIELDS = [
     "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
     "stream", "seed", "logprobs", "top_logprobs", "min_tokens", "stop_token_ids", "ignore_eos",
-    "model", "stream_options", "role", "content", "tokens", "add_special_tokens",
+    "model", "stream_options", "role", "content", "tokens", "add_special_tokens", "echo",
+    "prompt_logprobs",
 ]  # fmt: skip
 SPECIAL_FRAMES = [
     b"",
