@@ -9,7 +9,7 @@ import torch
 
 from baton.checkpoint.load import Checkpoint, load_checkpoint
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
-from baton.config import BatonConfig, ConfigurationError
+from baton.config import BatonConfig
 from baton.cpu_binding import bind_engine_thread
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.select import model_attention_backend
@@ -27,6 +27,7 @@ from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS, NativeDecodeStep
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.kv_pool import KVPool
+from baton.engine.kv_sizing import kv_pool_pages
 from baton.engine.model import CausalLM
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
 from baton.engine.sampler import Sampler, SamplingBatch
@@ -79,8 +80,7 @@ class Engine:
         self.dtype = _TORCH_DTYPES[self.plan.dtype]
         self.max_model_len = model_config.served_context_length(config.max_model_len)
         self.page_size = config.page_size
-        self.num_pages = config.num_pages or self._pages_from_budget(config)
-        self._check_one_request_fits(config)
+        self.num_pages = kv_pool_pages(config, model_config, self.dtype, self.max_model_len)
         self.model = CausalLM(model_config, self.dtype, self.device)
         # The native kernels: a GGUF's blocks dequantized at load, compact weights where the plan
         # says, and where the computation is float32, RoPE + K/V store and decode attention
@@ -147,35 +147,6 @@ class Engine:
         except NativeBuildError as error:
             logger.warning("computing with torch alone: no native kernels here: %s", error)
             return None
-
-    def _bytes_per_page(self) -> int:
-        mc = self.model_config
-        return KVPool.bytes_per_page(
-            mc.num_layers, self.page_size, mc.num_kv_heads, mc.head_dim, self.dtype
-        )
-
-    def _check_one_request_fits(self, config: BatonConfig) -> None:
-        """ConfigurationError unless the pool holds one request of max_model_len tokens: one
-        that does not fit could never finish, however long it waited."""
-        capacity = self.num_pages * self.page_size
-        if capacity >= self.max_model_len:
-            return
-        pages_needed = -(-self.max_model_len // self.page_size)
-        if config.num_pages is not None:
-            fix = f"--num-gpu-blocks-override at least {pages_needed}"
-        else:
-            fix = f"--kv-cache-memory-bytes at least {pages_needed * self._bytes_per_page()}"
-        raise ConfigurationError(
-            f"the KV cache holds {capacity} tokens ({self.num_pages} pages of {self.page_size}), "
-            f"less than one request of max_model_len {self.max_model_len}: give {fix}, "
-            f"or --max-model-len {capacity} or less"
-        )
-
-    def _pages_from_budget(self, config: BatonConfig) -> int:
-        by_budget = config.kv_cache_memory_bytes // self._bytes_per_page()
-        # More pages than every admissible request could fill at once would only waste memory.
-        by_need = config.max_running_requests * -(-self.max_model_len // self.page_size)
-        return max(1, min(by_budget, by_need))
 
     @property
     def vocab_size(self) -> int:
