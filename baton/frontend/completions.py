@@ -40,7 +40,9 @@ async def create_completion(request: Request) -> Response:
         lambda: CompletionChunkWriter(
             opening, choices, body.include_usage, with_logprobs, body.return_stats
         ),
-        lambda outputs: completion_body(opening, outputs, with_logprobs, body.return_stats),
+        lambda outputs: completion_body(
+            opening, outputs, with_logprobs, body.return_stats, body.echo
+        ),
     )
 
 
@@ -49,15 +51,14 @@ def completion_body(
     outputs: list[ChoiceOutput],
     with_logprobs: bool,
     with_stats: bool,
+    echo: bool = False,
 ) -> dict[str, object]:
-    """A non-streamed response; `with_logprobs` and `with_stats` when those were asked for."""
+    """A non-streamed response; `with_logprobs` and `with_stats` when those were asked for;
+    with `echo`, the logprobs start with the prompt's."""
 
     def choice_body(output: ChoiceOutput) -> dict[str, object]:
-        logprobs = (
-            ChoiceLogprobs().completion(output.logprobs, output.prompt_logprobs)
-            if with_logprobs
-            else None
-        )
+        echoed = output.prompt_logprobs if echo else None
+        logprobs = ChoiceLogprobs().completion(output.logprobs, echoed) if with_logprobs else None
         body = {
             "index": output.index,
             "text": output.text,
@@ -79,6 +80,7 @@ class CompletionChunkWriter(ChunkWriterBase):
         held back); none for a delta without tokens."""
         logprobs = None
         if self._logprobs is not None:
+            # Streamed, a prompt is scored only to be echoed (`prompt_logprobs` is refused).
             logprobs = self._logprobs[index].completion(delta.logprobs, delta.prompt_logprobs)
         elif not (delta.token_ids or delta.finished or delta.text):
             return []

@@ -178,10 +178,12 @@ def test_vllm_prompt_logprobs_field_on_completions_and_chat(
         prompt=PROMPT,
         max_tokens=2,
         temperature=0,
+        logprobs=1,
         extra_body={"prompt_logprobs": 2},
     )
     choice = response.choices[0]
-    assert choice.text == expected.text and choice.logprobs is None  # no echo
+    assert choice.text == expected.text
+    assert len(choice.logprobs.tokens) == 2  # no echo: the output's logprobs alone
     scored = choice.model_extra["prompt_logprobs"]
     prompt_ids = expected.prompt_token_ids
     assert scored[0] is None and len(scored) == len(prompt_ids)
