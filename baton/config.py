@@ -84,6 +84,8 @@ class BatonConfig:
     # Once one engine step has kept the scheduler waiting this long, /health answers 503 so an
     # orchestrator can restart a hung server; SGLang's --watchdog-timeout (SGLang exits instead).
     watchdog_timeout: float = 300.0
+    # vLLM's: logprob tokens read "token_id:<id>" unless a request says otherwise.
+    return_tokens_as_token_ids: bool = False
     log_level: str = "info"
 
     def replace(self, **changes: object) -> BatonConfig:
@@ -256,6 +258,11 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=defaults.watchdog_timeout,
         help="/health answers 503 while one engine step has run longer than this (seconds)",
+    )
+    group.add_argument(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help='logprob tokens read "token_id:<id>" unless a request sets return_tokens_as_token_ids',
     )
     group.add_argument("--log-level", default=defaults.log_level)
 

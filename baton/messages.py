@@ -342,9 +342,10 @@ class LogprobEntry(msgspec.Struct, array_like=True):
 
 
 class PromptLogprobs(msgspec.Struct, array_like=True):
-    """A prompt's tokens as a client sees them in logprobs: the first one's text (nothing
-    precedes it to give it a probability), then an entry for each token after it."""
+    """A prompt's tokens as a client sees them in logprobs: the first one's id and text
+    (nothing precedes it to give it a probability), then an entry for each token after it."""
 
+    first_token_id: int
     first_token: str
     entries: list[LogprobEntry]
 

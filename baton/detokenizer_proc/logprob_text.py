@@ -57,7 +57,7 @@ class LogprobTexts:
             )
         first = self._token(self.anchor, self._decode(self.anchor), prompt_ids[0], 0.0).text
         entries, _ = self.entries(prompt_ids[:1], prompt_ids[1:], logprobs)
-        return PromptLogprobs(first_token=first, entries=entries)
+        return PromptLogprobs(first_token_id=prompt_ids[0], first_token=first, entries=entries)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=False)

@@ -49,6 +49,7 @@ def create_app(
         watchdog_timeout=config.watchdog_timeout,
         created=int(time.time()),
         metrics=FrontendMetrics(name),
+        return_tokens_as_token_ids=config.return_tokens_as_token_ids,
     )
 
     @asynccontextmanager

@@ -36,6 +36,7 @@ async def create_chat_completion(request: Request) -> Response:
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     with_logprobs = bool(body.logprobs)
+    as_token_ids = state.tokens_as_ids(body.return_tokens_as_token_ids)
     role, echoed = body.reply_role, body.echoed
     chunk_envelope = response_envelope(
         response_id, "chat.completion.chunk", created, state.model_name
@@ -55,9 +56,16 @@ async def create_chat_completion(request: Request) -> Response:
             body.return_stats,
             role,
             echoed,
+            as_token_ids=as_token_ids,
         ),
         lambda outputs: chat_body(
-            body_envelope, outputs, with_logprobs, body.return_stats, role, echoed
+            body_envelope,
+            outputs,
+            with_logprobs,
+            body.return_stats,
+            role,
+            echoed,
+            as_token_ids=as_token_ids,
         ),
     )
 
@@ -69,12 +77,14 @@ def chat_body(
     with_stats: bool,
     role: str,
     echoed: str,
+    *,
+    as_token_ids: bool = False,
 ) -> dict[str, object]:
     """A non-streamed response: each message has `role` and its content starts with `echoed`;
     `with_logprobs` and `with_stats` when those were asked for."""
 
     def choice_body(output: ChoiceOutput) -> dict[str, object]:
-        logprobs = ChoiceLogprobs().chat(output.logprobs) if with_logprobs else None
+        logprobs = ChoiceLogprobs(as_token_ids).chat(output.logprobs) if with_logprobs else None
         return {
             "index": output.index,
             "message": {"role": role, "content": echoed + output.text},
@@ -102,8 +112,12 @@ class ChatChunkWriter(ChunkWriterBase):
         with_stats: bool,
         role: str,
         echoed: str,
+        *,
+        as_token_ids: bool = False,
     ) -> None:
-        super().__init__(envelope, choices, include_usage, with_logprobs, with_stats)
+        super().__init__(
+            envelope, choices, include_usage, with_logprobs, with_stats, as_token_ids=as_token_ids
+        )
         self._role = role
         self._echoed = echoed
 

@@ -31,6 +31,7 @@ async def create_completion(request: Request) -> Response:
     response_id = f"cmpl-{uuid.uuid4().hex}"
     opening = response_envelope(response_id, OBJECT, int(time.time()), state.model_name)
     with_logprobs = body.logprobs is not None
+    as_token_ids = state.tokens_as_ids(body.return_tokens_as_token_ids)
     return await respond_with_choices(
         request,
         state,
@@ -38,10 +39,15 @@ async def create_completion(request: Request) -> Response:
         choices,
         body.stream,
         lambda: CompletionChunkWriter(
-            opening, choices, body.include_usage, with_logprobs, body.return_stats
+            opening,
+            choices,
+            body.include_usage,
+            with_logprobs,
+            body.return_stats,
+            as_token_ids=as_token_ids,
         ),
         lambda outputs: completion_body(
-            opening, outputs, with_logprobs, body.return_stats, body.echo
+            opening, outputs, with_logprobs, body.return_stats, body.echo, as_token_ids
         ),
     )
 
@@ -52,13 +58,18 @@ def completion_body(
     with_logprobs: bool,
     with_stats: bool,
     echo: bool = False,
+    as_token_ids: bool = False,
 ) -> dict[str, object]:
     """A non-streamed response; `with_logprobs` and `with_stats` when those were asked for;
     with `echo`, the logprobs start with the prompt's."""
 
     def choice_body(output: ChoiceOutput) -> dict[str, object]:
         echoed = output.prompt_logprobs if echo else None
-        logprobs = ChoiceLogprobs().completion(output.logprobs, echoed) if with_logprobs else None
+        logprobs = (
+            ChoiceLogprobs(as_token_ids).completion(output.logprobs, echoed)
+            if with_logprobs
+            else None
+        )
         body = {
             "index": output.index,
             "text": output.text,

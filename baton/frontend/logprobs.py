@@ -1,6 +1,8 @@
 """Token log-probabilities in OpenAI's two shapes: completions' parallel lists and chat's
 `content` entries. The tokens' texts and bytes come from the detokenizer
-(detokenizer_proc/logprob_text.py); this only lays them out."""
+(detokenizer_proc/logprob_text.py); this only lays them out. With vLLM's
+`return_tokens_as_token_ids`, a token reads "token_id:<id>" (a client can tell apart tokens whose
+text is not valid UTF-8); text offsets still count the tokens' texts, so they index the output."""
 
 from __future__ import annotations
 
@@ -10,8 +12,12 @@ from baton.messages import LogprobEntry, PromptLogprobs, TokenText
 class ChoiceLogprobs:
     """Per-choice state (the running text offset) for formatting streamed logprobs."""
 
-    def __init__(self) -> None:
+    def __init__(self, as_token_ids: bool = False) -> None:
         self._offset = 0
+        self._as_token_ids = as_token_ids
+
+    def _label(self, token: TokenText) -> str:
+        return f"token_id:{token.token_id}" if self._as_token_ids else token.text
 
     def completion(
         self, entries: list[LogprobEntry] | None, prompt: PromptLogprobs | None = None
@@ -25,17 +31,18 @@ class ChoiceLogprobs:
             "text_offset": [],
         }
         if prompt is not None:
-            body["tokens"].append(prompt.first_token)
+            first = TokenText(prompt.first_token_id, prompt.first_token, [], 0.0)
+            body["tokens"].append(self._label(first))
             body["token_logprobs"].append(None)
             body["top_logprobs"].append(None)
             body["text_offset"].append(self._offset)
             self._offset += len(prompt.first_token)
             entries = [*prompt.entries, *(entries or ())]
         for entry in entries or ():
-            body["tokens"].append(entry.token.text)
+            body["tokens"].append(self._label(entry.token))
             body["token_logprobs"].append(entry.token.logprob)
-            top = {alt.text: alt.logprob for alt in entry.top}
-            top.setdefault(entry.token.text, entry.token.logprob)
+            top = {self._label(alt): alt.logprob for alt in entry.top}
+            top.setdefault(self._label(entry.token), entry.token.logprob)
             body["top_logprobs"].append(top)
             body["text_offset"].append(self._offset)
             self._offset += len(entry.token.text)
@@ -44,10 +51,16 @@ class ChoiceLogprobs:
     def chat(self, entries: list[LogprobEntry] | None) -> dict[str, list[dict]]:
         """Chat's shape: `content`, one entry per token with its `top_logprobs`."""
         content = [
-            {**_chat_token(entry.token), "top_logprobs": [_chat_token(alt) for alt in entry.top]}
+            {
+                **self._chat_token(entry.token),
+                "top_logprobs": [self._chat_token(alt) for alt in entry.top],
+            }
             for entry in entries or ()
         ]
         return {"content": content}
+
+    def _chat_token(self, token: TokenText) -> dict[str, object]:
+        return {"token": self._label(token), "logprob": token.logprob, "bytes": token.bytes}
 
 
 def vllm_prompt_logprobs(prompt: PromptLogprobs) -> list[dict[str, dict[str, object]] | None]:
@@ -64,7 +77,3 @@ def vllm_prompt_logprobs(prompt: PromptLogprobs) -> list[dict[str, dict[str, obj
 
 def _vllm_logprob(token: TokenText, rank: int | None) -> dict[str, object]:
     return {"logprob": token.logprob, "rank": rank, "decoded_token": token.text}
-
-
-def _chat_token(token: TokenText) -> dict[str, object]:
-    return {"token": token.text, "logprob": token.logprob, "bytes": token.bytes}

@@ -94,6 +94,8 @@ class SamplingRequest(NullMeansDefault):
     include_stop_str_in_output: bool = False
     # vLLM's: each prompt token's logprob, rank and top-n, in the response's `prompt_logprobs`.
     prompt_logprobs: LogprobCount | None = None
+    # vLLM's: logprob tokens as "token_id:<id>" (default: --return-tokens-as-token-ids).
+    return_tokens_as_token_ids: bool | None = None
     # For the server's --scheduling-policy: vLLM's `priority` (lower runs first), and Baton's
     # extension `deadline_ms` (from arrival; edf and lrs). The pipeline checks the deadline.
     priority: WireInt = 0

@@ -61,6 +61,8 @@ class FrontendState:
     created: int
     metrics: FrontendMetrics
     client: BatonClient | None = None
+    # --return-tokens-as-token-ids: what a request that does not say gets.
+    return_tokens_as_token_ids: bool = False
     in_flight: InFlight = field(default_factory=InFlight)
     # Set once shutdown begins: open requests may finish, new ones are refused (see drain.py).
     draining: bool = False
@@ -72,6 +74,10 @@ class FrontendState:
         if self.client is None:
             raise OpenAIError(503, "the server is not connected to its pipeline yet")
         return self.client
+
+    def tokens_as_ids(self, requested: bool | None) -> bool:
+        """Whether logprob tokens read "token_id:<id>": the request's choice, else the server's."""
+        return self.return_tokens_as_token_ids if requested is None else requested
 
     def check_model(self, requested: str | None) -> None:
         """404 unless `requested` is the served model (omitted means the served one)."""

@@ -53,6 +53,8 @@ class ChunkWriterBase:
         include_usage: bool,
         with_logprobs: bool,
         with_stats: bool,
+        *,
+        as_token_ids: bool = False,
     ) -> None:
         self._envelope = envelope  # id, object, created, model
         self._groups = {choice.index: choice.group for choice in choices}
@@ -60,7 +62,9 @@ class ChunkWriterBase:
         self._usage = UsageTotals()
         # Per choice, when logprobs were asked for (each keeps its running text offset).
         self._logprobs = (
-            {choice.index: ChoiceLogprobs() for choice in choices} if with_logprobs else None
+            {choice.index: ChoiceLogprobs(as_token_ids) for choice in choices}
+            if with_logprobs
+            else None
         )
         self._opened: set[int] = set()  # choices that have had a chunk (chat opens each one)
         self._with_stats = with_stats

@@ -219,3 +219,41 @@ def test_per_request_stats_when_asked(client: openai.OpenAI) -> None:
     )
     final = [c for c in chunks if c.choices][-1].choices[0]
     assert final.finish_reason == "stop" and final.model_extra["stats"] is not None
+
+
+def test_logprob_tokens_as_token_ids(client: openai.OpenAI, offline: LLM) -> None:
+    """vLLM's `return_tokens_as_token_ids`: every logprob token (chosen, alternatives, an echoed
+    prompt's) reads "token_id:<id>"; the text offsets still count the tokens' texts."""
+    expected = greedy(offline, PROMPT, max_tokens=6, logprobs=2, ignore_eos=True)
+    request = {
+        "model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 2,
+    }  # fmt: skip
+    plain = client.completions.create(**request, extra_body={"ignore_eos": True})
+    as_ids = client.completions.create(
+        **request, extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True}
+    )
+    logprobs = as_ids.choices[0].logprobs
+    assert logprobs.tokens == [f"token_id:{token}" for token in expected.token_ids]
+    assert logprobs.text_offset == plain.choices[0].logprobs.text_offset
+    for top, entry in zip(logprobs.top_logprobs, expected.logprobs):
+        assert {f"token_id:{token}" for token, _ in entry.top} <= set(top)
+    echoed = client.completions.create(
+        **{**request, "max_tokens": 1},
+        echo=True,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
+    prompt_ids = offline.tokenizer.encode(PROMPT)
+    tokens = echoed.choices[0].logprobs.tokens
+    assert tokens[: len(prompt_ids)] == [f"token_id:{token}" for token in prompt_ids]
+    chat = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=1,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
+    for entry in chat.choices[0].logprobs.content:
+        assert entry.token.startswith("token_id:") and entry.bytes is not None
+        assert all(alt.token.startswith("token_id:") for alt in entry.top_logprobs)

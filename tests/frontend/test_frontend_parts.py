@@ -14,8 +14,9 @@ from pydantic import ValidationError
 
 from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
+from baton.cli import build_parser
 from baton.client import BatonClient, ServerError
-from baton.config import BatonConfig
+from baton.config import BatonConfig, config_from_args
 from baton.frontend.app import create_app, served_model_name
 from baton.frontend.body_limit import default_body_limit
 from baton.frontend.errors import OpenAIError, from_server_error, from_validation_error
@@ -244,3 +245,15 @@ def test_penalties_and_a_clamped_logit_bias_reach_the_params() -> None:
     assert (params.presence_penalty, params.frequency_penalty) == (0.5, -1)
     assert params.repetition_penalty == 1.2
     assert params.logit_bias == {5: 100.0, 6: -100.0, 7: 0.5}
+
+
+def test_return_tokens_as_token_ids_is_the_servers_default_a_request_overrides() -> None:
+    """--return-tokens-as-token-ids reaches the app; a request's own field wins either way
+    (the layout itself: test_frontend_openai.py)."""
+    config = config_from_args(build_parser().parse_args(["launch", "--return-tokens-as-token-ids"]))
+    assert config.return_tokens_as_token_ids
+    for server_default in (False, True):
+        config = BatonConfig(return_tokens_as_token_ids=server_default)
+        state = create_app(config, None, 64, RANDOM_MODEL_NAME).state.frontend  # type: ignore[arg-type]
+        assert state.tokens_as_ids(None) is server_default
+        assert state.tokens_as_ids(True) is True and state.tokens_as_ids(False) is False
