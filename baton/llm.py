@@ -12,7 +12,12 @@ from baton.detokenizer_proc.incremental import IncrementalDetokenizer
 from baton.messages import RequestStats, StepOutput, TokenLogprob
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.scheduler import Scheduler
-from baton.validation import validate_params, validate_priority, validate_prompt
+from baton.validation import (
+    truncated_prompt,
+    validate_params,
+    validate_priority,
+    validate_prompt,
+)
 
 Prompt = str | Sequence[int]
 
@@ -126,6 +131,8 @@ class LLM:
         prompt_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         validate_params(params, self.engine.vocab_size)
         validate_priority(priority, self.config.scheduling_policy)
+        max_model_len = self.engine.max_model_len
+        prompt_ids = truncated_prompt(prompt_ids, params.truncate_prompt_tokens, max_model_len)
         validate_prompt(
             prompt_ids, params.max_tokens, self.engine.vocab_size, self.engine.max_model_len
         )

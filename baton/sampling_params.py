@@ -40,7 +40,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     given as one string; `logprobs=n` returns the chosen token's log-probability and the top-n;
     `min_tokens` keeps EOS and `stop_token_ids` from being sampled before that many outputs;
     `prompt_logprobs=n` returns each prompt token's log-probability (given the tokens before it)
-    and the top-n there, as vLLM's.
+    and the top-n there, as vLLM's; `truncate_prompt_tokens=k` keeps a prompt's last k tokens
+    (-1: the last max_model_len), as vLLM's.
     Penalties and `logit_bias` act as vLLM's (engine/logit_adjustments.py), greedy rows included.
     """
 
@@ -56,6 +57,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
     # vLLM's: keep the stop string, or the stop token's text, at the end of the output.
     include_stop_str_in_output: bool = False
     # vLLM's: leave special tokens (EOS, chat markers) out of the output text.
@@ -149,6 +151,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             raise InvalidSamplingParam(
                 "prompt_logprobs",
                 f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}",
+            )
+        truncate = self.truncate_prompt_tokens
+        if truncate is not None and not (truncate == -1 or 1 <= truncate < 2**63):
+            raise InvalidSamplingParam(
+                "truncate_prompt_tokens",
+                f"truncate_prompt_tokens must be -1 or at least 1, got {truncate}",
             )
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise InvalidSamplingParam("seed", f"seed must be in [0, 2**63), got {self.seed}")

@@ -57,6 +57,17 @@ def validate_priority(priority: int, policy: SchedulingPolicy) -> None:
         raise RequestError(f"Got priority {priority} but Priority scheduling is not enabled.")
 
 
+def truncated_prompt(
+    prompt_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int
+) -> list[int]:
+    """The prompt as `SamplingParams.truncate_prompt_tokens` leaves it: its last k tokens (-1:
+    the last max_model_len), as vLLM truncates (from the left)."""
+    if truncate_prompt_tokens is None:
+        return prompt_ids
+    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    return prompt_ids[-keep:]
+
+
 def validate_prompt(
     prompt_ids: Sequence[int], max_tokens: int | None, vocab_size: int, max_model_len: int
 ) -> None:

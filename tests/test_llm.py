@@ -275,6 +275,27 @@ def test_invalid_requests_raise_typed_errors(default_llm: LLM) -> None:
     assert_pool_idle(default_llm)
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(default_llm: LLM) -> None:
+    """vLLM's `truncate_prompt_tokens`: the last k tokens (-1: the last max_model_len), so a
+    prompt past the context is served; the output is the truncated prompt's."""
+    max_len = default_llm.engine.max_model_len
+    prompt = [random.Random(4).randrange(3, 200) for _ in range(max_len + 40)]
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    tail = default_llm.generate(prompt[-7:], greedy)[0]
+    truncated = default_llm.generate(
+        prompt,
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, truncate_prompt_tokens=7),
+    )[0]
+    assert truncated.prompt_token_ids == prompt[-7:] and truncated.token_ids == tail.token_ids
+    # -1 keeps max_model_len tokens, which leave no room for an output: the context error.
+    with pytest.raises(PromptTooLongError):
+        default_llm.generate(prompt, SamplingParams(max_tokens=4, truncate_prompt_tokens=-1))
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+            default_llm.generate(prompt, SamplingParams(truncate_prompt_tokens=bad))
+    assert_pool_idle(default_llm)
+
+
 def assert_pool_idle(llm: LLM) -> None:
     """Every page is free or merely cached (evictable): nothing leaked, nothing still locked."""
     stats = llm.scheduler.aggregate_stats()

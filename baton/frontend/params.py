@@ -30,6 +30,7 @@ OPTIONAL_SAMPLING_FIELDS = (
     "frequency_penalty",
     "repetition_penalty",
     "logit_bias",
+    "truncate_prompt_tokens",
 )
 
 

@@ -96,6 +96,8 @@ class SamplingRequest(NullMeansDefault):
     prompt_logprobs: LogprobCount | None = None
     # vLLM's: logprob tokens as "token_id:<id>" (default: --return-tokens-as-token-ids).
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: keep the prompt's last k tokens (-1: the last max_model_len).
+    truncate_prompt_tokens: WireInt | None = None
     # For the server's --scheduling-policy: vLLM's `priority` (lower runs first), and Baton's
     # extension `deadline_ms` (from arrival; edf and lrs). The pipeline checks the deadline.
     priority: WireInt = 0

@@ -47,6 +47,7 @@ from baton.validation import (
     RequestError,
     check_prompt_chars,
     check_token_ids,
+    truncated_prompt,
     validate_chat_options,
     validate_deadline,
     validate_params,
@@ -238,7 +239,9 @@ class TokenizerService:
         validate_priority(request.priority, self.scheduling_policy)
         validate_deadline(request.deadline_ms)
         _check_chat_options(request)
-        prompt_ids = self._prompt_ids(request)
+        prompt_ids = truncated_prompt(
+            self._prompt_ids(request), request.params.truncate_prompt_tokens, self.max_model_len
+        )
         validate_prompt(prompt_ids, request.params.max_tokens, self.vocab_size, self.max_model_len)
         return prompt_ids
 

@@ -257,3 +257,23 @@ def test_logprob_tokens_as_token_ids(client: openai.OpenAI, offline: LLM) -> Non
     for entry in chat.choices[0].logprobs.content:
         assert entry.token.startswith("token_id:") and entry.bytes is not None
         assert all(alt.token.startswith("token_id:") for alt in entry.top_logprobs)
+
+
+def test_truncate_prompt_tokens_serves_the_prompts_tail(
+    client: openai.OpenAI, offline: LLM
+) -> None:
+    prompt_ids = offline.tokenizer.encode(PROMPT * 3)
+    expected = greedy(offline, prompt_ids[-5:], max_tokens=6)
+    response = client.completions.create(
+        model=MODEL_NAME,
+        prompt=PROMPT * 3,
+        max_tokens=6,
+        temperature=0,
+        extra_body={"truncate_prompt_tokens": 5},
+    )
+    assert response.choices[0].text == expected.text
+    assert response.usage.prompt_tokens == 5
+    with pytest.raises(openai.BadRequestError, match="truncate_prompt_tokens"):
+        client.completions.create(
+            model=MODEL_NAME, prompt=PROMPT, extra_body={"truncate_prompt_tokens": 0}
+        )
