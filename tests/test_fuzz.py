@@ -54,7 +54,7 @@ FIELDS = [
     "prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "min_p", "n", "stop",
     "stream", "seed", "logprobs", "top_logprobs", "min_tokens", "stop_token_ids", "ignore_eos",
     "model", "stream_options", "role", "content", "tokens", "add_special_tokens", "echo",
-    "prompt_logprobs",
+    "prompt_logprobs", "truncate_prompt_tokens", "return_tokens_as_token_ids",
 ]  # fmt: skip
 SPECIAL_FRAMES = [
     b"",
