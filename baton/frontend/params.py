@@ -161,8 +161,9 @@ def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
     messages = chat_messages(request)
     options = chat_options(request)
     prompt_logprobs = request.prompt_logprobs
-    if prompt_logprobs is None and request.echo:  # vLLM's rule
+    if prompt_logprobs is None and request.echo and not request.stream:  # vLLM's rule
         prompt_logprobs = request.top_logprobs
+    # The response carries the conversation's prompt logprobs once: the first choice scores it.
     return [
         ChoiceRequest(
             index=choice,
@@ -173,7 +174,7 @@ def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
                 request.output_limit,
                 request.logprob_count,
                 choice,
-                prompt_logprobs,
+                prompt_logprobs if choice == 0 else None,
             ),
             priority=request.priority,
             deadline_ms=request.deadline_ms,

@@ -178,3 +178,14 @@ def test_echo_prefixes_the_content_whole_and_streamed() -> None:
     assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, None, "length"]
     plain = ChatChunkWriter(envelope, choices, False, False, False, "assistant", "")
     assert len(plain.chunks(0, first)) == 2  # no echo: no echo chunk
+
+
+def test_a_conversation_is_scored_once_and_only_where_it_is_returned() -> None:
+    """The response carries a conversation's prompt logprobs once, so only the first choice
+    scores it; a streamed echo (no place for them, as in vLLM) scores nothing."""
+    request = chat_request(n=3, prompt_logprobs=2)
+    assert [c.params.prompt_logprobs for c in chat_choices(request)] == [2, None, None]
+    echoed = chat_request(n=2, echo=True, logprobs=True, top_logprobs=1)
+    assert [c.params.prompt_logprobs for c in chat_choices(echoed)] == [1, None]
+    streamed = chat_request(echo=True, logprobs=True, top_logprobs=1, stream=True)
+    assert [c.params.prompt_logprobs for c in chat_choices(streamed)] == [None]
