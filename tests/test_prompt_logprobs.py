@@ -14,6 +14,7 @@ import torch
 
 from baton import LLM, SamplingParams
 from baton.config import BatonConfig
+from baton.engine.batch_sampling import SCORING_SLICE_ROWS
 from baton.sampling_params import InvalidSamplingParam
 from baton.scheduler_proc.scheduler import Scheduler
 from baton.validation import RequestError
@@ -121,10 +122,15 @@ def test_a_long_prompt_is_scored_in_slices(tiny_llama_dir: Path) -> None:
     """More scored positions in one chunk than the engine turns into log-probabilities at once
     (SCORING_SLICE_ROWS), and no top-n."""
     llm = LLM(str(tiny_llama_dir), dtype="float32")
+    head = llm.engine.model.lm_head
+    head_rows: list[int] = []
+    head.register_forward_hook(lambda module, args, out: head_rows.append(args[0].shape[0]))
     rng = random.Random(3)
     prompt = [rng.randrange(3, 60) for _ in range(600)]
     output = llm.generate(prompt, scored(num_top=0))[0]
     assert_prompt_logprobs_match_transformers(tiny_llama_dir, prompt, output.prompt_logprobs, 0)
+    # The head never saw more scored positions at once than a slice.
+    assert max(head_rows) == SCORING_SLICE_ROWS and sum(head_rows) >= len(prompt) - 1
 
 
 def test_scored_prompts_skip_the_prefix_cache_but_fill_it(tiny_llama_dir: Path) -> None:

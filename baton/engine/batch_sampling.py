@@ -91,7 +91,7 @@ def prompt_logprobs(
     scored_logits: Callable[[int, int], torch.Tensor], scorings: list[PromptScoring]
 ) -> list[list[tuple[float, list[tuple[int, float]], int]]]:
     """Per scoring, each target's log-probability, the top-n (id, logprob) there and the
-    target's rank (1 + the tokens more likely than it, vLLM's);
+    target's rank (the tokens at least as likely, itself included: vLLM's count);
     `scored_logits(start, end)` gives the float32 logits of the scored positions [start, end),
     numbered over all `scorings` in order; it is asked for a slice at a time."""
     targets = torch.tensor([token for scoring in scorings for token in scoring.targets])
@@ -107,7 +107,7 @@ def prompt_logprobs(
         rows_targets = targets[start:end].to(part.device).unsqueeze(1)
         chosen_part = part.gather(1, rows_targets)
         chosen.extend(chosen_part.squeeze(1).tolist())
-        ranks.extend(((part > chosen_part).sum(dim=-1) + 1).tolist())
+        ranks.extend((part >= chosen_part).sum(dim=-1).clamp(min=1).tolist())
         if max_top:
             values, ids = part.topk(max_top, dim=-1)
             top_ids.extend(ids.tolist())

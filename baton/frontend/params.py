@@ -114,7 +114,8 @@ def completion_choices(request: CompletionRequest, max_choices: int) -> list[Cho
         echo = "before_output"
         if max_tokens == 0:
             echo, max_tokens = "instead_of_output", 1
-    prompt_logprobs = request.prompt_logprobs
+    # Streamed, only an echo's are returned (in its logprobs).
+    prompt_logprobs = None if request.stream else request.prompt_logprobs
     if prompt_logprobs is None and request.echo:  # logprobs then cover the prompt too
         prompt_logprobs = request.logprobs
     return [
@@ -160,8 +161,10 @@ def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
     """n choices of one conversation (the tokenizer process applies the chat template)."""
     messages = chat_messages(request)
     options = chat_options(request)
-    prompt_logprobs = request.prompt_logprobs
-    if prompt_logprobs is None and request.echo and not request.stream:  # vLLM's rule
+    # Streamed, they have no place in the response.
+    prompt_logprobs = None if request.stream else request.prompt_logprobs
+    if prompt_logprobs is None and request.echo and not request.stream:
+        # vLLM's rule, when top_logprobs is given (vLLM's defaults to 0: every echo is scored).
         prompt_logprobs = request.top_logprobs
     # The response carries the conversation's prompt logprobs once: the first choice scores it.
     return [

@@ -139,8 +139,9 @@ class SamplingRequest(NullMeansDefault):
     @field_validator("prompt_logprobs")
     @classmethod
     def _prompt_logprobs_not_streamed(cls, value: int | None, info: ValidationInfo) -> int | None:
-        """As vLLM: a streamed response has no place for them."""
-        if value is not None and info.data.get("stream"):
+        """As vLLM: a streamed response has no place for them (0, which asks for no
+        alternatives, passes, and nothing is scored)."""
+        if value and info.data.get("stream"):
             raise ValueError("`prompt_logprobs` are not available when `stream=True`.")
         return value
 

@@ -14,6 +14,7 @@ from helpers.frontend_http import MODEL_NAME, greedy
 
 from baton import LLM
 from baton.frontend.echo import Echo
+from baton.frontend.params import completion_choices
 from baton.frontend.protocol import CompletionRequest
 from baton.messages import GenerateDelta
 
@@ -217,9 +218,29 @@ def test_vllm_prompt_logprobs_field_on_completions_and_chat(
     assert "prompt_logprobs" not in (chat.choices[0].model_extra or {})
 
 
-def test_prompt_logprobs_are_not_streamed() -> None:
-    """As vLLM: a streamed response has no place for them (a 400 at validation)."""
-    with pytest.raises(ValueError, match="prompt_logprobs"):
-        CompletionRequest.model_validate({"prompt": "a", "stream": True, "prompt_logprobs": 1})
-    with pytest.raises(ValueError, match="prompt_logprobs"):
-        CompletionRequest.model_validate({"prompt": "a", "prompt_logprobs": 21})
+def test_prompt_logprobs_are_refused_streamed_and_out_of_range(client: openai.OpenAI) -> None:
+    """As vLLM: a streamed response has no place for them, so asking for alternatives there is
+    a 400 (0 passes, and nothing is scored); 21 is past the range."""
+    chat = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}]}
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+        client.chat.completions.create(**chat, stream=True, extra_body={"prompt_logprobs": 1})
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+        client.completions.create(
+            model=MODEL_NAME, prompt="a", stream=True, extra_body={"prompt_logprobs": 2}
+        )
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+        client.completions.create(model=MODEL_NAME, prompt="a", extra_body={"prompt_logprobs": 21})
+    streamed = CompletionRequest.model_validate(
+        {"prompt": "a", "stream": True, "prompt_logprobs": 0}
+    )
+    assert [c.params.prompt_logprobs for c in completion_choices(streamed, 8)] == [None]
+    chunks = list(
+        client.completions.create(
+            model=MODEL_NAME,
+            prompt="a",
+            stream=True,
+            max_tokens=2,
+            extra_body={"prompt_logprobs": 0},
+        )
+    )
+    assert chunks and "prompt_logprobs" not in (chunks[0].choices[0].model_extra or {})

@@ -217,11 +217,14 @@ def test_scored_prompt_positions_per_chunk_and_the_prefix_cache() -> None:
     seq.prompt_logprobs.extend([None] * 4)  # as apply_results does with the chunk's entries
     seq.apply_prefill(60)
     seq.prompt_logprobs.extend([None] * 5)
-    seq.schedule_decode(kv)
-    seq.apply_decode(61)
-    seq.release(kv)  # a preemption after prefill: every prompt token is scored
-    assert seq.reacquire(kv) == 8  # so the cache serves it again
-    recompute = seq.schedule_prefill(4, kv)
+    for token in (61, 62, 63):
+        seq.schedule_decode(kv)
+        seq.apply_decode(token)
+    seq.release(kv)  # a preemption after prefill: 13 tokens computed, 3 whole pages cached
+    # Every prompt token is scored, so the cache serves it past the prompt (capped at the 9
+    # scored positions, it would serve 2 pages).
+    assert seq.reacquire(kv) == 12
+    recompute = seq.schedule_prefill(2, kv)
     assert seq.prompt_tokens_to_score(recompute) == (0, [])
     # Preempted mid-prefill, with 3 tokens scored: the match stops there.
     partial = Sequence("p", prompt, SamplingParams(prompt_logprobs=0), 8, PAGE)
