@@ -68,6 +68,9 @@ class BatonConfig:
     enable_prefix_caching: bool = True
     disable_overlap: bool = False
     max_waiting_requests: int = 4096
+    # vLLM's and SGLang's --stream-interval: a request's tokens go downstream every this many
+    # (its first at once, its last with its end); fewer messages, burstier streams.
+    stream_interval: int = 1
     # Speculative decoding (vLLM's --speculative-config); None: off. A dict is accepted too.
     speculative_config: SpeculativeConfig | None = None
     # Serving
@@ -101,6 +104,8 @@ class BatonConfig:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.max_waiting_requests < 1:  # 0 would refuse every request as overloaded
             raise ValueError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -217,6 +222,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         help="plain loop: wait for each batch before scheduling the next",
     )
     group.add_argument("--max-waiting-requests", type=int, default=defaults.max_waiting_requests)
+    group.add_argument(
+        "--stream-interval",
+        type=int,
+        default=defaults.stream_interval,
+        help="send a request's tokens every N (its first at once): fewer messages per token",
+    )
     group.add_argument(
         "--speculative-config",
         type=_speculative_config,

@@ -88,6 +88,12 @@ def test_zmq_tcp_port_with_an_api_key_is_refused(capsys: pytest.CaptureFixture) 
         main(["launch", "--api-key", "secret", "--zmq-port", "5755"])
 
 
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_a_stream_interval_under_one_is_refused(value: str) -> None:
+    with pytest.raises(SystemExit, match="stream_interval must be >= 1"):
+        config_from_args(build_parser().parse_args(["launch", "--stream-interval", value]))
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "nan"])
 def test_a_watchdog_timeout_that_is_not_positive_is_refused(value: str) -> None:
     with pytest.raises(SystemExit, match="watchdog_timeout must be > 0"):

@@ -222,6 +222,22 @@ def test_stop_strings_trim_text(default_llm: LLM) -> None:
     assert len(output.token_ids) < len(full.token_ids)
 
 
+def test_a_stream_interval_changes_no_output(default_llm: LLM) -> None:
+    """Tokens held back under --stream-interval: the same tokens, text and stop-string cut."""
+    held = LLM(RANDOM_MODEL_NAME, stream_interval=4)
+    full = default_llm.generate("abc", SamplingParams(temperature=0, max_tokens=24))[0]
+    stop = full.text[7:9]
+    for params in (
+        SamplingParams(temperature=0, max_tokens=24, logprobs=2),
+        SamplingParams(temperature=0, max_tokens=24, stop=stop),
+    ):
+        expected, output = default_llm.generate("abc", params)[0], held.generate("abc", params)[0]
+        assert (output.token_ids, output.text) == (expected.token_ids, expected.text)
+        assert output.finish_reason == expected.finish_reason
+        assert output.logprobs == expected.logprobs
+    assert_pool_idle(held)
+
+
 def test_special_tokens_stay_in_the_text_when_asked(default_llm: LLM) -> None:
     """vLLM's SamplingParams.skip_special_tokens: EOS, forced by a bias, shows only if false."""
     eos = default_llm.engine.checkpoint.eos_token_ids[0]

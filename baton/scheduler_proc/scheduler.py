@@ -28,6 +28,7 @@ from baton.messages import AggregateStats, FinishReason, StepOutput, TokenLogpro
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.batch_policy import BatchPolicy, ScheduledRow
 from baton.scheduler_proc.batch_result import apply_results, build_forward_batch
+from baton.scheduler_proc.held_outputs import HeldOutputs
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.request_order import RequestOrder
 from baton.scheduler_proc.sequence import Sequence
@@ -81,6 +82,7 @@ class Scheduler:
         self.stats = StatsCollector()
         self._in_flight: deque[InFlightBatch] = deque()
         self._notices: list[StepOutput] = []
+        self._held = HeldOutputs(config.stream_interval)
         self._num_paused = 0  # of `requests`: a loop with only paused ones waits for messages
 
     # --- requests ------------------------------------------------------------------------------
@@ -149,6 +151,7 @@ class Scheduler:
             return
         if seq in self.waiting:
             self.waiting.remove(seq)
+        self._held.drop(rid)
         self._notices.append(self._finish(seq, reason))
         self._release_ready()
 
@@ -229,6 +232,11 @@ class Scheduler:
                 outputs.append(self._finish(seq, finish_reason, new_tokens, logprobs))
             elif new_tokens:
                 first_tokens = seq.num_output_tokens == len(new_tokens)
+                if not first_tokens and self._held.interval > 1:
+                    due = self._held.add(seq.rid, new_tokens, logprobs)
+                    if due is None:
+                        continue
+                    new_tokens, logprobs = due
                 outputs.append(
                     StepOutput(
                         rid=seq.rid,
@@ -253,7 +261,8 @@ class Scheduler:
         if seq not in self.releasing:
             self.releasing.append(seq)
         seq.finish(reason)
-        return self.stats.final_output(seq, new_tokens or [], logprobs)
+        new_tokens, logprobs = self._held.take(seq.rid, new_tokens or [], logprobs)
+        return self.stats.final_output(seq, new_tokens, logprobs)
 
     def _preempt(self, seq: Sequence) -> bool:
         """Move a running sequence back to the waiting queue; True if its pages are free now."""

@@ -220,3 +220,40 @@ def test_a_request_paused_while_waiting_is_not_admitted_until_resumed(
         for output in scheduler.step():
             tokens[output.rid].extend(output.new_token_ids)
     assert [tokens[str(i)] for i in range(6)] == reference[:6]
+
+
+def test_stream_interval_sends_the_first_token_then_every_n(
+    tiny_llama_dir: Path, reference: list[list[int]]
+) -> None:
+    """--stream-interval 5: a request's first token goes at once, then five at a time, and its
+    last output takes what is held; the tokens and logprobs are those of every-step outputs. An
+    abort's final output carries none of what was held."""
+    config = BatonConfig(model=str(tiny_llama_dir), dtype="float32", stream_interval=5)
+    scheduler = Scheduler(config)
+    with_logprobs = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1)
+    for index, prompt in enumerate(prompts(24)[:3]):
+        scheduler.add_request(str(index), prompt, with_logprobs)
+    scheduler.add_request("aborted", prompts(24)[3], GREEDY)
+    sizes: dict[str, list[int]] = {}
+    tokens: dict[str, list[int]] = {}
+    finals = {}
+    steps = 0
+    while scheduler.has_unfinished_requests():
+        steps += 1
+        if steps == 12:  # its first 6 tokens are out, and the next ones are held
+            assert len(tokens["aborted"]) == 6
+            scheduler.abort_request("aborted")
+        for output in scheduler.step():
+            if output.new_token_ids or not output.finished:
+                sizes.setdefault(output.rid, []).append(len(output.new_token_ids))
+            tokens.setdefault(output.rid, []).extend(output.new_token_ids)
+            if output.logprobs is not None:
+                assert len(output.logprobs) == len(output.new_token_ids)
+            if output.finished:
+                finals[output.rid] = output
+    assert finals["aborted"].finish_reason == "abort" and finals["aborted"].new_token_ids == []
+    for index in range(3):
+        assert tokens[str(index)] == reference[index]
+        assert sizes[str(index)] == [1, 5, 5, 5, 5, 3]
+    assert sizes["aborted"][0] == 1 and set(sizes["aborted"][1:]) == {5}
+    assert tokens["aborted"] == reference[3][: len(tokens["aborted"])]
