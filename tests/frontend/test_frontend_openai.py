@@ -257,6 +257,27 @@ def test_logprob_tokens_as_token_ids(client: openai.OpenAI, offline: LLM) -> Non
     for entry in chat.choices[0].logprobs.content:
         assert entry.token.startswith("token_id:") and entry.bytes is not None
         assert all(alt.token.startswith("token_id:") for alt in entry.top_logprobs)
+    streamed = client.completions.create(
+        **request, stream=True, extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True}
+    )
+    tokens = [t for chunk in streamed if chunk.choices for t in chunk.choices[0].logprobs.tokens]
+    assert tokens == logprobs.tokens
+    streamed_chat = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        stream=True,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
+    chat_tokens = [
+        entry.token
+        for chunk in streamed_chat
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert chat_tokens == [entry.token for entry in chat.choices[0].logprobs.content]
 
 
 def test_truncate_prompt_tokens_serves_the_prompts_tail(
