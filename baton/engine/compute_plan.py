@@ -79,12 +79,18 @@ class ComputePlan(msgspec.Struct, frozen=True, kw_only=True):
     # Float32 linear layers multiply batches of a few rows by the weights as stored (bf16, f16,
     # GGUF blocks) with the native kernel: see baton/engine/compact_weights.py.
     compact_small_batches: bool = False
+    # The dtype the decoder layers' linear weights are held and multiplied in, for the batches
+    # the compact kernel leaves to oneDNN, where it is not `dtype`: on a native-bf16 CPU a bf16
+    # checkpoint computes in float32 (so the native decode step serves small batches) while
+    # larger ones cast their rows to bf16 for the hardware's bf16 GEMM. None: `dtype`.
+    gemm_dtype: str | None = None
 
     def summary(self) -> str:
         """One line for logs and reports."""
+        gemms = f" with {self.gemm_dtype} GEMMs" if self.gemm_dtype else ""
         packed = ", packed weights" if self.pack_weights else ""
         compact = ", small batches read the stored weights" if self.compact_small_batches else ""
-        return f"{self.dtype}{packed}{compact}, because {self.reason}"
+        return f"{self.dtype}{gemms}{packed}{compact}, because {self.reason}"
 
 
 def choose_compute_plan(
@@ -97,13 +103,16 @@ def choose_compute_plan(
 ) -> ComputePlan:
     """The plan for `--dtype requested` on a checkpoint stored in `checkpoint_dtype`.
 
-    `auto` keeps the checkpoint's dtype where this device computes it natively; on a CPU without
-    native bf16 a half-precision checkpoint computes in float32 (EMULATED_BF16_COST). An explicit
-    dtype is always honoured where the device has kernels for it. ValueError for a dtype the
-    device cannot compute. `stored_compactly`: the checkpoint holds its matrices in fewer bytes
-    than float32 (bf16, f16, GGUF blocks), which the native kernel reads on an AVX2 CPU (every
-    AVX2 CPU also has the FMA and F16C it needs). `gguf`: the checkpoint is a GGUF file, whose
-    converted config says float32 (the dtype it computes in), whatever its blocks store.
+    `auto` on a half-precision checkpoint: a CPU without native bf16 computes in float32
+    (EMULATED_BF16_COST); a native-bf16 CPU computes in bf16, or, where the native kernels read
+    the stored weights, in float32 with bf16 GEMMs (`ComputePlan.gemm_dtype`), so that decode
+    steps of a few rows take the native step and larger batches keep the bf16 hardware. An
+    explicit dtype is always honoured where the device has kernels for it. ValueError for a
+    dtype the device cannot compute. `stored_compactly`: the checkpoint holds its matrices in
+    fewer bytes than float32 (bf16, f16, GGUF blocks) and the native kernels that read them are
+    built here (they need AVX2, and every AVX2 CPU also has the FMA and F16C they use). `gguf`:
+    the checkpoint is a GGUF file, whose converted config says float32 (the dtype it computes
+    in), whatever its blocks store.
     """
     if requested != "auto" and requested not in DTYPES:
         raise ValueError(f"unsupported dtype {requested!r}; choose auto, {', '.join(DTYPES)}")
@@ -114,9 +123,22 @@ def choose_compute_plan(
         return ComputePlan(dtype=dtype, pack_weights=False, reason=f"{dtype} on {device_type}")
     if requested == "float16":
         raise ValueError("float16 is supported on CUDA only; use bfloat16 or float32 on CPU")
+    compact = stored_compactly and isa_rank(caps.isa) >= isa_rank("avx2")
     if requested != "auto":
         dtype, reason = requested, "--dtype " + requested
     elif checkpoint_dtype in ("bfloat16", "float16"):
+        if caps.native_bf16 and compact and caps.can_pack("float32"):
+            return ComputePlan(
+                dtype="float32",
+                gemm_dtype="bfloat16",
+                pack_weights=True,
+                compact_small_batches=True,
+                reason=(
+                    f"{checkpoint_dtype} checkpoint, native bf16 ({caps.isa}): decode steps of a "
+                    "few rows read the stored weights in the native step, larger batches "
+                    "multiply them in bf16 hardware"
+                ),
+            )
         if caps.native_bf16:
             dtype, reason = "bfloat16", f"{checkpoint_dtype} checkpoint, native bf16 ({caps.isa})"
         else:
@@ -132,7 +154,6 @@ def choose_compute_plan(
     pack = caps.can_pack(dtype)
     if not pack:
         reason += f"; {dtype} weights not packed (oneDNN cannot pack them here)"
-    compact = stored_compactly and isa_rank(caps.isa) >= isa_rank("avx2")
     if compact:
         reason += "; a decode step is bound by the bytes of weights it reads"
     return ComputePlan(dtype=dtype, pack_weights=pack, reason=reason, compact_small_batches=compact)

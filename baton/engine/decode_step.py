@@ -34,8 +34,9 @@ from baton.engine.native.library import (
     NativeKernels,
 )
 
-# Decode batches up to this size run natively: as many rows as every linear layer multiplies
-# by its compact weights (beyond, float32 GEMMs, compute-bound, overtake the compact GEMV).
+# The most rows a native step holds: as many as the linear layers multiply by their compact
+# weights (beyond, GEMMs, compute-bound, overtake the compact GEMV). A model whose compact rows
+# are limited further (CausalLM.limit_compact_rows) limits its native steps with them.
 NATIVE_STEP_MAX_ROWS = COMPACT_MAX_ROWS
 
 
@@ -84,11 +85,10 @@ class NativeDecodeStep:
             layer.self_attn.native is not None for layer in model.layers
         )
 
-    @staticmethod
-    def handles(q_lens: list[int]) -> bool:
-        """Whether a batch with these rows runs here: decode rows only (one new token each), at
-        most NATIVE_STEP_MAX_ROWS."""
-        return len(q_lens) <= NATIVE_STEP_MAX_ROWS and all(n == 1 for n in q_lens)
+    def handles(self, q_lens: list[int]) -> bool:
+        """Whether a batch with these rows runs here: decode rows only (one new token each), as
+        many as the model's linear layers multiply by their compact weights."""
+        return len(q_lens) <= self.model.compact_max_rows and all(n == 1 for n in q_lens)
 
     @staticmethod
     def _layer_args(layer, kv_pool: KVPool, native: NativeKernels) -> DecoderLayerArgs:

@@ -32,6 +32,7 @@ from baton.engine.model import CausalLM
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
 from baton.engine.sampler import Sampler, SamplingBatch
 from baton.engine.speculation.setup import make_speculator
+from baton.engine.startup_timing import compact_crossover
 from baton.engine.weights import iter_compact_weights, iter_weights
 
 logger = logging.getLogger(__name__)
@@ -67,12 +68,16 @@ class Engine:
         self.model_config = model_config
         self.device = torch.device(config.device)
         self.cpu = detect_cpu_capabilities(config.max_cpu_isa)
+        # The native kernels: a GGUF's blocks dequantized at load, compact weights where the plan
+        # says, and where the computation is float32, RoPE + K/V store and decode attention
+        # reading the pages in place.
+        native = self._native_kernels()
         self.plan = choose_compute_plan(
             config.dtype,
             model_config.torch_dtype,
             self.device.type,
             self.cpu,
-            stored_compactly=self.checkpoint.stored_compactly,
+            stored_compactly=self.checkpoint.stored_compactly and native is not None,
             gguf=self.checkpoint.gguf_file is not None,
         )
         logger.info("CPU: %s", self.cpu.summary())
@@ -81,11 +86,8 @@ class Engine:
         self.max_model_len = model_config.served_context_length(config.max_model_len)
         self.page_size = config.page_size
         self.num_pages = kv_pool_pages(config, model_config, self.dtype, self.max_model_len)
-        self.model = CausalLM(model_config, self.dtype, self.device)
-        # The native kernels: a GGUF's blocks dequantized at load, compact weights where the plan
-        # says, and where the computation is float32, RoPE + K/V store and decode attention
-        # reading the pages in place.
-        native = self._native_kernels()
+        gemm_dtype = _TORCH_DTYPES[self.plan.gemm_dtype] if self.plan.gemm_dtype else None
+        self.model = CausalLM(model_config, self.dtype, self.device, gemm_dtype)
         self.model.load_weights(iter_weights(self.checkpoint, native))
         if native is not None and self.plan.compact_small_batches:
             attached = self.model.attach_compact_weights(
@@ -119,9 +121,15 @@ class Engine:
             and NativeDecodeStep.supports(self.model)
         ):
             self.decode_step = NativeDecodeStep(self.model, self.kv_pool, attention_kernels)
+            if self.plan.gemm_dtype is not None:
+                # bf16 GEMMs in hardware overtake the compact weights at a number of rows that
+                # depends on the machine and the model's shapes: measured, not assumed.
+                logger.info("timing decode steps from the stored weights against bf16 GEMMs")
+                if compact_crossover(self) == 0:
+                    self.decode_step = None
         logger.info(
             "decode steps of up to %d rows: %s",
-            NATIVE_STEP_MAX_ROWS,
+            self.model.compact_max_rows if self.decode_step else NATIVE_STEP_MAX_ROWS,
             "native, one C call a step" if self.decode_step else "the model's forward, op by op",
         )
         self.sampler = Sampler()

@@ -36,14 +36,20 @@ class Linear(nn.Module):
         bias: bool,
         dtype: torch.dtype,
         device: torch.device | str,
+        gemm_dtype: torch.dtype | None = None,
     ) -> None:
+        """`dtype` is the activations' (and the bias's); `gemm_dtype`, where given, the weight's:
+        rows are cast to it for the GEMM and the result back (`ComputePlan.gemm_dtype`)."""
         super().__init__()
-        self.weight = empty_parameter(out_features, in_features, dtype=dtype, device=device)
+        self.gemm_dtype = gemm_dtype
+        weight_dtype = gemm_dtype or dtype
+        self.weight = empty_parameter(out_features, in_features, dtype=weight_dtype, device=device)
         self.bias = empty_parameter(out_features, dtype=dtype, device=device) if bias else None
         self.packed = False
-        # The weight as the checkpoint stores it, for batches of up to COMPACT_MAX_ROWS rows
+        # The weight as the checkpoint stores it, for batches of up to `compact_max_rows` rows
         # (see compact_weights.py); set by CausalLM.attach_compact_weights.
         self.compact: CompactWeight | None = None
+        self.compact_max_rows = COMPACT_MAX_ROWS
         self.native: NativeKernels | None = None
 
     def pack_for_cpu(self) -> None:
@@ -67,11 +73,17 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, in_features] -> [tokens, out_features]."""
-        if self.compact is not None and x.shape[0] <= COMPACT_MAX_ROWS:
+        if self.compact is not None and x.shape[0] <= self.compact_max_rows:
             return self.native.gemv(x, self.compact, self.bias)
+        if self.gemm_dtype is None:
+            return self._gemm(x, self.bias)
+        out = self._gemm(x.to(self.gemm_dtype), None).to(x.dtype)
+        return out if self.bias is None else out.add_(self.bias)
+
+    def _gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, "none", [], "")
+        return F.linear(x, self.weight, bias)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -180,11 +192,14 @@ class GatedMLP(nn.Module):
         bias: bool,
         dtype: torch.dtype,
         device: torch.device | str,
+        gemm_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias, dtype, device)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias, dtype, device)
+        self.gate_up_proj = Linear(
+            hidden_size, 2 * intermediate_size, bias, dtype, device, gemm_dtype
+        )
+        self.down_proj = Linear(intermediate_size, hidden_size, bias, dtype, device, gemm_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, hidden] -> [tokens, hidden]."""

@@ -17,7 +17,7 @@ from torch import nn
 from baton.checkpoint.model_config import CheckpointError, ModelConfig
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
-from baton.engine.compact_weights import CompactWeight, concat_rows
+from baton.engine.compact_weights import COMPACT_MAX_ROWS, CompactWeight, concat_rows
 from baton.engine.kv_pool import KVPool
 from baton.engine.layers import (
     GatedMLP,
@@ -39,7 +39,12 @@ class Attention(nn.Module):
     """Self-attention with fused q/k/v, optional Qwen3 q/k norms, RoPE and the paged KV cache."""
 
     def __init__(
-        self, config: ModelConfig, layer: int, dtype: torch.dtype, device: torch.device | str
+        self,
+        config: ModelConfig,
+        layer: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        gemm_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         self.layer = layer
@@ -51,8 +56,12 @@ class Attention(nn.Module):
         self.eps = config.rms_norm_eps
         self.scale = config.head_dim**-0.5
         qkv_size = config.q_size + 2 * config.kv_size
-        self.qkv_proj = Linear(config.hidden_size, qkv_size, config.qkv_bias, dtype, device)
-        self.o_proj = Linear(config.q_size, config.hidden_size, config.o_bias, dtype, device)
+        self.qkv_proj = Linear(
+            config.hidden_size, qkv_size, config.qkv_bias, dtype, device, gemm_dtype
+        )
+        self.o_proj = Linear(
+            config.q_size, config.hidden_size, config.o_bias, dtype, device, gemm_dtype
+        )
         # Qwen3's q_norm and k_norm weights stacked per head, [q heads + kv heads, head_dim], so
         # one norm call covers q and k, which sit side by side in the qkv output.
         qk_heads = self.num_heads + self.num_kv_heads
@@ -106,15 +115,20 @@ class DecoderLayer(nn.Module):
     """Pre-norm attention block followed by a pre-norm gated-MLP block, each with a residual."""
 
     def __init__(
-        self, config: ModelConfig, layer: int, dtype: torch.dtype, device: torch.device | str
+        self,
+        config: ModelConfig,
+        layer: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        gemm_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.self_attn = Attention(config, layer, dtype, device)
+        self.self_attn = Attention(config, layer, dtype, device, gemm_dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.mlp = GatedMLP(
-            config.hidden_size, config.intermediate_size, config.mlp_bias, dtype, device
+            config.hidden_size, config.intermediate_size, config.mlp_bias, dtype, device, gemm_dtype
         )
 
     def forward(
@@ -142,9 +156,18 @@ class _WeightTarget:
 
 
 class CausalLM(nn.Module):
-    """Embedding, decoder layers, final norm and LM head (tied to the embedding when configured)."""
+    """Embedding, decoder layers, final norm and LM head (tied to the embedding when configured).
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> None:
+    `dtype` is the activations', the KV cache's and every weight's but, where given, the decoder
+    layers' linear weights, held in `gemm_dtype` (`ComputePlan.gemm_dtype`)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        gemm_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         allowed = _CUDA_DTYPES if torch.device(device).type == "cuda" else _CPU_DTYPES
         if dtype not in allowed:
@@ -153,8 +176,11 @@ class CausalLM(nn.Module):
         embedding_shape = (config.vocab_size, config.hidden_size)
         self.embed_tokens = empty_parameter(*embedding_shape, dtype=dtype, device=device)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, layer, dtype, device) for layer in range(config.num_layers)
+            DecoderLayer(config, layer, dtype, device, gemm_dtype)
+            for layer in range(config.num_layers)
         )
+        # Batches of up to this many rows multiply the compact weights (attach_compact_weights).
+        self.compact_max_rows = COMPACT_MAX_ROWS
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         # The LM head computes in float32 whatever the model's dtype (SGLang's
         # --enable-fp32-lm-head, always on): bf16 logits round near-ties together and the
@@ -240,10 +266,13 @@ class CausalLM(nn.Module):
         one format (else it keeps multiplying float32 weights at every batch size).
         """
         targets = self._weight_targets()
+        # The kernel multiplies float32 rows: the layers of a float32 model (their weights in
+        # float32 or in a GEMM dtype) and the float32 LM head of any.
         owners = {
             id(module.weight): module
             for module in self.modules()
-            if isinstance(module, Linear) and module.weight.dtype == torch.float32
+            if isinstance(module, Linear)
+            and (module.weight.dtype == torch.float32 or module.gemm_dtype is not None)
         }
         if self.config.tie_word_embeddings:
             owners[id(self.embed_tokens)] = self.lm_head  # the head multiplies by the embedding
@@ -264,6 +293,14 @@ class CausalLM(nn.Module):
                 linear.compact, linear.native = combined, native
                 attached += 1
         return attached
+
+    def limit_compact_rows(self, max_rows: int) -> None:
+        """Multiply the compact weights in batches of up to `max_rows` rows only (0: never);
+        larger ones take the GEMM path. At most COMPACT_MAX_ROWS, the native step's capacity."""
+        self.compact_max_rows = min(max_rows, COMPACT_MAX_ROWS)
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.compact_max_rows = self.compact_max_rows
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -226,3 +226,36 @@ def test_below_avx2_or_on_cuda_small_batches_read_the_computed_weights() -> None
     assert not plan.compact_small_batches
     plan = choose_compute_plan("auto", "bfloat16", "cuda", ZEN3, stored_compactly=True)
     assert not plan.compact_small_batches
+
+
+@pytest.mark.parametrize("caps", [ZEN5, SAPPHIRE_RAPIDS])
+@pytest.mark.parametrize("checkpoint_dtype", ["bfloat16", "float16"])
+def test_native_bf16_with_the_native_kernels_computes_float32_with_bf16_gemms(
+    caps: CpuCapabilities, checkpoint_dtype: str
+) -> None:
+    """The native step serves small decode batches (it computes float32); larger batches keep
+    the hardware's bf16 GEMMs, their weights packed, the LM head float32 as in every plan."""
+    plan = choose_compute_plan("auto", checkpoint_dtype, "cpu", caps, stored_compactly=True)
+    assert (plan.dtype, plan.gemm_dtype) == ("float32", "bfloat16")
+    assert plan.pack_weights and plan.compact_small_batches
+    assert caps.isa in plan.reason and checkpoint_dtype in plan.reason
+    assert plan.summary().startswith("float32 with bfloat16 GEMMs, packed weights")
+    # Without the native kernels (no C compiler) the whole model computes in bf16, as it did.
+    alone = choose_compute_plan("auto", checkpoint_dtype, "cpu", caps)
+    assert (alone.dtype, alone.gemm_dtype) == ("bfloat16", None)
+
+
+@pytest.mark.parametrize("caps", [ZEN3, SKYLAKE, AMX_AS_AVX2, ZEN5, SAPPHIRE_RAPIDS])
+def test_bf16_gemms_only_for_auto_on_a_half_precision_checkpoint_with_native_bf16(
+    caps: CpuCapabilities,
+) -> None:
+    for requested, checkpoint_dtype in [
+        ("auto", "bfloat16"),
+        ("auto", "float32"),
+        ("float32", "bfloat16"),
+        ("bfloat16", "bfloat16"),
+    ]:
+        plan = choose_compute_plan(requested, checkpoint_dtype, "cpu", caps, stored_compactly=True)
+        mixed = caps.native_bf16 and (requested, checkpoint_dtype) == ("auto", "bfloat16")
+        assert (plan.gemm_dtype == "bfloat16") == mixed, (requested, checkpoint_dtype)
+        assert plan.dtype == (requested if requested != "auto" else "float32")

@@ -12,11 +12,11 @@ verifies several, while a full batch, already bound by its rows' compute, verifi
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from baton.engine.speculation.drafter import Draft
+from baton.engine.startup_timing import best_time
 
 # The acceptance prior, as pseudo-counts of accepted and rejected drafts: optimistic (0.8), so a
 # new request gets to show what its drafts are worth even in a full batch (a pessimistic prior
@@ -39,17 +39,7 @@ class StepCost:
     @classmethod
     def measure(cls, run_rows: Callable[[int], None], many_rows: int) -> StepCost:
         """Time `run_rows(1)` and `run_rows(many_rows)` (best of three each, after a warm-up)."""
-
-        def best(rows: int) -> float:
-            run_rows(rows)
-            times = []
-            for _ in range(3):
-                started = time.perf_counter()
-                run_rows(rows)
-                times.append(time.perf_counter() - started)
-            return min(times)
-
-        one, many = best(1), best(many_rows)
+        one, many = best_time(run_rows, 1), best_time(run_rows, many_rows)
         # Noise can make the larger step look no slower: a row then costs next to nothing.
         per_row = max((many - one) / max(many_rows - 1, 1), one * 1e-3)
         return cls(fixed_s=max(one - per_row, 0.0), per_row_s=per_row)

@@ -6,15 +6,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import torch
-
 from baton.config import BatonConfig
-from baton.engine.argmax import greedy_argmax
-from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS
 from baton.engine.speculation.draft_budget import DraftBudget, StepCost
 from baton.engine.speculation.draft_model import DraftModel
 from baton.engine.speculation.drafter import Drafter, NgramDrafter
 from baton.engine.speculation.speculator import Speculator
+from baton.engine.startup_timing import idle_decode_step
 
 if TYPE_CHECKING:  # the engine builds its speculator: a type only, no import cycle
     from baton.engine.engine import Engine
@@ -37,29 +34,14 @@ def make_speculator(config: BatonConfig, engine: Engine) -> Speculator | None:
     else:
         drafter = DraftModel(spec, config, engine.vocab_size, engine.num_pages, engine.dtype)
     many_rows = min(_TIMED_ROWS, engine.num_pages * engine.page_size)
-    cost = StepCost.measure(lambda rows: _decode_step(engine, rows), many_rows)
+    cost = StepCost.measure(lambda rows: idle_decode_step(engine, rows), many_rows)
     logger.info(
         "speculative decoding: %s; a decode step costs %.1f ms + %.2f ms a row",
         spec,
         cost.fixed_s * 1e3,
         cost.per_row_s * 1e3,
     )
-    # On a CPU, rows past the native decode step's would leave it for the op-by-op path.
-    max_rows = NATIVE_STEP_MAX_ROWS if engine.device.type == "cpu" else None
+    # On a CPU, rows past the compact weights' would leave the native step for the GEMMs.
+    max_rows = engine.model.compact_max_rows if engine.device.type == "cpu" else None
     budget = DraftBudget(cost, config.max_running_requests, max_rows)
     return Speculator(drafter, config.max_running_requests, budget)
-
-
-def _decode_step(engine: Engine, num_rows: int) -> None:
-    """A decode step of `num_rows` rows over the pool's first pages, which hold no request yet
-    (called at start-up only), greedy sampling included."""
-    pages = list(range(-(-num_rows // engine.page_size)))
-    with torch.inference_mode():
-        logits = engine.logits(
-            [0] * num_rows,
-            list(range(num_rows)),
-            [1] * num_rows,
-            [pages] * num_rows,
-            list(range(num_rows)),
-        )
-        greedy_argmax(logits)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baton.engine.speculation import draft_budget
+from baton.engine import startup_timing
 from baton.engine.speculation.draft_budget import DraftBudget, StepCost
 from baton.engine.speculation.drafter import Draft
 
@@ -88,7 +88,7 @@ def test_step_cost_from_two_timings(monkeypatch: pytest.MonkeyPatch) -> None:
     def run_rows(rows: int) -> None:
         clock[0] += durations[rows].pop(0)
 
-    monkeypatch.setattr(draft_budget.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(startup_timing.time, "perf_counter", lambda: clock[0])
     cost = StepCost.measure(run_rows, 16)
     assert cost.per_row_s == pytest.approx((0.0815 - 0.017) / 15)
     assert cost.fixed_s == pytest.approx(0.017 - cost.per_row_s)
@@ -101,7 +101,7 @@ def test_step_cost_never_makes_a_row_free(monkeypatch: pytest.MonkeyPatch) -> No
     def run_rows(rows: int) -> None:
         clock[0] += 0.01 if rows == 1 else 0.009
 
-    monkeypatch.setattr(draft_budget.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(startup_timing.time, "perf_counter", lambda: clock[0])
     cost = StepCost.measure(run_rows, 16)
     assert cost.per_row_s > 0 and cost.fixed_s >= 0
 

@@ -1,0 +1,74 @@
+"""Decode steps timed at start-up, for choices that depend on this machine's speed.
+
+Where bf16 GEMMs run in hardware (AVX512_BF16, AMX: `ComputePlan.gemm_dtype`), how many rows a
+decode batch may have and still be faster from the compact weights than from the hardware's
+bf16 GEMM depends on the machine and on the model's shapes: the engine measures it once
+(`compact_crossover`). The speculative decoder measures what a step costs per row the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from baton.engine.argmax import greedy_argmax
+
+if TYPE_CHECKING:  # the engine calls these at start-up: a type only, no import cycle
+    from baton.engine.engine import Engine
+
+# Batch sizes at which the compact weights and the GEMMs are compared, smallest first.
+CROSSOVER_ROWS = (1, 2, 4, 8, 16, 32)
+# Start-up time the comparison may take: a model of several GB steps in seconds at 32 rows. Out
+# of time, the sizes compared so far decide (larger batches keep the bf16 GEMMs).
+CROSSOVER_BUDGET_S = 10.0
+
+
+def best_time(run_rows: Callable[[int], None], rows: int) -> float:
+    """Seconds of `run_rows(rows)`: the best of three, after a warm-up."""
+    run_rows(rows)
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        run_rows(rows)
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def idle_decode_step(engine: Engine, num_rows: int) -> None:
+    """A decode step of `num_rows` rows over the pool's first pages, which hold no request yet
+    (at start-up only), greedy sampling included."""
+    pages = list(range(-(-num_rows // engine.page_size)))
+    with torch.inference_mode():
+        logits = engine.logits(
+            [0] * num_rows,
+            list(range(num_rows)),
+            [1] * num_rows,
+            [pages] * num_rows,
+            list(range(num_rows)),
+        )
+        greedy_argmax(logits)
+
+
+def compact_crossover(engine: Engine) -> int:
+    """The most rows (of CROSSOVER_ROWS) up to which a decode step from the compact weights,
+    the native step, beat the same step through the GEMMs at every size timed; 0 if it lost at
+    one row (or within CROSSOVER_BUDGET_S). Leaves the model's compact rows limited to it."""
+    model = engine.model
+    crossover = 0
+    started = time.perf_counter()
+    for rows in CROSSOVER_ROWS:
+        out_of_time = time.perf_counter() - started > CROSSOVER_BUDGET_S
+        if out_of_time or rows > engine.num_pages * engine.page_size:
+            break
+        model.limit_compact_rows(rows)
+        compact = best_time(lambda n: idle_decode_step(engine, n), rows)
+        model.limit_compact_rows(0)
+        gemm = best_time(lambda n: idle_decode_step(engine, n), rows)
+        if compact > gemm:
+            break
+        crossover = rows
+    model.limit_compact_rows(crossover)
+    return crossover

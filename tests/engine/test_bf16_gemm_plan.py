@@ -1,0 +1,212 @@
+"""The float32 plan with bf16 GEMMs, which native-bf16 CPUs (AVX512_BF16, AMX) take on bf16
+checkpoints: decode steps of a few rows read the stored weights in the native step, larger
+batches cast their rows to bf16 for the GEMMs. Forced here on any AVX2 machine (where the CPU
+has no bf16, torch emulates those GEMMs: slower, same results)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_greedy_matches_hf, hf_greedy_generate
+
+import baton.engine.engine as engine_module
+import baton.engine.startup_timing as startup_timing
+from baton import LLM, SamplingParams
+from baton.engine.compute_plan import ComputePlan, isa_rank
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS
+from baton.engine.layers import Linear
+from baton.engine.startup_timing import CROSSOVER_ROWS, compact_crossover
+
+NATIVE_KERNELS = isa_rank(detect_cpu_capabilities().isa) >= isa_rank("avx2") and bool(
+    shutil.which("cc")
+)
+needs_native = pytest.mark.skipif(
+    not NATIVE_KERNELS, reason="the native kernels need an AVX2 CPU and a C compiler"
+)
+
+BF16_GEMMS = ComputePlan(
+    dtype="float32",
+    gemm_dtype="bfloat16",
+    pack_weights=False,  # oneDNN packs bf16 only with AVX-512; packed or not, the same sums
+    compact_small_batches=True,
+    reason="forced by the test",
+)
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+# Rows rounded to bf16 move these models' logits by up to ~0.2 each (test_llm's tolerance).
+BF16_TIE_TOLERANCE = 0.5
+
+
+@pytest.fixture
+def bf16_gemm_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every engine built in the test takes the plan a native-bf16 CPU would choose."""
+    monkeypatch.setattr(engine_module, "choose_compute_plan", lambda *args, **kw: BF16_GEMMS)
+
+
+class CountingStep:
+    """Wraps the engine's decode step, counting the batches it ran."""
+
+    def __init__(self, step) -> None:
+        self.step, self.batches = step, 0
+
+    def handles(self, q_lens) -> bool:
+        return self.step.handles(q_lens)
+
+    def __call__(self, *args):
+        self.batches += 1
+        return self.step(*args)
+
+
+def test_a_linear_layer_casts_its_rows_to_the_gemm_dtype_and_adds_the_bias_in_float32() -> None:
+    torch.manual_seed(0)
+    linear = Linear(64, 48, True, torch.float32, "cpu", torch.bfloat16)
+    weight, bias = torch.randn(48, 64), torch.randn(48)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        linear.bias.copy_(bias)
+    assert (linear.weight.dtype, linear.bias.dtype) == (torch.bfloat16, torch.float32)
+    rows = torch.randn(40, 64)
+    out = linear(rows)
+    assert out.dtype == torch.float32
+    want = F.linear(rows.bfloat16(), weight.bfloat16()).float() + bias
+    torch.testing.assert_close(out, want)
+
+
+@needs_native
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "qwen3"])
+def test_native_steps_keep_the_tokens_of_the_same_plan_op_by_op(
+    bf16_gemm_plan: None, tiny_model_factory: Callable[..., Path], variant: str
+) -> None:
+    """Start-up times both paths and keeps the native step for batches it wins (here, where bf16
+    GEMMs are emulated or the model tiny, every size timed); a batch of more rows than that
+    decodes through the bf16 GEMMs. Tokens are those of the same plan with `--enforce-eager`."""
+    path = tiny_model_factory(variant, weights_dtype=torch.bfloat16)
+    native = LLM(str(path))
+    eager = LLM(str(path), enforce_eager=True)
+    assert native.engine.dtype == torch.float32 and native.engine.plan.gemm_dtype == "bfloat16"
+    layer = native.engine.model.layers[0].mlp.gate_up_proj
+    assert layer.weight.dtype == torch.bfloat16 and layer.compact is not None
+    crossover = native.engine.model.compact_max_rows
+    assert crossover in CROSSOVER_ROWS and eager.engine.decode_step is None
+    counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
+    for batch in sorted({1, 5, crossover, crossover + 1}):
+        prompts = [[(7 * i + j) % 250 for j in range(3 + 5 * i)] for i in range(batch)]
+        before = counting.batches
+        got = [output.token_ids for output in native.generate(prompts, GREEDY)]
+        want = [output.token_ids for output in eager.generate(prompts, GREEDY)]
+        assert got == want, f"batch of {batch}"
+        # Each step decodes every row at once (the prompts all prefill in the first batch).
+        assert counting.batches - before == (0 if batch > crossover else GREEDY.max_tokens - 1)
+
+
+@needs_native
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "qwen3"])
+def test_greedy_tokens_are_transformers_float32_ones(
+    bf16_gemm_plan: None, tiny_model_factory: Callable[..., Path], variant: str
+) -> None:
+    """Token for token where every batch reads the stored weights (a prompt of a few tokens);
+    up to bf16's near-ties where a prefill's rows go through the bf16 GEMMs."""
+    path = tiny_model_factory(variant, weights_dtype=torch.bfloat16)
+    llm = LLM(str(path))
+    short, long = [5, 17, 3], [(11 * j) % 250 for j in range(90)]
+    assert llm.engine.model.compact_max_rows >= len(short) and len(long) > NATIVE_STEP_MAX_ROWS
+    [output] = llm.generate([short], GREEDY)
+    assert output.token_ids == hf_greedy_generate(path, short, GREEDY.max_tokens)
+    [output] = llm.generate([long], GREEDY)
+    assert_greedy_matches_hf(path, long, output.token_ids, BF16_TIE_TOLERANCE)
+
+
+@needs_native
+def test_past_a_lower_crossover_decode_batches_leave_the_native_step_for_the_gemms(
+    bf16_gemm_plan: None, tiny_model_factory: Callable[..., Path]
+) -> None:
+    """As on a machine whose bf16 GEMMs win from 5 rows: 4 rows run natively, 5 do not, and
+    both keep the tokens of the op-by-op path limited alike."""
+    path = tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)
+    native = LLM(str(path))
+    eager = LLM(str(path), enforce_eager=True)
+    for llm in (native, eager):
+        llm.engine.model.limit_compact_rows(4)
+    counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
+    for batch, native_steps in ((4, GREEDY.max_tokens - 1), (5, 0)):
+        prompts = [[(3 * i + j) % 250 for j in range(4 + 6 * i)] for i in range(batch)]
+        before = counting.batches
+        got = [output.token_ids for output in native.generate(prompts, GREEDY)]
+        assert got == [output.token_ids for output in eager.generate(prompts, GREEDY)]
+        assert counting.batches - before == native_steps
+
+
+@needs_native
+def test_an_engine_whose_native_step_loses_at_one_row_decodes_op_by_op(
+    bf16_gemm_plan: None, tiny_model_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def loses_at_one_row(engine) -> int:
+        engine.model.limit_compact_rows(0)
+        return 0
+
+    monkeypatch.setattr(engine_module, "compact_crossover", loses_at_one_row)
+    llm = LLM(str(tiny_model_factory("llama", weights_dtype=torch.bfloat16)))
+    assert llm.engine.decode_step is None
+    layer = llm.engine.model.layers[0].self_attn.qkv_proj
+    assert layer.compact is not None and layer.compact_max_rows == 0
+    assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == GREEDY.max_tokens
+
+
+class FakeModel:
+    """Records the compact-row limit a timed step would run under."""
+
+    def __init__(self) -> None:
+        self.compact_max_rows = NATIVE_STEP_MAX_ROWS
+
+    def limit_compact_rows(self, rows: int) -> None:
+        self.compact_max_rows = rows
+
+
+class FakeEngine:
+    def __init__(self) -> None:
+        self.model, self.num_pages, self.page_size = FakeModel(), 100, 16
+
+
+@pytest.mark.parametrize(
+    ("compact_wins_up_to", "crossover"), [(0, 0), (1, 1), (4, 4), (6, 4), (32, 32), (64, 32)]
+)
+def test_the_crossover_is_the_last_size_timed_at_which_the_stored_weights_won(
+    monkeypatch: pytest.MonkeyPatch, compact_wins_up_to: int, crossover: int
+) -> None:
+    engine = FakeEngine()
+    timed: list[tuple[int, str]] = []
+
+    def best_time(run_rows, rows: int) -> float:
+        path = "compact" if engine.model.compact_max_rows >= rows else "gemm"
+        timed.append((rows, path))
+        compact_wins = rows <= compact_wins_up_to
+        return {"compact": 1.0, "gemm": 2.0 if compact_wins else 0.5}[path]
+
+    monkeypatch.setattr(startup_timing, "best_time", best_time)
+    assert compact_crossover(engine) == crossover
+    assert engine.model.compact_max_rows == crossover
+    # Sizes are timed smallest first, both ways, up to the first the GEMMs win.
+    sizes = [rows for rows in CROSSOVER_ROWS if rows <= crossover]
+    lost_at = [rows for rows in CROSSOVER_ROWS if rows > crossover][:1]
+    assert timed == [(rows, path) for rows in sizes + lost_at for path in ("compact", "gemm")]
+
+
+def test_out_of_start_up_time_the_sizes_timed_so_far_decide(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A large model's steps take seconds: past CROSSOVER_BUDGET_S no larger size is timed."""
+    engine, clock = FakeEngine(), [0.0]
+
+    def best_time(run_rows, rows: int) -> float:
+        clock[0] += startup_timing.CROSSOVER_BUDGET_S * 0.3
+        return 1.0 if engine.model.compact_max_rows >= rows else 2.0  # compact always wins
+
+    monkeypatch.setattr(startup_timing, "best_time", best_time)
+    monkeypatch.setattr(startup_timing.time, "perf_counter", lambda: clock[0])
+    assert compact_crossover(engine) == 2  # 1 and 2 rows timed in 1.2 budgets; 4 never
+    assert engine.model.compact_max_rows == 2
