@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from baton.cpu_binding import AUTO, validate_setting
 from baton.engine.compute_plan import DTYPES, ISA_LEVELS, isa_rank
@@ -89,6 +90,11 @@ class BatonConfig:
     watchdog_timeout: float = 300.0
     # vLLM's: logprob tokens read "token_id:<id>" unless a request says otherwise.
     return_tokens_as_token_ids: bool = False
+    # vLLM's --generation-config: where unset sampling parameters' defaults come from ("auto":
+    # the model's generation_config.json; "vllm": the API's own; or a folder holding such a
+    # file), and --override-generation-config, keys set over them (baton/generation_defaults.py).
+    generation_config: str = "auto"
+    override_generation_config: dict[str, Any] | None = None
     log_level: str = "info"
 
     def replace(self, **changes: object) -> BatonConfig:
@@ -125,6 +131,9 @@ class BatonConfig:
         if isinstance(self.speculative_config, dict):  # LLM(speculative_config={...})
             spec = SpeculativeConfig.from_dict(self.speculative_config)
             object.__setattr__(self, "speculative_config", spec)
+        overrides = self.override_generation_config
+        if overrides is not None and not isinstance(overrides, dict):
+            raise ValueError("override_generation_config must be a dict (a JSON object)")
         if not self.shutdown_timeout >= 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
         if not self.watchdog_timeout > 0:
@@ -275,6 +284,18 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help='logprob tokens read "token_id:<id>" unless a request sets return_tokens_as_token_ids',
     )
+    group.add_argument(
+        "--generation-config",
+        default=defaults.generation_config,
+        help="defaults of unset sampling parameters: auto (the model's generation_config.json), "
+        "vllm (the API's own) or a folder holding a generation_config.json",
+    )
+    group.add_argument(
+        "--override-generation-config",
+        type=_json_object,
+        default=None,
+        help='generation config keys set over it, as JSON: {"temperature": 0.5}',
+    )
     group.add_argument("--log-level", default=defaults.log_level)
 
 
@@ -283,6 +304,16 @@ def _speculative_config(text: str) -> SpeculativeConfig:
         return SpeculativeConfig.from_json(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
 
 
 def config_from_args(args: argparse.Namespace) -> BatonConfig:

@@ -26,6 +26,7 @@ from baton.checkpoint.source import load_model_config
 from baton.child_process import LauncherMessage, start_child
 from baton.config import BatonConfig, add_config_args, config_from_args
 from baton.cpu_binding import AUTO, NOBIND, resolve_binding
+from baton.generation_defaults import load_sampling_defaults
 from baton.messages import Codec, Shutdown
 
 logger = logging.getLogger(__name__)
@@ -163,6 +164,9 @@ def run(config: BatonConfig) -> int:
     try:
         # Refused here in one line rather than by every child with a traceback.
         load_model_config(config.model).served_context_length(config.max_model_len)
+        load_sampling_defaults(
+            config.model, config.generation_config, config.override_generation_config
+        )
         if config.speculative_config is not None and config.speculative_config.model:
             try:
                 load_model_config(config.speculative_config.model)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from baton.config import BatonConfig
 from baton.detokenizer_proc.incremental import IncrementalDetokenizer
+from baton.generation_defaults import load_sampling_defaults
 from baton.messages import RequestStats, StepOutput, TokenLogprob
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.scheduler import Scheduler
@@ -47,10 +48,18 @@ class LLM:
 
     def __init__(self, model: str | None = None, **config: object) -> None:
         self.config = BatonConfig(model=model, **config)
+        self.sampling_defaults = load_sampling_defaults(
+            model, self.config.generation_config, self.config.override_generation_config
+        )
         self.scheduler = Scheduler(self.config)
         self.engine = self.scheduler.engine
         self.tokenizer = self.engine.checkpoint.tokenizer
         self._ids = itertools.count()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` samples with when given no params (vLLM's method): the model's
+        generation config defaults (`generation_config`, `override_generation_config`)."""
+        return self.sampling_defaults.sampling_params()
 
     def generate(
         self,
@@ -65,7 +74,7 @@ class LLM:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+            sampling_params = [sampling_params or self.get_default_sampling_params()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
         priority = priority or [0] * len(prompts)

@@ -17,6 +17,7 @@ from baton.frontend.body_limit import BodySizeLimitMiddleware, default_body_limi
 from baton.frontend.errors import install_error_handlers
 from baton.frontend.metrics import FrontendMetrics
 from baton.frontend.state import FrontendState
+from baton.generation_defaults import SamplingDefaults
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +36,12 @@ def create_app(
     connect: ClientFactory,
     max_model_len: int,
     checkpoint_name: str,
+    sampling_defaults: SamplingDefaults | None = None,
 ) -> FastAPI:
     """The app; its lifespan connects the pipeline client with `connect` and closes it after.
 
-    `max_model_len` is reported by /v1/models and bounds the default body size.
+    `max_model_len` is reported by /v1/models and bounds the default body size;
+    `sampling_defaults` fill what requests leave unset (none: the API's own).
     """
     name = served_model_name(config, checkpoint_name)
     state = FrontendState(
@@ -50,6 +53,7 @@ def create_app(
         created=int(time.time()),
         metrics=FrontendMetrics(name),
         return_tokens_as_token_ids=config.return_tokens_as_token_ids,
+        sampling_defaults=sampling_defaults or SamplingDefaults(),
     )
 
     @asynccontextmanager

@@ -32,7 +32,7 @@ async def create_chat_completion(request: Request) -> Response:
     body = ChatCompletionRequest.model_validate_json(await request.body())
     state.check_model(body.model)
     state.require_client()  # 503 before any work if the pipeline is not connected
-    choices = chat_choices(body)
+    choices = chat_choices(body, state.sampling_defaults)
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     with_logprobs = bool(body.logprobs)

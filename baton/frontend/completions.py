@@ -27,7 +27,7 @@ async def create_completion(request: Request) -> Response:
     body = CompletionRequest.model_validate_json(await request.body())
     state.check_model(body.model)
     state.require_client()  # 503 before any work if the pipeline is not connected
-    choices = completion_choices(body, state.max_choices)
+    choices = completion_choices(body, state.max_choices, state.sampling_defaults)
     response_id = f"cmpl-{uuid.uuid4().hex}"
     opening = response_envelope(response_id, OBJECT, int(time.time()), state.model_name)
     with_logprobs = body.logprobs is not None

@@ -59,6 +59,7 @@ async def server_info(request: Request) -> Response:
         {
             "model": state.model_name,
             "max_model_len": state.max_model_len,
+            "sampling_defaults": msgspec.to_builtins(state.sampling_defaults),
             "cpu": scheduler.pop("cpu"),
             "compute_plan": scheduler.pop("compute_plan"),
             "scheduler": scheduler,

@@ -13,16 +13,20 @@ from baton.frontend.protocol import (
     CompletionRequest,
     SamplingRequest,
 )
+from baton.generation_defaults import SamplingDefaults
 from baton.messages import ChatMessage
 from baton.sampling_params import InvalidSamplingParam, SamplingParams
 
 Prompt = str | list[int] | list[ChatMessage]
 
+# A server without a generation config's defaults: the API's own.
+NO_DEFAULTS = SamplingDefaults()
 # SamplingParams accepts seeds in [0, 2**63); choice i's seed wraps around inside that range.
 SEED_RANGE = 2**63
-DEFAULT_TEMPERATURE = 1.0
-# Request fields with SamplingParams' name and meaning, whose defaults are SamplingParams' own.
+# Request fields with SamplingParams' name and meaning, whose defaults are SamplingParams' own,
+# or the generation config's (generation_defaults.py) where it sets one.
 OPTIONAL_SAMPLING_FIELDS = (
+    "temperature",
     "top_p",
     "top_k",
     "min_p",
@@ -54,18 +58,19 @@ class ChoiceRequest:
 
 def sampling_params(
     request: SamplingRequest,
+    defaults: SamplingDefaults,
     max_tokens: int | None,
     logprobs: int | None,
     choice: int,
     prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """The params of the `choice`-th sample: with a seed, choice i uses seed + i, so the choices
-    differ from each other yet are reproducible."""
+    differ from each other yet are reproducible. Fields the request leaves out take the model's
+    `defaults`, which also cap `max_tokens`."""
     seed = request.seed
     if seed is not None and seed >= 0:  # a negative one is left for validate() to refuse
         seed = (seed + choice) % SEED_RANGE
     params = SamplingParams(
-        temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         seed=seed,
         max_tokens=max_tokens,
         stop=request.stop,
@@ -77,10 +82,14 @@ def sampling_params(
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
     )
-    for name in OPTIONAL_SAMPLING_FIELDS:  # left out or null: SamplingParams' default
+    unset = set()
+    for name in OPTIONAL_SAMPLING_FIELDS:  # left out or null: the default
         value = getattr(request, name)
-        if value is not None:
+        if value is None:
+            unset.add(name)
+        else:
             setattr(params, name, value)
+    defaults.fill(params, unset)
     try:
         params.validate()  # the vocabulary is the tokenizer process's to check
     except InvalidSamplingParam as error:
@@ -96,7 +105,9 @@ def completion_prompts(request: CompletionRequest) -> list[str | list[int]]:
     return list(prompt)  # type: ignore[arg-type]
 
 
-def completion_choices(request: CompletionRequest, max_choices: int) -> list[ChoiceRequest]:
+def completion_choices(
+    request: CompletionRequest, max_choices: int, defaults: SamplingDefaults = NO_DEFAULTS
+) -> list[ChoiceRequest]:
     """n choices per prompt; prompt p's choice i has index p * n + i, as in vLLM. More than
     `max_choices` in all is a 400 at once (the scheduler would refuse the rest as overloaded,
     "retry later", after the first ones had run)."""
@@ -123,7 +134,9 @@ def completion_choices(request: CompletionRequest, max_choices: int) -> list[Cho
             index=group * request.n + choice,
             group=group,
             prompt=prompt,
-            params=sampling_params(request, max_tokens, request.logprobs, choice, prompt_logprobs),
+            params=sampling_params(
+                request, defaults, max_tokens, request.logprobs, choice, prompt_logprobs
+            ),
             priority=request.priority,
             deadline_ms=request.deadline_ms,
             return_stats=request.return_stats,
@@ -157,7 +170,9 @@ def chat_options(request: ChatTemplateRequest) -> ChatOptions:
     return options
 
 
-def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
+def chat_choices(
+    request: ChatCompletionRequest, defaults: SamplingDefaults = NO_DEFAULTS
+) -> list[ChoiceRequest]:
     """n choices of one conversation (the tokenizer process applies the chat template)."""
     messages = chat_messages(request)
     options = chat_options(request)
@@ -174,6 +189,7 @@ def chat_choices(request: ChatCompletionRequest) -> list[ChoiceRequest]:
             prompt=messages,
             params=sampling_params(
                 request,
+                defaults,
                 request.output_limit,
                 request.logprob_count,
                 choice,

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from baton.client import BatonClient
 from baton.frontend.errors import OpenAIError
 from baton.frontend.metrics import FrontendMetrics
+from baton.generation_defaults import SamplingDefaults
 
 SHUTTING_DOWN = "the server is shutting down"
 
@@ -63,6 +64,8 @@ class FrontendState:
     client: BatonClient | None = None
     # --return-tokens-as-token-ids: what a request that does not say gets.
     return_tokens_as_token_ids: bool = False
+    # What a request that leaves a sampling parameter unset gets (--generation-config).
+    sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     in_flight: InFlight = field(default_factory=InFlight)
     # Set once shutdown begins: open requests may finish, new ones are refused (see drain.py).
     draining: bool = False

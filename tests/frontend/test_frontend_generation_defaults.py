@@ -1,0 +1,62 @@
+"""A server whose generation config sets sampling defaults gives them to every HTTP request that
+leaves the parameter unset (vLLM's --generation-config, --override-generation-config)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from helpers import free_port
+from helpers.frontend_http import base_url
+
+from baton.checkpoint.random_model import RANDOM_MODEL_NAME
+from baton.config import BatonConfig
+from baton.launch import Server
+
+DEFAULTS = {"temperature": 0, "max_new_tokens": 5}
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[httpx.Client]:
+    config = BatonConfig(
+        model=RANDOM_MODEL_NAME,
+        dtype="float32",
+        max_model_len=256,
+        num_pages=64,
+        port=free_port(),
+        override_generation_config=DEFAULTS,
+        log_level="warning",
+    )
+    with Server(config), httpx.Client(base_url=base_url(config), timeout=30) as client:
+        yield client
+
+
+def complete(http: httpx.Client, **fields: object) -> dict:
+    response = http.post(
+        "/v1/completions", json={"prompt": "Once upon", "ignore_eos": True, **fields}
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_unset_fields_take_the_generation_configs_defaults(http: httpx.Client) -> None:
+    first, second = complete(http), complete(http)
+    # max_new_tokens caps completions' default of 16; temperature 0 makes the two agree.
+    assert first["usage"]["completion_tokens"] == 5
+    assert first["choices"][0]["finish_reason"] == "length"
+    assert first["choices"][0]["text"] == second["choices"][0]["text"]
+    chat = http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True},
+    )
+    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 5
+    info = http.get("/server_info").json()
+    assert info["sampling_defaults"] == {"temperature": 0.0, "max_tokens": 5}
+
+
+def test_a_requests_own_values_win_under_the_cap(http: httpx.Client) -> None:
+    assert complete(http, max_tokens=3)["usage"]["completion_tokens"] == 3
+    assert complete(http, max_tokens=50)["usage"]["completion_tokens"] == 5
+    texts = {complete(http, temperature=1.5, seed=seed)["choices"][0]["text"] for seed in range(4)}
+    assert len(texts) > 1  # sampled, not the default's greedy
