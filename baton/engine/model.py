@@ -18,14 +18,12 @@ from baton.checkpoint.model_config import CheckpointError, ModelConfig
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
 from baton.engine.compact_weights import COMPACT_MAX_ROWS, CompactWeight, concat_rows
+from baton.engine.decoder_layer import DecoderLayer
 from baton.engine.kv_pool import KVPool
 from baton.engine.layers import (
-    GatedMLP,
     Linear,
     RMSNorm,
     RotaryEmbedding,
-    TokenAngles,
-    apply_rope,
     empty_parameter,
     rms_norm,
 )
@@ -33,117 +31,6 @@ from baton.engine.native.library import NativeKernels
 
 _CPU_DTYPES = (torch.float32, torch.bfloat16)
 _CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-class Attention(nn.Module):
-    """Self-attention with fused q/k/v, optional Qwen3 q/k norms, RoPE and the paged KV cache."""
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        layer: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        gemm_dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__()
-        self.layer = layer
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.q_size = config.q_size
-        self.kv_size = config.kv_size
-        self.eps = config.rms_norm_eps
-        self.scale = config.head_dim**-0.5
-        qkv_size = config.q_size + 2 * config.kv_size
-        self.qkv_proj = Linear(
-            config.hidden_size, qkv_size, config.qkv_bias, dtype, device, gemm_dtype
-        )
-        self.o_proj = Linear(
-            config.q_size, config.hidden_size, config.o_bias, dtype, device, gemm_dtype
-        )
-        # Qwen3's q_norm and k_norm weights stacked per head, [q heads + kv heads, head_dim], so
-        # one norm call covers q and k, which sit side by side in the qkv output.
-        qk_heads = self.num_heads + self.num_kv_heads
-        self.qk_norm = (
-            empty_parameter(qk_heads, self.head_dim, dtype=dtype, device=device)
-            if config.qk_norm
-            else None
-        )
-        # Rotates q/k and stores K/V in one native call (CausalLM.use_native_kernels).
-        self.native: NativeKernels | None = None
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        angles: TokenAngles,
-        kv_pool: KVPool,
-        attn: AttentionBackend,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        """[tokens, hidden] -> [tokens, hidden]; appends the tokens' K/V to this layer's cache."""
-        tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
-        qk = qkv[:, : self.q_size + self.kv_size].view(tokens, -1, self.head_dim)
-        v = qkv[:, self.q_size + self.kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
-        if self.qk_norm is not None:
-            qk = rms_norm(qk, self.qk_norm, self.eps)
-        if self.native is not None:
-            self.native.rope_and_store(
-                qk,
-                v,
-                angles.tables.cos,
-                angles.tables.sin,
-                angles.positions,
-                meta.slot_mapping,
-                kv_pool.k_cache(self.layer),
-                kv_pool.v_cache(self.layer),
-            )
-            q = qk[:, : self.num_heads]
-        else:
-            # q and k are rotated together: one set of elementwise kernels instead of two.
-            qk = apply_rope(qk, angles.cos, angles.sin)
-            q, k = qk.split((self.num_heads, self.num_kv_heads), dim=1)
-            kv_pool.write(self.layer, k, v, meta.slot_mapping)
-        out = attn.forward(
-            q, kv_pool.k_cache(self.layer), kv_pool.v_cache(self.layer), meta, self.scale
-        )
-        return self.o_proj(out.reshape(tokens, self.q_size))
-
-
-class DecoderLayer(nn.Module):
-    """Pre-norm attention block followed by a pre-norm gated-MLP block, each with a residual."""
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        layer: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        gemm_dtype: torch.dtype | None = None,
-    ) -> None:
-        super().__init__()
-        eps = config.rms_norm_eps
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.self_attn = Attention(config, layer, dtype, device, gemm_dtype)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.mlp = GatedMLP(
-            config.hidden_size, config.intermediate_size, config.mlp_bias, dtype, device, gemm_dtype
-        )
-
-    def forward(
-        self,
-        hidden: torch.Tensor,
-        angles: TokenAngles,
-        kv_pool: KVPool,
-        attn: AttentionBackend,
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        """[tokens, hidden] -> [tokens, hidden] (the input tensor is not modified)."""
-        attn_out = self.self_attn(self.input_layernorm(hidden), angles, kv_pool, attn, meta)
-        # In-place residual adds reuse the freshly allocated projection outputs.
-        hidden = attn_out.add_(hidden)
-        return self.mlp(self.post_attention_layernorm(hidden)).add_(hidden)
 
 
 @dataclass(frozen=True)
