@@ -90,6 +90,8 @@ class BatonConfig:
     watchdog_timeout: float = 300.0
     # vLLM's: logprob tokens read "token_id:<id>" unless a request says otherwise.
     return_tokens_as_token_ids: bool = False
+    # vLLM's --chat-template: a Jinja template, or its file, used instead of the model's.
+    chat_template: str | None = None
     # vLLM's --generation-config: where unset sampling parameters' defaults come from ("auto":
     # the model's generation_config.json; "vllm": the API's own; or a folder holding such a
     # file), and --override-generation-config, keys set over them (baton/generation_defaults.py).
@@ -283,6 +285,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         "--return-tokens-as-token-ids",
         action="store_true",
         help='logprob tokens read "token_id:<id>" unless a request sets return_tokens_as_token_ids',
+    )
+    group.add_argument(
+        "--chat-template",
+        default=None,
+        help="the chat template to render chats with instead of the model's: a file, or the "
+        "template itself",
     )
     group.add_argument(
         "--generation-config",

@@ -21,6 +21,7 @@ from types import FrameType
 import zmq
 
 from baton.addresses import ServerAddresses
+from baton.checkpoint.chat_template import read_chat_template
 from baton.checkpoint.model_config import CheckpointError
 from baton.checkpoint.source import load_model_config
 from baton.child_process import LauncherMessage, start_child
@@ -167,6 +168,8 @@ def run(config: BatonConfig) -> int:
         load_sampling_defaults(
             config.model, config.generation_config, config.override_generation_config
         )
+        if config.chat_template is not None:
+            read_chat_template(config.chat_template)
         if config.speculative_config is not None and config.speculative_config.model:
             try:
                 load_model_config(config.speculative_config.model)

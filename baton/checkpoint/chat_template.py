@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-__all__ = ["ChatTemplate", "TemplateError"]
+__all__ = ["ChatTemplate", "TemplateError", "read_chat_template"]
 
 # transformers' marker for continue_final_message: appended to the final message's content, so
 # the rendered text can be cut right after that content whatever the template writes after it.
@@ -51,6 +52,26 @@ _ENVIRONMENT = ImmutableSandboxedEnvironment(
 _ENVIRONMENT.filters["tojson"] = _tojson
 _ENVIRONMENT.globals["raise_exception"] = _raise_exception
 _ENVIRONMENT.globals["strftime_now"] = _strftime_now
+
+
+def read_chat_template(value: str) -> str:
+    """`--chat-template`'s value as a template's text, checked to compile: the value itself where
+    it holds a brace or a newline (vLLM's rule), else the file it names. ValueError in one line
+    naming the flag otherwise."""
+    if any(char in value for char in "{}\n"):
+        source = value
+    else:
+        try:
+            source = Path(value).expanduser().read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(
+                f"--chat-template {value!r} looks like a file path, and it cannot be read: {error}"
+            ) from None
+    try:
+        _ENVIRONMENT.parse(source)
+    except TemplateError as error:
+        raise ValueError(f"--chat-template does not compile: {error}") from None
+    return source
 
 
 class ChatTemplate:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
+from baton.checkpoint.chat_template import read_chat_template
 from baton.checkpoint.model_config import CheckpointError, ModelConfig, token_id_tuple
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.checkpoint.source import read_json, resolve_model, safetensors_files
@@ -41,23 +42,32 @@ class Checkpoint:
         return self.gguf_file is not None or self.config.torch_dtype in ("bfloat16", "float16")
 
 
-def load_checkpoint(model: str | None) -> Checkpoint:
+def load_checkpoint(model: str | None, chat_template: str | None = None) -> Checkpoint:
     """Resolve `model` (see `resolve_model`) and load its config and tokenizer; the weight
-    files are checked to exist, not read."""
+    files are checked to exist, not read. `chat_template`, `--chat-template`'s value (a template
+    or its file), replaces the checkpoint's own (ValueError in one line if it cannot be used)."""
     source = resolve_model(model)
     config = source.load_config()
     if source.folder is None:
         tokenizer = build_byte_tokenizer()  # the random model's
-        return Checkpoint(RANDOM_MODEL_NAME, config, tokenizer, config.eos_token_ids, None)
-    if source.gguf_file is None:
-        safetensors_files(source.folder)  # fail now, not when the engine starts loading weights
-    tokenizer = Tokenizer.from_folder(source.folder)
-    generation = read_json(source.folder / "generation_config.json", required=False)
-    eos_ids = _merge_eos(
-        config.eos_token_ids, token_id_tuple(generation.get("eos_token_id")), tokenizer
-    )
-    logger.info("checkpoint %s: %s, %d layers", source.name, config.architecture, config.num_layers)
-    return Checkpoint(source.name, config, tokenizer, eos_ids, source.folder, source.gguf_file)
+        checkpoint = Checkpoint(RANDOM_MODEL_NAME, config, tokenizer, config.eos_token_ids, None)
+    else:
+        if source.gguf_file is None:
+            safetensors_files(source.folder)  # fail now, not when the engine loads weights
+        tokenizer = Tokenizer.from_folder(source.folder)
+        generation = read_json(source.folder / "generation_config.json", required=False)
+        eos_ids = _merge_eos(
+            config.eos_token_ids, token_id_tuple(generation.get("eos_token_id")), tokenizer
+        )
+        logger.info(
+            "checkpoint %s: %s, %d layers", source.name, config.architecture, config.num_layers
+        )
+        checkpoint = Checkpoint(
+            source.name, config, tokenizer, eos_ids, source.folder, source.gguf_file
+        )
+    if chat_template is not None:
+        tokenizer.use_chat_template(read_chat_template(chat_template))
+    return checkpoint
 
 
 def _merge_eos(

@@ -40,6 +40,10 @@ class Tokenizer:
         self.special_tokens = special_tokens  # e.g. {"bos_token": "<s>", "eos_token": "</s>"}
         self.chat_template = ChatTemplate(chat_template, special_tokens) if chat_template else None
 
+    def use_chat_template(self, source: str) -> None:
+        """Render chats with `source` instead of the checkpoint's template (--chat-template)."""
+        self.chat_template = ChatTemplate(source, self.special_tokens)
+
     @classmethod
     def from_folder(cls, folder: Path) -> Tokenizer:
         """Load the tokenizer saved in a checkpoint folder; CheckpointError naming what is

