@@ -90,6 +90,12 @@ class BatonConfig:
     watchdog_timeout: float = 300.0
     # vLLM's: logprob tokens read "token_id:<id>" unless a request says otherwise.
     return_tokens_as_token_ids: bool = False
+    # CORS, as vLLM's --allowed-origins, --allowed-methods, --allowed-headers and
+    # --allow-credentials (its defaults: any origin, method and header; no credentials).
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
     # vLLM's --chat-template: a Jinja template, or its file, used instead of the model's.
     chat_template: str | None = None
     # vLLM's --generation-config: where unset sampling parameters' defaults come from ("auto":
@@ -286,6 +292,17 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help='logprob tokens read "token_id:<id>" unless a request sets return_tokens_as_token_ids',
     )
+    for flag, help_text in (
+        ("--allowed-origins", "origins a browser may call the API from, as a JSON list"),
+        ("--allowed-methods", "HTTP methods allowed from other origins, as a JSON list"),
+        ("--allowed-headers", "request headers allowed from other origins, as a JSON list"),
+    ):
+        group.add_argument(flag, type=_json_strings, default=("*",), help=help_text + ' ["*"]')
+    group.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="let browsers send cookies and authorization to the API from other origins",
+    )
     group.add_argument(
         "--chat-template",
         default=None,
@@ -322,6 +339,16 @@ def _json_object(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError("expected a JSON object")
     return value
+
+
+def _json_strings(text: str) -> tuple[str, ...]:
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise argparse.ArgumentTypeError('expected a JSON list of strings, such as ["*"]')
+    return tuple(value)
 
 
 def config_from_args(args: argparse.Namespace) -> BatonConfig:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from baton.client import BatonClient
 from baton.config import BatonConfig
@@ -80,4 +81,13 @@ def create_app(
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=body_limit)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
+    # Outermost, as vLLM's: a browser's preflight needs no key, and a refusal carries the CORS
+    # headers the browser needs to show it.
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(config.allowed_origins),
+        allow_methods=list(config.allowed_methods),
+        allow_headers=list(config.allowed_headers),
+        allow_credentials=config.allow_credentials,
+    )
     return app

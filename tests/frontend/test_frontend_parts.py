@@ -257,3 +257,40 @@ def test_return_tokens_as_token_ids_is_the_servers_default_a_request_overrides()
         state = create_app(config, None, 64, RANDOM_MODEL_NAME).state.frontend  # type: ignore[arg-type]
         assert state.tokens_as_ids(None) is server_default
         assert state.tokens_as_ids(True) is True and state.tokens_as_ids(False) is False
+
+
+def test_cors_lets_a_browser_call_the_api_as_vllms_defaults_do() -> None:
+    """Any origin by default; a preflight needs no key; a refusal still carries the header the
+    browser needs to read it; a restricted server answers only its origins."""
+    preflight = {
+        "Origin": "http://ui.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
+
+    async def main() -> list[httpx.Response]:
+        async with app_client(api_key="k") as client:
+            allowed = await client.options("/v1/chat/completions", headers=preflight)
+            refused = await client.post(
+                "/v1/completions", json={"prompt": "hi"}, headers={"Origin": "http://ui.example"}
+            )
+        restricted = ("http://ui.example",)
+        args = build_parser().parse_args(["launch", "--allowed-origins", '["http://ui.example"]'])
+        assert config_from_args(args).allowed_origins == restricted
+        async with app_client(allowed_origins=restricted) as client:
+            own = await client.options("/v1/completions", headers=preflight)
+            foreign = await client.options(
+                "/v1/completions", headers={**preflight, "Origin": "http://evil.example"}
+            )
+        return [allowed, refused, own, foreign]
+
+    allowed, refused, own, foreign = asyncio.run(main())
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-origin"] == "*"
+    assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == "*"
+    assert own.status_code == 200
+    assert own.headers["access-control-allow-origin"] == "http://ui.example"
+    assert foreign.status_code == 400 and "access-control-allow-origin" not in foreign.headers
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["launch", "--allowed-origins", "*"])  # not a JSON list
