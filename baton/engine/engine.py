@@ -113,6 +113,7 @@ class Engine:
             self.dtype,
             self.device,
             native=attention_kernels,
+            prefill_dtype=gemm_dtype,
         )
         self.decode_step: NativeDecodeStep | None = None
         if (

@@ -132,6 +132,35 @@ def test_matches_dense_reference_bfloat16(page_size: int, q_heads: int, kv_heads
     torch.testing.assert_close(out, expected, atol=3e-2, rtol=3e-2)
 
 
+def test_prefill_rows_attend_in_the_prefill_dtype_and_decode_rows_in_the_caches(
+    decode_kernels: NativeKernels | None,
+) -> None:
+    """The float32 plan with bf16 GEMMs: prefill rows (causal, and past a cached prefix) attend
+    in bf16 into the float32 output; decode rows are untouched."""
+    generator = torch.Generator().manual_seed(7)
+    pool, meta, keys, values = _build_batch(MIXED_ROWS, 16, 2, 64, torch.float32, generator)
+    q = torch.randn(meta.num_tokens, 4, 64, generator=generator)
+    outputs = {}
+    for prefill_dtype in (None, torch.bfloat16):
+        backend = TorchPagedAttention(4, 2, native=decode_kernels, prefill_dtype=prefill_dtype)
+        outputs[prefill_dtype] = backend.forward(q, pool.k_cache(0), pool.v_cache(0), meta, 0.125)
+    mixed = outputs[torch.bfloat16]
+    assert mixed.dtype == torch.float32
+    starts = [0, *itertools.accumulate(meta.q_lens)]
+    decode = [starts[i] for i, n in enumerate(meta.q_lens) if n == 1]
+    prefill = [
+        t for i, n in enumerate(meta.q_lens) if n > 1 for t in range(starts[i], starts[i + 1])
+    ]
+    torch.testing.assert_close(mixed[decode], outputs[None][decode], atol=0, rtol=0)
+    assert not torch.equal(mixed[prefill], outputs[None][prefill])
+    rounded = [t.bfloat16().float() for t in (q, *keys, *values)]
+    n_rows = len(keys)
+    expected = _dense_reference(
+        rounded[0], meta, rounded[1 : 1 + n_rows], rounded[1 + n_rows :], 0.125
+    )
+    torch.testing.assert_close(mixed[prefill].double(), expected[prefill], atol=2e-2, rtol=2e-2)
+
+
 def test_long_rows_split_into_query_blocks() -> None:
     """Blocks of 4 queries cut every prefill row after a cached prefix, including mid-way through
     its causal triangle (on CPU a row without one is a single causal call)."""

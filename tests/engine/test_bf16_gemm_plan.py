@@ -110,9 +110,11 @@ def test_greedy_tokens_are_transformers_float32_ones(
     bf16_gemm_plan: None, tiny_model_factory: Callable[..., Path], variant: str
 ) -> None:
     """Token for token where every batch reads the stored weights (a prompt of a few tokens);
-    up to bf16's near-ties where a prefill's rows go through the bf16 GEMMs."""
+    up to bf16's near-ties where a prefill's rows go through the bf16 GEMMs and attention (in
+    chunks here: the first attends causally, the later ones past their prefix, masked)."""
     path = tiny_model_factory(variant, weights_dtype=torch.bfloat16)
-    llm = LLM(str(path))
+    llm = LLM(str(path), chunk_size=40)
+    assert llm.engine.attention.prefill_dtype == torch.bfloat16
     short, long = [5, 17, 3], [(11 * j) % 250 for j in range(90)]
     assert llm.engine.model.compact_max_rows >= len(short) and len(long) > NATIVE_STEP_MAX_ROWS
     [output] = llm.generate([short], GREEDY)

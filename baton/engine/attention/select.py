@@ -21,9 +21,11 @@ def make_attention_backend(
     head_dim: int,
     dtype: torch.dtype,
     native: NativeKernels | None = None,
+    prefill_dtype: torch.dtype | None = None,
 ) -> AttentionBackend:
     """Build backend `name` ("auto" | "torch" | "flashinfer") for the given model shape;
-    `native`: the torch backend's decode rows run the native kernel (float32 CPU caches)."""
+    `native`: the torch backend's decode rows run the native kernel (float32 CPU caches);
+    `prefill_dtype`: its prefill rows attend in that dtype (see TorchPagedAttention)."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; expected one of {BACKEND_NAMES}")
     device = torch.device(device)
@@ -32,7 +34,9 @@ def make_attention_backend(
         raise ValueError(f"the flashinfer backend needs a CUDA device, got {device}")
     if name == "flashinfer" or (name == "auto" and on_cuda and flashinfer_available()):
         return FlashInferAttention(num_q_heads, num_kv_heads, head_dim, dtype, device)
-    return TorchPagedAttention(num_q_heads, num_kv_heads, native=native)
+    return TorchPagedAttention(
+        num_q_heads, num_kv_heads, native=native, prefill_dtype=prefill_dtype
+    )
 
 
 def model_attention_backend(
@@ -41,8 +45,16 @@ def model_attention_backend(
     dtype: torch.dtype,
     device: torch.device | str,
     native: NativeKernels | None = None,
+    prefill_dtype: torch.dtype | None = None,
 ) -> AttentionBackend:
     """`make_attention_backend` for `config`'s heads."""
     return make_attention_backend(
-        name, device, config.num_heads, config.num_kv_heads, config.head_dim, dtype, native
+        name,
+        device,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        dtype,
+        native,
+        prefill_dtype,
     )

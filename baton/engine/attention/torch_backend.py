@@ -66,9 +66,12 @@ class TorchPagedAttention(AttentionBackend):
         num_kv_heads: int,
         query_block: int = 512,
         native: NativeKernels | None = None,
+        prefill_dtype: torch.dtype | None = None,
     ) -> None:
         """`native`: decode rows run the native kernel (float32 CPU caches, head_dim a
-        multiple of 8: the caller checks); prefill rows always run in torch."""
+        multiple of 8: the caller checks); prefill rows always run in torch, in
+        `prefill_dtype` where given (the float32 plan with bf16 GEMMs: ComputePlan.gemm_dtype,
+        whose prefill stays in the bf16 hardware, attention included)."""
         if num_q_heads % num_kv_heads:
             raise ValueError(f"{num_q_heads} query heads do not group over {num_kv_heads} KV heads")
         self.num_q_heads = num_q_heads
@@ -76,6 +79,7 @@ class TorchPagedAttention(AttentionBackend):
         self.group = num_q_heads // num_kv_heads
         self.query_block = query_block
         self.native = native
+        self.prefill_dtype = prefill_dtype
         self._meta: AttentionMetadata | None = None
         self._decode: _DecodePlan | _NativeDecodePlan | None = None
         self._prefill: list[_PrefillRow] = []
@@ -211,13 +215,16 @@ class TorchPagedAttention(AttentionBackend):
         # [1, kv_heads, keys, head_dim]: the fused kernel's layout (batch first, as it requires).
         k = k_rows.index_select(0, row.kv_rows).view(1, kv_heads, row.kv_len, head_dim)
         v = v_rows.index_select(0, row.kv_rows).view(1, kv_heads, row.kv_len, head_dim)
+        row_q = q[row.q_start : row.q_start + row.q_len]
+        if self.prefill_dtype is not None:
+            row_q, k, v = (t.to(self.prefill_dtype) for t in (row_q, k, v))
         prefix = row.kv_len - row.q_len
         if prefix == 0 and q.device.type == "cpu":
             # The CPU flash kernel (grouped KV heads since torch 2.9) holds a block of scores at a
             # time, and its causal mask is this row's: it skips the future keys' blocks.
             tokens = slice(row.q_start, row.q_start + row.q_len)
             attended = F.scaled_dot_product_attention(
-                q[tokens].transpose(0, 1).unsqueeze(0),
+                row_q.transpose(0, 1).unsqueeze(0),
                 k,
                 v,
                 is_causal=True,
@@ -233,7 +240,7 @@ class TorchPagedAttention(AttentionBackend):
             last = min(first + row.block, row.q_len)
             size, key_end = last - first, prefix + last
             tokens = slice(row.q_start + first, row.q_start + last)
-            block_q = q[tokens].view(size, kv_heads, group, head_dim).transpose(0, 1)
+            block_q = row_q[first:last].view(size, kv_heads, group, head_dim).transpose(0, 1)
             block_q = block_q.reshape(1, kv_heads, size * group, head_dim)
             # Keys before prefix + first are visible to the whole block; the rest form a triangle.
             mask = self._visible.new_ones(size, key_end)
