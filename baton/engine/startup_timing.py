@@ -21,8 +21,9 @@ if TYPE_CHECKING:  # the engine calls these at start-up: a type only, no import 
 
 # Batch sizes at which the compact weights and the GEMMs are compared, smallest first.
 CROSSOVER_ROWS = (1, 2, 4, 8, 16, 32)
-# Start-up time the comparison may take: a model of several GB steps in seconds at 32 rows. Out
-# of time, the sizes compared so far decide (larger batches keep the bf16 GEMMs).
+# Start-up time the comparison may take: a model of several GB steps in seconds at 32 rows. A
+# size is timed only if twice the last size's time still fits (rows double, and so, at worst, does
+# the time); out of time, the sizes compared so far decide (larger batches keep the bf16 GEMMs).
 CROSSOVER_BUDGET_S = 10.0
 
 
@@ -57,10 +58,11 @@ def compact_crossover(engine: Engine) -> int:
     the native step, beat the same step through the GEMMs at every size timed; 0 if it lost at
     one row (or within CROSSOVER_BUDGET_S). Leaves the model's compact rows limited to it."""
     model = engine.model
-    crossover = 0
+    crossover, last_size_s = 0, 0.0
     started = time.perf_counter()
     for rows in CROSSOVER_ROWS:
-        out_of_time = time.perf_counter() - started > CROSSOVER_BUDGET_S
+        size_started = time.perf_counter()
+        out_of_time = size_started - started + 2 * last_size_s > CROSSOVER_BUDGET_S
         if out_of_time or rows > engine.num_pages * engine.page_size:
             break
         model.limit_compact_rows(rows)
@@ -69,6 +71,6 @@ def compact_crossover(engine: Engine) -> int:
         gemm = best_time(lambda n: idle_decode_step(engine, n), rows)
         if compact > gemm:
             break
-        crossover = rows
+        crossover, last_size_s = rows, time.perf_counter() - size_started
     model.limit_compact_rows(crossover)
     return crossover

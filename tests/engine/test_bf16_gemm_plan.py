@@ -201,14 +201,16 @@ def test_the_crossover_is_the_last_size_timed_at_which_the_stored_weights_won(
 def test_out_of_start_up_time_the_sizes_timed_so_far_decide(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A large model's steps take seconds: past CROSSOVER_BUDGET_S no larger size is timed."""
+    """A large model's steps take seconds: a size whose time may not fit CROSSOVER_BUDGET_S (twice
+    the last size's) is not timed."""
     engine, clock = FakeEngine(), [0.0]
 
     def best_time(run_rows, rows: int) -> float:
-        clock[0] += startup_timing.CROSSOVER_BUDGET_S * 0.3
+        clock[0] += startup_timing.CROSSOVER_BUDGET_S * 0.1 * rows  # a step's time grows with rows
         return 1.0 if engine.model.compact_max_rows >= rows else 2.0  # compact always wins
 
     monkeypatch.setattr(startup_timing, "best_time", best_time)
     monkeypatch.setattr(startup_timing.time, "perf_counter", lambda: clock[0])
-    assert compact_crossover(engine) == 2  # 1 and 2 rows timed in 1.2 budgets; 4 never
+    # 1 row: 0.2 budgets; 2 rows: 0.4 more (0.6 in all); 4 rows would take 0.8 more: not timed.
+    assert compact_crossover(engine) == 2
     assert engine.model.compact_max_rows == 2
