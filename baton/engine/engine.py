@@ -24,7 +24,7 @@ from baton.engine.batch_sampling import (
 from baton.engine.compact_weights import COMPACT_MAX_ROWS
 from baton.engine.compute_plan import choose_compute_plan, isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
-from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS, NativeDecodeStep
+from baton.engine.decode_step import NativeDecodeStep
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.kv_pool import KVPool
 from baton.engine.kv_sizing import kv_pool_pages
@@ -122,15 +122,16 @@ class Engine:
             and NativeDecodeStep.supports(self.model)
         ):
             self.decode_step = NativeDecodeStep(self.model, self.kv_pool, attention_kernels)
-            if self.plan.gemm_dtype is not None:
-                # bf16 GEMMs in hardware overtake the compact weights at a number of rows that
-                # depends on the machine and the model's shapes: measured, not assumed.
-                logger.info("timing decode steps from the stored weights against bf16 GEMMs")
-                if compact_crossover(self) == 0:
-                    self.decode_step = None
+        if self.plan.gemm_dtype is not None:  # (a plan only native kernels make)
+            # bf16 GEMMs in hardware overtake the compact weights at a number of rows that
+            # depends on the machine and the model's shapes: measured (native step or op by op,
+            # whichever serves), not assumed.
+            logger.info("timing decode steps from the stored weights against bf16 GEMMs")
+            if compact_crossover(self) == 0:
+                self.decode_step = None
         logger.info(
             "decode steps of up to %d rows: %s",
-            self.model.compact_max_rows if self.decode_step else NATIVE_STEP_MAX_ROWS,
+            self.model.compact_max_rows,
             "native, one C call a step" if self.decode_step else "the model's forward, op by op",
         )
         self.sampler = Sampler()

@@ -93,6 +93,9 @@ def test_native_steps_keep_the_tokens_of_the_same_plan_op_by_op(
     assert layer.weight.dtype == torch.bfloat16 and layer.compact is not None
     crossover = native.engine.model.compact_max_rows
     assert crossover in CROSSOVER_ROWS and eager.engine.decode_step is None
+    # Op by op too, the crossover is timed (each path may set its own).
+    assert eager.engine.model.compact_max_rows in CROSSOVER_ROWS
+    eager.engine.model.limit_compact_rows(crossover)
     counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
     for batch in sorted({1, 5, crossover, crossover + 1}):
         prompts = [[(7 * i + j) % 250 for j in range(3 + 5 * i)] for i in range(batch)]
