@@ -1,9 +1,10 @@
 """Routes that describe the server: `GET /v1/models`, `GET /server_info`, `GET /health`,
-`GET /metrics`."""
+`GET /metrics`, `GET /version`."""
 
 from __future__ import annotations
 
 import asyncio
+from importlib.metadata import version
 
 import msgspec
 from fastapi import APIRouter, Request, Response
@@ -44,6 +45,12 @@ async def list_models(request: Request) -> Response:
         "max_model_len": state.max_model_len,
     }
     return json_response({"object": "list", "data": [model]})
+
+
+@router.get("/version")
+async def server_version() -> Response:
+    """The server's version (vLLM's route), open like /health."""
+    return json_response({"version": version("baton")})
 
 
 @router.get("/server_info")

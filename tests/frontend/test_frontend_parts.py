@@ -4,6 +4,7 @@ the app in-process (no lifespan, so no pipeline client)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 
 import httpx
 import msgspec
@@ -187,6 +188,7 @@ def test_app_in_process_errors() -> None:
             ).status_code
             statuses["health"] = (await client.get("/health")).status_code
             statuses["metrics"] = (await client.get("/metrics")).status_code
+            statuses["version"] = (await client.get("/version")).json()["version"]
             models = (await client.get("/v1/models", headers=key)).json()
             statuses["models"] = models["data"][0]["max_model_len"]
         return statuses
@@ -198,6 +200,7 @@ def test_app_in_process_errors() -> None:
         "pipeline_down": 503,
         "health": 503,
         "metrics": 200,
+        "version": importlib.metadata.version("baton"),
         "models": 64,
     }
 
