@@ -18,6 +18,7 @@ import msgspec
 
 from baton.checkpoint.model_config import CheckpointError
 from baton.checkpoint.source import read_json, resolve_model
+from baton.config import BatonConfig
 from baton.sampling_params import InvalidSamplingParam, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -61,16 +62,15 @@ class SamplingDefaults(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
         return params
 
 
-def load_sampling_defaults(
-    model: str | None, setting: str, overrides: dict[str, Any] | None
-) -> SamplingDefaults:
-    """The defaults for serving `model` under `--generation-config setting` and
-    `--override-generation-config`; a CheckpointError in one line for a missing or invalid file
-    or value."""
+def load_sampling_defaults(config: BatonConfig) -> SamplingDefaults:
+    """The defaults for serving `config.model` under `config.generation_config` and
+    `override_generation_config`; a CheckpointError in one line for a missing or invalid file
+    or value, or for a default `--speculative-config` would refuse every request for."""
+    setting, overrides = config.generation_config, config.override_generation_config
     if setting == API_DEFAULTS:
         values: dict[str, Any] = {}
     elif setting == FROM_MODEL:
-        folder = resolve_model(model).folder
+        folder = resolve_model(config.model).folder
         values = read_json(folder / GENERATION_CONFIG_FILE, required=False) if folder else {}
     else:
         values = read_json(Path(setting).expanduser() / GENERATION_CONFIG_FILE, required=True)
@@ -82,9 +82,16 @@ def load_sampling_defaults(
         defaults = msgspec.convert(chosen, SamplingDefaults)
         if defaults.max_tokens is not None and defaults.max_tokens < 1:  # named as in the file
             raise InvalidSamplingParam("max_new_tokens", "max_new_tokens must be at least 1")
-        defaults.sampling_params().validate()
+        params = defaults.sampling_params()
+        params.validate()
     except (msgspec.ValidationError, InvalidSamplingParam) as error:
         raise CheckpointError(f"the generation config's sampling defaults: {error}") from None
+    if params.adjusts_logits and config.speculative_config is not None:
+        raise CheckpointError(
+            f"the generation config sets repetition_penalty {defaults.repetition_penalty}, which "
+            "--speculative-config does not support: add --override-generation-config "
+            "'{\"repetition_penalty\": 1.0}' or --generation-config vllm"
+        )
     return defaults
 
 

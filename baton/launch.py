@@ -165,9 +165,7 @@ def run(config: BatonConfig) -> int:
     try:
         # Refused here in one line rather than by every child with a traceback.
         load_model_config(config.model).served_context_length(config.max_model_len)
-        load_sampling_defaults(
-            config.model, config.generation_config, config.override_generation_config
-        )
+        load_sampling_defaults(config)
         if config.chat_template is not None:
             read_chat_template(config.chat_template)
         if config.speculative_config is not None and config.speculative_config.model:

@@ -48,9 +48,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, **config: object) -> None:
         self.config = BatonConfig(model=model, **config)
-        self.sampling_defaults = load_sampling_defaults(
-            model, self.config.generation_config, self.config.override_generation_config
-        )
+        self.sampling_defaults = load_sampling_defaults(self.config)
         self.scheduler = Scheduler(self.config)
         self.engine = self.scheduler.engine
         self.tokenizer = self.engine.checkpoint.tokenizer

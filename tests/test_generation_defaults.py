@@ -13,7 +13,7 @@ import pytest
 from baton import LLM, SamplingParams
 from baton.checkpoint.model_config import CheckpointError
 from baton.cli import build_parser
-from baton.config import config_from_args
+from baton.config import BatonConfig, config_from_args
 from baton.frontend.params import chat_choices, completion_choices
 from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from baton.generation_defaults import SamplingDefaults, load_sampling_defaults
@@ -37,24 +37,28 @@ def qwen_like_dir(tiny_model_factory: Callable[..., Path], tmp_path: Path) -> Pa
     )
 
 
+def defaults_of(model: str, setting: str, overrides: dict | None, **config: object):
+    return load_sampling_defaults(
+        BatonConfig(
+            model=model, generation_config=setting, override_generation_config=overrides, **config
+        )
+    )
+
+
 def test_auto_reads_the_models_file_vllm_ignores_it_and_overrides_win(qwen_like_dir: Path) -> None:
     model = str(qwen_like_dir)
-    assert load_sampling_defaults(model, "auto", None) == SamplingDefaults(
-        **QWEN_LIKE, max_tokens=6
-    )
-    assert load_sampling_defaults(model, "vllm", None) == SamplingDefaults()
-    assert load_sampling_defaults(model, "vllm", {"temperature": 0.2}) == SamplingDefaults(
-        temperature=0.2
-    )
-    overridden = load_sampling_defaults(model, "auto", {"top_k": 5, "max_new_tokens": None})
+    assert defaults_of(model, "auto", None) == SamplingDefaults(**QWEN_LIKE, max_tokens=6)
+    assert defaults_of(model, "vllm", None) == SamplingDefaults()
+    assert defaults_of(model, "vllm", {"temperature": 0.2}) == SamplingDefaults(temperature=0.2)
+    overridden = defaults_of(model, "auto", {"top_k": 5, "max_new_tokens": None})
     assert (overridden.top_k, overridden.max_tokens, overridden.top_p) == (5, None, 0.8)
     # A folder given by path; keys outside vLLM's six (do_sample, eos ids...) play no part.
     other = qwen_like_dir.parent / "other"
     other.mkdir()
     (other / "generation_config.json").write_text('{"min_p": 0.1, "do_sample": true}')
-    assert load_sampling_defaults(model, str(other), None) == SamplingDefaults(min_p=0.1)
+    assert defaults_of(model, str(other), None) == SamplingDefaults(min_p=0.1)
     # The built-in model and a model without the file have none.
-    assert load_sampling_defaults("baton-random", "auto", None) == SamplingDefaults()
+    assert defaults_of("baton-random", "auto", None) == SamplingDefaults()
 
 
 @pytest.mark.parametrize(
@@ -70,7 +74,7 @@ def test_a_bad_generation_config_is_one_checkpoint_error(
     qwen_like_dir: Path, setting: str, overrides: dict | None, message: str
 ) -> None:
     with pytest.raises(CheckpointError, match=message):
-        load_sampling_defaults(str(qwen_like_dir), setting, overrides)
+        defaults_of(str(qwen_like_dir), setting, overrides)
 
 
 def test_the_launcher_refuses_a_missing_generation_config_in_one_line(
@@ -130,3 +134,17 @@ def test_offline_generate_without_params_samples_with_the_models_defaults(
     assert LLM(str(qwen_like_dir), generation_config="vllm").get_default_sampling_params() == (
         SamplingParams()
     )
+
+
+def test_a_penalty_default_that_speculation_would_refuse_is_refused_at_start_up(
+    qwen_like_dir: Path,
+) -> None:
+    """Qwen2.5's generation config sets repetition_penalty 1.05: under --speculative-config every
+    request would be refused, so the server says so once, with the fix."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
+    with pytest.raises(CheckpointError, match=r"repetition_penalty 1.05.*--override-generation"):
+        defaults_of(str(qwen_like_dir), "auto", None, speculative_config=ngram)
+    fixed = defaults_of(
+        str(qwen_like_dir), "auto", {"repetition_penalty": 1.0}, speculative_config=ngram
+    )
+    assert fixed.repetition_penalty == 1.0 and fixed.temperature == 0.7

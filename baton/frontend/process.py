@@ -49,9 +49,7 @@ def serve(
         return client
 
     max_model_len = source.load_config().served_context_length(config.max_model_len)
-    defaults = load_sampling_defaults(
-        config.model, config.generation_config, config.override_generation_config
-    )
+    defaults = load_sampling_defaults(config)
     log_sampling_defaults(defaults)
     app = create_app(config, connect, max_model_len, source.name, defaults)
     server = DrainingServer(
