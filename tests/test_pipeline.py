@@ -149,6 +149,24 @@ def test_failing_open_requests_aborts_them_on_the_server(server: Server) -> None
     assert after.used_pages == 0 and after.running_requests == 0
 
 
+def test_a_stream_opens_with_the_requests_admission(server: Server) -> None:
+    """The first delta carries nothing: the scheduler took the request (the frontend starts
+    an HTTP stream on it); the rest carry the tokens."""
+
+    async def main():
+        client = await connected(server)
+        try:
+            params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+            return [delta async for delta in client.stream("Once upon a time", params)]
+        finally:
+            await client.close()
+
+    admitted, *deltas = run(main())
+    assert admitted.is_admission and admitted.token_ids == [] and admitted.text == ""
+    assert not any(delta.is_admission for delta in deltas)
+    assert sum(len(delta.token_ids) for delta in deltas) == 3 and deltas[-1].finished
+
+
 def test_explicit_abort_reports_abort(server: Server) -> None:
     async def main():
         client = await connected(server)

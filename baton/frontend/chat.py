@@ -129,6 +129,8 @@ class ChatChunkWriter(ChunkWriterBase):
             chunks.append(self._chunk(self._choice(index, {"role": self._role, "content": ""})))
             if self._echoed:
                 chunks.append(self._chunk(self._choice(index, {"content": self._echoed})))
+        if delta.is_admission:  # the opening chunks go out at once, as vLLM's
+            return chunks
         logprobs = None
         if self._logprobs is not None:
             logprobs = self._logprobs[index].chat(delta.logprobs)

@@ -89,6 +89,8 @@ class CompletionChunkWriter(ChunkWriterBase):
     def chunks(self, index: int, delta: GenerateDelta) -> list[dict]:
         """The chunk for one delta (as vLLM: one per delta with new tokens, even if its text is
         held back); none for a delta without tokens."""
+        if delta.is_admission:
+            return []
         logprobs = None
         if self._logprobs is not None:
             # Streamed, a prompt is scored only to be echoed (`prompt_logprobs` is refused).

@@ -23,7 +23,10 @@ class Echo:
         self._mode = mode
 
     def apply(self, delta: GenerateDelta) -> GenerateDelta:
-        """The delta as the client sees it (modified in place)."""
+        """The delta as the client sees it (modified in place). The prompt goes on the first
+        delta with output, where its logprobs come too; the admission stays empty."""
+        if delta.is_admission:
+            return delta
         if self._mode == "instead_of_output":
             delta.token_ids, delta.text, delta.logprobs = [], "", None
         if self._prompt_text is not None:

@@ -1,7 +1,10 @@
 """Server-sent events: `data: {json}\\n\\n` chunks ending with `data: [DONE]`.
 
-A streamed response starts only once its first delta is in, so an error the pipeline reports up
-front (prompt too long, overloaded) still gets its proper status code instead of a 200 stream.
+A streamed response starts once its first delta is in: the admission, which the pipeline sends
+when the scheduler takes the request, before its prefill. So an error the pipeline reports up
+front (prompt too long, overloaded) still gets its proper status code instead of a 200 stream,
+and an admitted request's headers (and a chat's opening chunk) go out without waiting for its
+first token, as vLLM's do.
 A client that disconnects cancels the stream: its pipeline requests are aborted.
 """
 

@@ -77,6 +77,9 @@ class SchedulerService:
                 message = self._receive()
                 if message is not None:
                     self._handle_and_reply(message)
+            if self.started:  # before the step: a client hears of admission before its prefill
+                self._outbox.send(self._outbound.encode(SchedulerOutputs(started=self.started)))
+                self.started = []
             outputs = self.step()
             if outputs is not None:
                 self._outbox.send(self._outbound.encode(outputs))

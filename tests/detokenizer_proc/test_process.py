@@ -115,7 +115,8 @@ def test_process_routes_replies_and_aborts_for_a_vanished_client(
     for _ in range(2):
         reply = fake.client_reply()
         assert isinstance(reply, Replies)
-        [delta] = reply.items
+        *admitted, delta = reply.items
+        assert all(item.is_admission for item in admitted)
         assert isinstance(delta, GenerateDelta)
         texts.append(delta.text)
     assert texts == ["h", "éllo"]

@@ -185,8 +185,14 @@ def test_two_clients_get_only_their_own_replies(tokenizer: Tokenizer) -> None:
     ]
     handled = service.handle_message(SchedulerOutputs(started=started, steps=steps))
     assert set(handled.replies) == {CLIENT_A, CLIENT_B}
-    assert [delta.text for delta in _deltas(handled, CLIENT_A)] == ["for A", " again"]
-    assert [delta.text for delta in _deltas(handled, CLIENT_B)] == ["for B"]
+    # Each client's first delta is its request's admission, which carries nothing.
+    admitted_a, *deltas_a = _deltas(handled, CLIENT_A)
+    admitted_b, *deltas_b = _deltas(handled, CLIENT_B)
+    assert admitted_a.is_admission and admitted_b.is_admission
+    assert (admitted_a.request_id, admitted_b.request_id) == ("r1", "r1")
+    assert [delta.text for delta in deltas_a] == ["for A", " again"]
+    assert [delta.text for delta in deltas_b] == ["for B"]
+    assert not any(delta.is_admission for delta in deltas_a + deltas_b)
     assert service.active_rids == {make_rid(CLIENT_B, "r1")}
 
 
@@ -243,7 +249,11 @@ def test_bad_token_id_fails_only_that_request(tokenizer: Tokenizer) -> None:
     started = [request_started(CLIENT_A, "bad", []), request_started(CLIENT_A, "good", [])]
     steps = [step_output(CLIENT_A, "bad", [-1]), step_output(CLIENT_A, "good", [72, 105])]
     handled = service.handle_message(SchedulerOutputs(started=started, steps=steps))
-    error, delta = handled.replies[CLIENT_A]
+    *admissions, error, delta = handled.replies[CLIENT_A]
+    assert [(item.request_id, item.is_admission) for item in admissions] == [
+        ("bad", True),
+        ("good", True),
+    ]
     assert isinstance(error, ErrorReply)
     assert (error.request_id, error.code) == ("bad", "internal")
     assert isinstance(delta, GenerateDelta)
@@ -302,7 +312,8 @@ def test_prompt_logprobs_come_with_the_first_delta_as_the_prompt_reads(
     first = step_output(CLIENT_A, "r", [33])
     first.prompt_logprobs = scored
     handled = service.handle_message(SchedulerOutputs(started=[started], steps=[first]))
-    (delta,) = _deltas(handled, CLIENT_A)
+    (admitted, delta) = _deltas(handled, CLIENT_A)
+    assert admitted.is_admission and admitted.prompt_logprobs is None
     assert delta.text == "!"
     assert delta.prompt_logprobs.first_token == "H"
     entries = delta.prompt_logprobs.entries
@@ -323,7 +334,8 @@ def test_prompt_logprobs_for_a_prompt_the_detokenizer_lacks_fail_only_that_reque
     first = step_output(CLIENT_A, "r", [33])
     first.prompt_logprobs = [TokenLogprob(-1.0, []) for _ in range(39)]
     handled = service.handle_message(SchedulerOutputs(started=[started], steps=[first]))
-    (error,) = handled.replies[CLIENT_A]
+    (admitted, error) = handled.replies[CLIENT_A]
+    assert admitted.is_admission
     assert isinstance(error, ErrorReply) and error.code == "internal"
     assert "prompt logprobs" in error.message
     assert handled.to_scheduler == [AbortRid(rid=make_rid(CLIENT_A, "r"))]

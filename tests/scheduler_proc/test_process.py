@@ -111,6 +111,26 @@ def harness(tiny_llama_dir: Path, request: pytest.FixtureRequest) -> Iterator[Ha
     assert not harness.thread.is_alive()
 
 
+@pytest.mark.parametrize(
+    "harness", [{"disable_overlap": True}, {}], indirect=True, ids=["sync", "overlap"]
+)
+def test_an_admitted_request_is_registered_before_its_prefill_runs(harness: Harness) -> None:
+    """The detokenizer hears of the request (and tells its client it was admitted) while the
+    request's first step still runs, with or without the overlap loop (whose step waits on the
+    batch before): an HTTP stream need not wait for the prefill."""
+    harness.send(tokenized("first", list(range(3, 40))))
+    outputs = harness.receive()
+    assert isinstance(outputs, SchedulerOutputs) and not outputs.steps
+    assert [request.rid for request in outputs.started] == ["first"]
+    assert not harness.gate.is_set()  # the prefill has not run yet
+    harness.gate.set()
+    finished = False
+    while not finished:
+        outputs = harness.receive()
+        assert isinstance(outputs, SchedulerOutputs) and not outputs.started  # registered once
+        finished = any(step.finish_reason for step in outputs.steps)
+
+
 def test_stats_are_answered_mid_step_and_other_messages_wait_for_its_end(
     harness: Harness,
 ) -> None:
