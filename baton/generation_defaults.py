@@ -38,34 +38,34 @@ class SamplingDefaults(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
-    max_tokens: int | None = None  # caps a request's max_tokens, as vLLM's max_new_tokens does
+    # HF's max_new_tokens caps max_tokens, as vLLM's: a request's own here (`fill`), and the
+    # scheduler's "to the context's end" for a request without one (Scheduler.check_admissible).
+    max_tokens: int | None = msgspec.field(default=None, name="max_new_tokens")
 
     def fill(self, params: SamplingParams, unset: set[str]) -> None:
         """Give `params` the defaults of the fields in `unset` (those the request left out), and
-        cap its `max_tokens`."""
+        cap its `max_tokens` where it has one."""
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
             value = getattr(self, name)
             if value is not None and name in unset:
                 setattr(params, name, value)
-        if self.max_tokens is not None:
-            requested = params.max_tokens
-            params.max_tokens = (
-                self.max_tokens if requested is None else min(requested, self.max_tokens)
-            )
+        if self.max_tokens is not None and params.max_tokens is not None:
+            params.max_tokens = min(params.max_tokens, self.max_tokens)
 
     def sampling_params(self) -> SamplingParams:
         """A request's params when it sets none: the offline `LLM.generate` without params."""
         params = SamplingParams()
         self.fill(params, set(SAMPLING_KEYS))
-        if self.max_tokens is not None:  # the generation config's length, not a cap on 16
-            params.max_tokens = self.max_tokens
+        if self.max_tokens is not None:  # up to max_new_tokens or the context's end, not 16
+            params.max_tokens = None
         return params
 
 
-def load_sampling_defaults(config: BatonConfig) -> SamplingDefaults:
+def load_sampling_defaults(config: BatonConfig, announce: bool = False) -> SamplingDefaults:
     """The defaults for serving `config.model` under `config.generation_config` and
     `override_generation_config`; a CheckpointError in one line for a missing or invalid file
-    or value, or for a default `--speculative-config` would refuse every request for."""
+    or value. A repetition_penalty is left out under `--speculative-config`, which supports no
+    penalty. `announce`: log what requests will get (once per server: its frontend does)."""
     setting, overrides = config.generation_config, config.override_generation_config
     if setting == API_DEFAULTS:
         values: dict[str, Any] = {}
@@ -76,30 +76,26 @@ def load_sampling_defaults(config: BatonConfig) -> SamplingDefaults:
         values = read_json(Path(setting).expanduser() / GENERATION_CONFIG_FILE, required=True)
     values = {**values, **(overrides or {})}
     chosen = {key: values[key] for key in SAMPLING_KEYS if values.get(key) is not None}
-    if "max_new_tokens" in chosen:
-        chosen["max_tokens"] = chosen.pop("max_new_tokens")
     try:
         defaults = msgspec.convert(chosen, SamplingDefaults)
         if defaults.max_tokens is not None and defaults.max_tokens < 1:  # named as in the file
             raise InvalidSamplingParam("max_new_tokens", "max_new_tokens must be at least 1")
-        params = defaults.sampling_params()
-        params.validate()
+        defaults.sampling_params().validate()
     except (msgspec.ValidationError, InvalidSamplingParam) as error:
         raise CheckpointError(f"the generation config's sampling defaults: {error}") from None
-    if params.adjusts_logits and config.speculative_config is not None:
-        raise CheckpointError(
-            f"the generation config sets repetition_penalty {defaults.repetition_penalty}, which "
-            "--speculative-config does not support: add --override-generation-config "
-            "'{\"repetition_penalty\": 1.0}' or --generation-config vllm"
-        )
-    return defaults
-
-
-def log_sampling_defaults(defaults: SamplingDefaults) -> None:
-    """Say once at start-up that requests get the model's defaults, as vLLM warns."""
-    if defaults != SamplingDefaults():
+    penalty = defaults.repetition_penalty
+    if penalty not in (None, 1.0) and config.speculative_config is not None:
+        defaults = msgspec.structs.replace(defaults, repetition_penalty=None)
+        if announce:
+            logger.warning(
+                "the generation config's repetition_penalty %s is not applied: "
+                "--speculative-config supports no penalty",
+                penalty,
+            )
+    if announce and defaults != SamplingDefaults():
         logger.warning(
             "requests that leave them unset get the model's generation config defaults %s "
             "(--generation-config vllm: the API's own)",
             msgspec.to_builtins(defaults),
         )
+    return defaults

@@ -48,7 +48,7 @@ class LLM:
 
     def __init__(self, model: str | None = None, **config: object) -> None:
         self.config = BatonConfig(model=model, **config)
-        self.sampling_defaults = load_sampling_defaults(self.config)
+        self.sampling_defaults = load_sampling_defaults(self.config, announce=True)
         self.scheduler = Scheduler(self.config)
         self.engine = self.scheduler.engine
         self.tokenizer = self.engine.checkpoint.tokenizer

@@ -111,9 +111,10 @@ def test_requests_take_the_defaults_only_where_they_leave_a_field_unset() -> Non
     [chosen] = completion_choices(explicit, 1, defaults)
     assert (chosen.params.temperature, chosen.params.top_k, chosen.params.top_p) == (0, -1, 0.8)
     assert chosen.params.max_tokens == 3
-    # A chat without max_tokens (the rest of the context) gets max_new_tokens.
+    # A chat without max_tokens keeps none: the scheduler runs it to max_new_tokens or the
+    # context's end, whichever comes first, once the prompt's length is known.
     chat = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], n=2)
-    assert [c.params.max_tokens for c in chat_choices(chat, defaults)] == [6, 6]
+    assert [c.params.max_tokens for c in chat_choices(chat, defaults)] == [None, None]
     assert [c.params.temperature for c in chat_choices(chat, defaults)] == [0.7, 0.7]
     # Without defaults, SamplingParams' own.
     [none] = completion_choices(CompletionRequest(prompt="a"), 1)
@@ -125,9 +126,13 @@ def test_offline_generate_without_params_samples_with_the_models_defaults(
 ) -> None:
     llm = LLM(str(qwen_like_dir), override_generation_config={"temperature": 0})
     params = llm.get_default_sampling_params()
-    assert (params.temperature, params.top_k, params.max_tokens) == (0, 20, 6)
+    assert (params.temperature, params.top_k, params.max_tokens) == (0, 20, None)
     [output] = llm.generate([[5, 6, 7]])
     assert len(output.token_ids) == 6 or output.finish_reason == "stop"
+    # Near the context's end, the context's end comes first (no refusal, as vLLM's).
+    prompt = ([5, 6, 7] * llm.engine.max_model_len)[: llm.engine.max_model_len - 3]
+    [output] = llm.generate([prompt], SamplingParams(max_tokens=None, ignore_eos=True))
+    assert (len(output.token_ids), output.finish_reason) == (3, "length")
     # Explicit params are used as given.
     [output] = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2, ignore_eos=True))
     assert len(output.token_ids) == 2
@@ -136,15 +141,15 @@ def test_offline_generate_without_params_samples_with_the_models_defaults(
     )
 
 
-def test_a_penalty_default_that_speculation_would_refuse_is_refused_at_start_up(
-    qwen_like_dir: Path,
+def test_under_speculation_a_penalty_default_is_left_out(
+    qwen_like_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Qwen2.5's generation config sets repetition_penalty 1.05: under --speculative-config every
-    request would be refused, so the server says so once, with the fix."""
+    """Qwen2.5's generation config sets repetition_penalty 1.05, which --speculative-config
+    cannot apply: its other defaults stay, and the server says so once."""
     ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}
-    with pytest.raises(CheckpointError, match=r"repetition_penalty 1.05.*--override-generation"):
-        defaults_of(str(qwen_like_dir), "auto", None, speculative_config=ngram)
-    fixed = defaults_of(
-        str(qwen_like_dir), "auto", {"repetition_penalty": 1.0}, speculative_config=ngram
-    )
-    assert fixed.repetition_penalty == 1.0 and fixed.temperature == 0.7
+    config = BatonConfig(model=str(qwen_like_dir), speculative_config=ngram)
+    defaults = load_sampling_defaults(config, announce=True)
+    assert defaults.repetition_penalty is None and defaults.temperature == 0.7
+    assert "repetition_penalty 1.05 is not applied" in caplog.text
+    llm = LLM(str(qwen_like_dir), speculative_config=ngram)
+    assert len(llm.generate([[5, 6, 7]])[0].token_ids) <= 6  # served, not refused

@@ -86,8 +86,8 @@ class Engine:
         self.max_model_len = model_config.served_context_length(config.max_model_len)
         self.page_size = config.page_size
         self.num_pages = kv_pool_pages(config, model_config, self.dtype, self.max_model_len)
-        gemm_dtype = _TORCH_DTYPES[self.plan.gemm_dtype] if self.plan.gemm_dtype else None
-        self.model = CausalLM(model_config, self.dtype, self.device, gemm_dtype)
+        self.gemm_dtype = _TORCH_DTYPES[self.plan.gemm_dtype] if self.plan.gemm_dtype else None
+        self.model = CausalLM(model_config, self.dtype, self.device, self.gemm_dtype)
         self.model.load_weights(iter_weights(self.checkpoint, native))
         if native is not None and self.plan.compact_small_batches:
             attached = self.model.attach_compact_weights(
@@ -113,7 +113,7 @@ class Engine:
             self.dtype,
             self.device,
             native=attention_kernels,
-            prefill_dtype=gemm_dtype,
+            prefill_dtype=self.gemm_dtype,
         )
         self.decode_step: NativeDecodeStep | None = None
         if (
@@ -127,8 +127,9 @@ class Engine:
             # depends on the machine and the model's shapes: measured (native step or op by op,
             # whichever serves), not assumed.
             logger.info("timing decode steps from the stored weights against bf16 GEMMs")
-            if compact_crossover(self) == 0:
+            if compact_crossover(self, config.max_running_requests) == 0:
                 self.decode_step = None
+                self.model.drop_layer_compact_weights()
         logger.info(
             "decode steps of up to %d rows: %s",
             self.model.compact_max_rows,

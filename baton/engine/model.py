@@ -182,12 +182,20 @@ class CausalLM(nn.Module):
         return attached
 
     def limit_compact_rows(self, max_rows: int) -> None:
-        """Multiply the compact weights in batches of up to `max_rows` rows only (0: never);
-        larger ones take the GEMM path. At most COMPACT_MAX_ROWS, the native step's capacity."""
+        """Let the decoder layers multiply their compact weights in batches of up to `max_rows`
+        rows only (0: never); larger ones take their GEMMs. At most COMPACT_MAX_ROWS, the native
+        step's capacity. The float32 LM head keeps reading its compact weights up to that
+        capacity: its GEMM would read float32 weights, twice the bytes, on no faster hardware."""
         self.compact_max_rows = min(max_rows, COMPACT_MAX_ROWS)
-        for module in self.modules():
+        for module in self.layers.modules():
             if isinstance(module, Linear):
                 module.compact_max_rows = self.compact_max_rows
+
+    def drop_layer_compact_weights(self) -> None:
+        """Free the decoder layers' compact weights, which batches of no size use any more."""
+        for module in self.layers.modules():
+            if isinstance(module, Linear):
+                module.compact = None
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

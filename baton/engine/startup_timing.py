@@ -15,12 +15,17 @@ from typing import TYPE_CHECKING
 import torch
 
 from baton.engine.argmax import greedy_argmax
+from baton.engine.compact_weights import COMPACT_MAX_ROWS
 
 if TYPE_CHECKING:  # the engine calls these at start-up: a type only, no import cycle
     from baton.engine.engine import Engine
 
 # Batch sizes at which the compact weights and the GEMMs are compared, smallest first.
 CROSSOVER_ROWS = (1, 2, 4, 8, 16, 32)
+# The GEMMs take over only where they are this much faster: two best-of-three timings of paths
+# bound by the same bytes (one row) differ by noise, and the native step's batches are the ones
+# measured to be served well elsewhere.
+GEMM_WIN_MARGIN = 0.9
 # Start-up time the comparison may take: a model of several GB steps in seconds at 32 rows. A
 # size is timed only if twice the last size's time still fits (rows double, and so, at worst, does
 # the time); out of time, the sizes compared so far decide (larger batches keep the bf16 GEMMs).
@@ -53,23 +58,28 @@ def idle_decode_step(engine: Engine, num_rows: int) -> None:
         greedy_argmax(logits)
 
 
-def compact_crossover(engine: Engine) -> int:
-    """The most rows (of CROSSOVER_ROWS) up to which a decode step from the compact weights,
-    the native step, beat the same step through the GEMMs at every size timed; 0 if it lost at
-    one row (or within CROSSOVER_BUDGET_S). Leaves the model's compact rows limited to it."""
+def compact_crossover(engine: Engine, max_batch_rows: int) -> int:
+    """The most rows up to which a decode step from the compact weights (the native step, where
+    it serves) was not clearly slower (GEMM_WIN_MARGIN) than the same step through the GEMMs at
+    every size of CROSSOVER_ROWS timed; 0 if it lost at one row. Sizes past the largest batch,
+    `max_batch_rows`, are not timed: winning up to there, the compact weights keep every batch.
+    Leaves the model's compact rows limited to the crossover."""
     model = engine.model
+    largest = min(max_batch_rows, engine.num_pages * engine.page_size, COMPACT_MAX_ROWS)
     crossover, last_size_s = 0, 0.0
     started = time.perf_counter()
     for rows in CROSSOVER_ROWS:
+        if rows > largest:
+            crossover = largest  # every batch this server can run was won or is smaller
+            break
         size_started = time.perf_counter()
-        out_of_time = size_started - started + 2 * last_size_s > CROSSOVER_BUDGET_S
-        if out_of_time or rows > engine.num_pages * engine.page_size:
+        if size_started - started + 2 * last_size_s > CROSSOVER_BUDGET_S:
             break
         model.limit_compact_rows(rows)
         compact = best_time(lambda n: idle_decode_step(engine, n), rows)
         model.limit_compact_rows(0)
         gemm = best_time(lambda n: idle_decode_step(engine, n), rows)
-        if compact > gemm:
+        if gemm < compact * GEMM_WIN_MARGIN:
             break
         crossover, last_size_s = rows, time.perf_counter() - size_started
     model.limit_compact_rows(crossover)

@@ -81,8 +81,8 @@ def create_app(
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=body_limit)
     if config.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
-    # Outermost, as vLLM's: a browser's preflight needs no key, and a refusal carries the CORS
-    # headers the browser needs to show it.
+    # Outermost: a browser's preflight needs no key, and a 401 carries the CORS headers the
+    # browser needs to show it (vLLM's key check, outside its CORS, lets OPTIONS through).
     app.add_middleware(
         CORSMiddleware,
         allow_origins=list(config.allowed_origins),

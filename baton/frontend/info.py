@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 
 import msgspec
 from fastapi import APIRouter, Request, Response
@@ -50,7 +50,11 @@ async def list_models(request: Request) -> Response:
 @router.get("/version")
 async def server_version() -> Response:
     """The server's version (vLLM's route), open like /health."""
-    return json_response({"version": version("baton")})
+    try:
+        installed = version("baton")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        installed = "unknown"
+    return json_response({"version": installed})
 
 
 @router.get("/server_info")

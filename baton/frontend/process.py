@@ -18,7 +18,7 @@ from baton.config import BatonConfig
 from baton.frontend.app import create_app, served_model_name
 from baton.frontend.drain import DrainingServer
 from baton.frontend.http_protocol import OpenAIErrorHttpProtocol
-from baton.generation_defaults import load_sampling_defaults, log_sampling_defaults
+from baton.generation_defaults import load_sampling_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,7 @@ def serve(
         return client
 
     max_model_len = source.load_config().served_context_length(config.max_model_len)
-    defaults = load_sampling_defaults(config)
-    log_sampling_defaults(defaults)
+    defaults = load_sampling_defaults(config, announce=True)
     app = create_app(config, connect, max_model_len, source.name, defaults)
     server = DrainingServer(
         uvicorn.Config(

@@ -24,6 +24,7 @@ from baton.config import BatonConfig
 from baton.engine.engine import Engine
 from baton.engine.forward_batch import ForwardBatch, ForwardOutput
 from baton.engine.sampler import make_generator
+from baton.generation_defaults import load_sampling_defaults
 from baton.messages import AggregateStats, FinishReason, StepOutput, TokenLogprob
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.batch_policy import BatchPolicy, ScheduledRow
@@ -84,6 +85,10 @@ class Scheduler:
         self._notices: list[StepOutput] = []
         self._held = HeldOutputs(config.stream_interval)
         self._num_paused = 0  # of `requests`: a loop with only paused ones waits for messages
+        # The generation config's max_new_tokens: what a request without max_tokens runs to at
+        # most (else to the context's end), as vLLM's; a request's own max_tokens is capped by
+        # the frontend, which reads the same defaults.
+        self.default_max_tokens = load_sampling_defaults(config).max_tokens
 
     # --- requests ------------------------------------------------------------------------------
     def add_request(
@@ -128,11 +133,11 @@ class Scheduler:
             )
         if params.prompt_logprobs is not None and self.engine.speculator is not None:
             raise RequestError("prompt_logprobs is not supported with --speculative-config")
-        max_tokens = (
-            params.max_tokens
-            if params.max_tokens is not None
-            else self.engine.max_model_len - num_prompt_tokens
-        )
+        max_tokens = params.max_tokens
+        if max_tokens is None:
+            max_tokens = self.engine.max_model_len - num_prompt_tokens
+            if self.default_max_tokens is not None:
+                max_tokens = min(max_tokens, self.default_max_tokens)
         if self.kv.pages_for(num_prompt_tokens + max_tokens) > self.kv.num_pages:
             raise PromptTooLongError(
                 f"the request needs up to {num_prompt_tokens + max_tokens} tokens of KV cache, "

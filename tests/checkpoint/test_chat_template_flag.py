@@ -28,10 +28,16 @@ def test_the_value_is_the_template_where_it_holds_a_brace_or_a_newline(tmp_path:
     file = tmp_path / "template.jinja"
     file.write_text(TEMPLATE)
     assert read_chat_template(str(file)) == TEMPLATE
-    with pytest.raises(ValueError, match="looks like a file path, and it cannot be read"):
+    with pytest.raises(ValueError, match="looks like a file path, and there is no such file"):
         read_chat_template(str(tmp_path / "missing.jinja"))
     with pytest.raises(ValueError, match="--chat-template does not compile"):
         read_chat_template("{% for m in messages %}unclosed")
+    # Compiled, not only parsed: an unknown filter fails here, not in the tokenizer process.
+    with pytest.raises(ValueError, match=r"--chat-template does not compile.*nosuchfilter"):
+        read_chat_template("{{ messages | nosuchfilter }}")
+    (tmp_path / "empty.jinja").write_text("")
+    with pytest.raises(ValueError, match="is empty"):
+        read_chat_template(str(tmp_path / "empty.jinja"))
 
 
 def test_it_replaces_the_models_template_where_chats_are_rendered(

@@ -9,18 +9,21 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_greedy_matches_hf, hf_greedy_generate
 
 import baton.engine.engine as engine_module
+import baton.engine.speculation.setup as speculation_setup
 import baton.engine.startup_timing as startup_timing
 from baton import LLM, SamplingParams
 from baton.engine.compute_plan import ComputePlan, isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS
 from baton.engine.layers import Linear
+from baton.engine.speculation.draft_budget import StepCost
 from baton.engine.startup_timing import CROSSOVER_ROWS, compact_crossover
 
 NATIVE_KERNELS = isa_rank(detect_cpu_capabilities().isa) >= isa_rank("avx2") and bool(
@@ -42,10 +45,30 @@ GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 BF16_TIE_TOLERANCE = 0.5
 
 
+# The crossover the engines of most tests get, as if start-up had timed it (a timed one would
+# depend on the machine's load): bf16 GEMMs win from 9 rows.
+FIXED_CROSSOVER = 8
+
+
+def fixed_crossover(rows: int) -> Callable[..., int]:
+    def timed(engine, max_batch_rows: int) -> int:
+        engine.model.limit_compact_rows(rows)
+        return rows
+
+    return timed
+
+
 @pytest.fixture
-def bf16_gemm_plan(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every engine built in the test takes the plan a native-bf16 CPU would choose."""
+def timed_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every engine built in the test takes the plan a native-bf16 CPU would choose, and times
+    its crossover on this machine."""
     monkeypatch.setattr(engine_module, "choose_compute_plan", lambda *args, **kw: BF16_GEMMS)
+
+
+@pytest.fixture
+def bf16_gemm_plan(timed_plan: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan, with FIXED_CROSSOVER for a crossover."""
+    monkeypatch.setattr(engine_module, "compact_crossover", fixed_crossover(FIXED_CROSSOVER))
 
 
 class CountingStep:
@@ -82,29 +105,46 @@ def test_a_linear_layer_casts_its_rows_to_the_gemm_dtype_and_adds_the_bias_in_fl
 def test_native_steps_keep_the_tokens_of_the_same_plan_op_by_op(
     bf16_gemm_plan: None, tiny_model_factory: Callable[..., Path], variant: str
 ) -> None:
-    """Start-up times both paths and keeps the native step for batches it wins (here, where bf16
-    GEMMs are emulated or the model tiny, every size timed); a batch of more rows than that
-    decodes through the bf16 GEMMs. Tokens are those of the same plan with `--enforce-eager`."""
+    """Up to the crossover decode batches run natively from the stored weights; a batch of more
+    rows decodes through the bf16 GEMMs. Tokens are those of the same plan with
+    `--enforce-eager`, whose op-by-op batches split the same way."""
     path = tiny_model_factory(variant, weights_dtype=torch.bfloat16)
     native = LLM(str(path))
     eager = LLM(str(path), enforce_eager=True)
     assert native.engine.dtype == torch.float32 and native.engine.plan.gemm_dtype == "bfloat16"
     layer = native.engine.model.layers[0].mlp.gate_up_proj
     assert layer.weight.dtype == torch.bfloat16 and layer.compact is not None
-    crossover = native.engine.model.compact_max_rows
-    assert crossover in CROSSOVER_ROWS and eager.engine.decode_step is None
-    # Op by op too, the crossover is timed (each path may set its own).
-    assert eager.engine.model.compact_max_rows in CROSSOVER_ROWS
-    eager.engine.model.limit_compact_rows(crossover)
+    assert layer.compact_max_rows == FIXED_CROSSOVER == eager.engine.model.compact_max_rows
+    # The float32 LM head has no bf16 GEMM: it reads its compact weights up to the step's size.
+    assert native.engine.model.lm_head.compact_max_rows == NATIVE_STEP_MAX_ROWS
     counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
-    for batch in sorted({1, 5, crossover, crossover + 1}):
+    for batch in (1, 5, FIXED_CROSSOVER, FIXED_CROSSOVER + 1):
         prompts = [[(7 * i + j) % 250 for j in range(3 + 5 * i)] for i in range(batch)]
         before = counting.batches
         got = [output.token_ids for output in native.generate(prompts, GREEDY)]
         want = [output.token_ids for output in eager.generate(prompts, GREEDY)]
         assert got == want, f"batch of {batch}"
         # Each step decodes every row at once (the prompts all prefill in the first batch).
-        assert counting.batches - before == (0 if batch > crossover else GREEDY.max_tokens - 1)
+        native_steps = 0 if batch > FIXED_CROSSOVER else GREEDY.max_tokens - 1
+        assert counting.batches - before == native_steps
+
+
+@needs_native
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["native", "eager"])
+def test_start_up_times_the_crossover_on_this_machine(
+    timed_plan: None, tiny_model_factory: Callable[..., Path], enforce_eager: bool
+) -> None:
+    """Whatever this machine's load makes of it, the engine serves with the crossover it timed
+    (op by op too), and a loss at one row leaves no native step and no compact layer weights."""
+    path = tiny_model_factory("llama", weights_dtype=torch.bfloat16)
+    llm = LLM(str(path), enforce_eager=enforce_eager, max_running_requests=64)
+    crossover = llm.engine.model.compact_max_rows
+    assert crossover in (0, *CROSSOVER_ROWS)
+    layer = llm.engine.model.layers[0].self_attn.qkv_proj
+    assert layer.compact_max_rows == crossover and (layer.compact is None) == (crossover == 0)
+    has_step = llm.engine.decode_step is not None
+    assert has_step == (crossover > 0 and not enforce_eager)
+    assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == GREEDY.max_tokens
 
 
 @needs_native
@@ -119,11 +159,31 @@ def test_greedy_tokens_are_transformers_float32_ones(
     llm = LLM(str(path), chunk_size=40)
     assert llm.engine.attention.prefill_dtype == torch.bfloat16
     short, long = [5, 17, 3], [(11 * j) % 250 for j in range(90)]
-    assert llm.engine.model.compact_max_rows >= len(short) and len(long) > NATIVE_STEP_MAX_ROWS
+    assert len(short) <= FIXED_CROSSOVER and len(long) > NATIVE_STEP_MAX_ROWS
     [output] = llm.generate([short], GREEDY)
     assert output.token_ids == hf_greedy_generate(path, short, GREEDY.max_tokens)
     [output] = llm.generate([long], GREEDY)
     assert_greedy_matches_hf(path, long, output.token_ids, BF16_TIE_TOLERANCE)
+
+
+@needs_native
+@pytest.mark.skipif(
+    not detect_cpu_capabilities().can_pack("bfloat16"),
+    reason="oneDNN packs bf16 weights only on AVX-512 CPUs",
+)
+def test_packed_bf16_weights_as_a_native_bf16_cpu_multiplies_them(
+    bf16_gemm_plan: None, tiny_model_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan as AVX512_BF16 and AMX machines take it: bf16 weights packed for oneDNN, which
+    prefill and batches past the crossover multiply (with a bias added after, in float32)."""
+    packed = msgspec.structs.replace(BF16_GEMMS, pack_weights=True)
+    monkeypatch.setattr(engine_module, "choose_compute_plan", lambda *args, **kw: packed)
+    path = tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)
+    llm = LLM(str(path))
+    assert llm.engine.model.layers[0].self_attn.qkv_proj.packed
+    prompts = [[(5 * i + j) % 250 for j in range(20 + 7 * i)] for i in range(FIXED_CROSSOVER + 1)]
+    for prompt, output in zip(prompts, llm.generate(prompts, GREEDY), strict=True):
+        assert_greedy_matches_hf(path, prompt, output.token_ids, BF16_TIE_TOLERANCE)
 
 
 @needs_native
@@ -150,16 +210,36 @@ def test_past_a_lower_crossover_decode_batches_leave_the_native_step_for_the_gem
 def test_an_engine_whose_native_step_loses_at_one_row_decodes_op_by_op(
     bf16_gemm_plan: None, tiny_model_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def loses_at_one_row(engine) -> int:
-        engine.model.limit_compact_rows(0)
-        return 0
-
-    monkeypatch.setattr(engine_module, "compact_crossover", loses_at_one_row)
+    monkeypatch.setattr(engine_module, "compact_crossover", fixed_crossover(0))
     llm = LLM(str(tiny_model_factory("llama", weights_dtype=torch.bfloat16)))
     assert llm.engine.decode_step is None
+    # The layers' compact copies, which no batch reads now, are freed; the head keeps its own.
     layer = llm.engine.model.layers[0].self_attn.qkv_proj
-    assert layer.compact is not None and layer.compact_max_rows == 0
+    assert layer.compact is None and layer.compact_max_rows == 0
+    assert llm.engine.model.lm_head.compact is not None
     assert len(llm.generate([[1, 2, 3]], GREEDY)[0].token_ids) == GREEDY.max_tokens
+
+
+@needs_native
+def test_speculation_drafts_past_a_low_crossover(
+    bf16_gemm_plan: None, tiny_model_factory: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows past the crossover take the GEMMs start-up found faster: no cap on a batch's rows
+    (the float32 plan's cap keeps batches in its native step)."""
+    monkeypatch.setattr(engine_module, "compact_crossover", fixed_crossover(1))
+    # Rows as cheap as the hardware's GEMMs make them (here torch emulates bf16: rows look dear,
+    # and the draft budget would rightly decline every draft).
+    cheap_rows = StepCost(fixed_s=1e-3, per_row_s=1e-6)
+    monkeypatch.setattr(speculation_setup.StepCost, "measure", lambda *args: cheap_rows)
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}
+    path = tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)
+    llm = LLM(str(path), speculative_config=ngram)
+    assert llm.engine.speculator.budget.max_rows is None
+    # Long enough for the random model's greedy text to repeat itself, which ngram drafts from.
+    long_enough = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    outputs = llm.generate([[5, 6, 7, 8] * 6, [9, 10, 11] * 8], long_enough)
+    assert [len(output.token_ids) for output in outputs] == [40, 40]
+    assert llm.scheduler.aggregate_stats().spec_decode_num_draft_tokens > 0
 
 
 class FakeModel:
@@ -193,7 +273,7 @@ def test_the_crossover_is_the_last_size_timed_at_which_the_stored_weights_won(
         return {"compact": 1.0, "gemm": 2.0 if compact_wins else 0.5}[path]
 
     monkeypatch.setattr(startup_timing, "best_time", best_time)
-    assert compact_crossover(engine) == crossover
+    assert compact_crossover(engine, max_batch_rows=256) == crossover
     assert engine.model.compact_max_rows == crossover
     # Sizes are timed smallest first, both ways, up to the first the GEMMs win.
     sizes = [rows for rows in CROSSOVER_ROWS if rows <= crossover]
@@ -215,5 +295,33 @@ def test_out_of_start_up_time_the_sizes_timed_so_far_decide(
     monkeypatch.setattr(startup_timing, "best_time", best_time)
     monkeypatch.setattr(startup_timing.time, "perf_counter", lambda: clock[0])
     # 1 row: 0.2 budgets; 2 rows: 0.4 more (0.6 in all); 4 rows would take 0.8 more: not timed.
-    assert compact_crossover(engine) == 2
+    assert compact_crossover(engine, max_batch_rows=256) == 2
     assert engine.model.compact_max_rows == 2
+
+
+@pytest.mark.parametrize(
+    ("gemm_over_compact", "crossover"), [(0.95, 32), (0.85, 0)], ids=["noise", "clear-win"]
+)
+def test_the_gemms_take_over_only_where_clearly_faster(
+    monkeypatch: pytest.MonkeyPatch, gemm_over_compact: float, crossover: int
+) -> None:
+    engine = FakeEngine()
+
+    def best_time(run_rows, rows: int) -> float:
+        return 1.0 if engine.model.compact_max_rows >= rows else gemm_over_compact
+
+    monkeypatch.setattr(startup_timing, "best_time", best_time)
+    assert compact_crossover(engine, max_batch_rows=256) == crossover
+
+
+def test_sizes_past_the_largest_batch_are_not_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --max-num-seqs 5, no batch has more than 5 rows: won at 4, compact keeps them all."""
+    engine, timed = FakeEngine(), []
+
+    def best_time(run_rows, rows: int) -> float:
+        timed.append(rows)
+        return 1.0 if engine.model.compact_max_rows >= rows else 2.0
+
+    monkeypatch.setattr(startup_timing, "best_time", best_time)
+    assert compact_crossover(engine, max_batch_rows=5) == 5
+    assert sorted(set(timed)) == [1, 2, 4]

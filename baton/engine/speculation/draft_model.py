@@ -44,7 +44,9 @@ class DraftModel:
         vocab_size: int,
         num_pages: int,
         dtype: torch.dtype,
+        gemm_dtype: torch.dtype | None = None,
     ) -> None:
+        """`dtype` and `gemm_dtype`: the target's (ComputePlan), so both models compute alike."""
         assert spec.model is not None
         checkpoint = load_checkpoint(spec.model)
         model_config = checkpoint.config
@@ -55,7 +57,7 @@ class DraftModel:
             )
         self.device = torch.device(config.device)
         self.page_size = config.page_size
-        self.model = CausalLM(model_config, dtype, self.device)
+        self.model = CausalLM(model_config, dtype, self.device, gemm_dtype)
         self.model.load_weights(iter_weights(checkpoint))
         self.kv_pool = KVPool.for_model(
             model_config, num_pages, config.page_size, dtype, self.device

@@ -32,7 +32,9 @@ def make_speculator(config: BatonConfig, engine: Engine) -> Speculator | None:
             spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
         )
     else:
-        drafter = DraftModel(spec, config, engine.vocab_size, engine.num_pages, engine.dtype)
+        drafter = DraftModel(
+            spec, config, engine.vocab_size, engine.num_pages, engine.dtype, engine.gemm_dtype
+        )
     many_rows = min(_TIMED_ROWS, engine.num_pages * engine.page_size)
     cost = StepCost.measure(lambda rows: idle_decode_step(engine, rows), many_rows)
     logger.info(
@@ -41,7 +43,10 @@ def make_speculator(config: BatonConfig, engine: Engine) -> Speculator | None:
         cost.fixed_s * 1e3,
         cost.per_row_s * 1e3,
     )
-    # On a CPU, rows past the compact weights' would leave the native step for the GEMMs.
-    max_rows = engine.model.compact_max_rows if engine.device.type == "cpu" else None
+    # On a CPU's float32 plan, rows past the compact weights' would leave the native step for
+    # float32 GEMMs, which are compute-bound: a hard cap. With bf16 GEMMs (ComputePlan.gemm_dtype)
+    # the rows past the crossover take the path start-up timed as the faster one: no cap.
+    capped = engine.device.type == "cpu" and engine.plan.gemm_dtype is None
+    max_rows = engine.model.compact_max_rows if capped else None
     budget = DraftBudget(cost, config.max_running_requests, max_rows)
     return Speculator(drafter, config.max_running_requests, budget)
