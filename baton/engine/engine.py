@@ -93,6 +93,7 @@ class Engine:
             attached = self.model.attach_compact_weights(
                 iter_compact_weights(self.checkpoint), native
             )
+            # (With bf16 GEMMs, start-up then times how many rows the layers keep: logged below.)
             logger.info(
                 "%d linear layers read their stored weights in batches of up to %d rows",
                 attached,
