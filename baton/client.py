@@ -167,8 +167,9 @@ class BatonClient:
         *,
         add_special_tokens: bool = True,
     ) -> AsyncIterator[GenerateDelta]:
-        """Yield the request's deltas as they come: the first, empty (`is_admission`), once the
-        scheduler has admitted the request, before its prefill; the last has `finished` set.
+        """Yield the request's deltas as they come: the first, an `admission` carrying nothing
+        else, once the scheduler has taken the request (before its prefill); the last has
+        `finished` set.
 
         A prompt is text, token ids, or chat messages (rendered under `chat`, vLLM's chat
         template options); `priority` and `deadline_ms` matter under the server's

@@ -352,9 +352,9 @@ class PromptLogprobs(msgspec.Struct, array_like=True):
 
 class GenerateDelta(msgspec.Struct, tag="delta", kw_only=True, omit_defaults=True):
     """New output of one request; the last one has `finished`, `finish_reason`, usage and stats.
-    The first, empty (`is_admission`), says the scheduler admitted the request, before its
-    prefill runs; with `prompt_logprobs`, the first with tokens carries them. Defaults stay off
-    the wire (one delta a token)."""
+    The first, `admission`, carries nothing else: the scheduler took the request (sent before
+    its prefill runs); with `prompt_logprobs`, the first with tokens carries them. Defaults
+    stay off the wire (one delta a token)."""
 
     request_id: str
     token_ids: list[int]
@@ -365,12 +365,9 @@ class GenerateDelta(msgspec.Struct, tag="delta", kw_only=True, omit_defaults=Tru
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     stats: RequestStats | None = None
-
-    @property
-    def is_admission(self) -> bool:
-        """The request's first delta, which carries nothing: the scheduler took it (an HTTP
-        stream can start now, as vLLM's does before the first token)."""
-        return not (self.token_ids or self.text or self.finished or self.prompt_logprobs)
+    # The request's first delta, and nothing else: the scheduler took it (an HTTP stream's
+    # headers can go out now, as vLLM's do before the first token).
+    admission: bool = False
 
 
 class ErrorReply(msgspec.Struct, tag="error", kw_only=True):

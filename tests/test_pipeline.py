@@ -162,8 +162,8 @@ def test_a_stream_opens_with_the_requests_admission(server: Server) -> None:
             await client.close()
 
     admitted, *deltas = run(main())
-    assert admitted.is_admission and admitted.token_ids == [] and admitted.text == ""
-    assert not any(delta.is_admission for delta in deltas)
+    assert admitted.admission and admitted.token_ids == [] and admitted.text == ""
+    assert not any(delta.admission for delta in deltas)
     assert sum(len(delta.token_ids) for delta in deltas) == 3 and deltas[-1].finished
 
 

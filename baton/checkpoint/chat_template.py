@@ -59,7 +59,11 @@ def read_chat_template(value: str) -> str:
     else, where it holds a brace or a newline, the value itself (vLLM's rule). ValueError in one
     line naming the flag otherwise."""
     path = Path(value).expanduser()
-    if path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError:  # an inline template is no valid path (a name too long, say)
+        is_file = False
+    if is_file:
         try:
             source = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:

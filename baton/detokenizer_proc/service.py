@@ -131,7 +131,9 @@ class DetokenizerService:
             prompt_tail=started.prompt_tail,
             return_stats=started.return_stats,
         )
-        admitted = GenerateDelta(request_id=started.request_id, token_ids=[], text="")
+        admitted = GenerateDelta(
+            request_id=started.request_id, token_ids=[], text="", admission=True
+        )
         _add_reply(handled, started.client_id, admitted)
 
     def _apply_step(self, step: StepOutput, handled: Handled) -> None:

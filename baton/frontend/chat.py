@@ -123,14 +123,14 @@ class ChatChunkWriter(ChunkWriterBase):
 
     def chunks(self, index: int, delta: GenerateDelta) -> list[dict]:
         """The chunks for one delta (the opening chunks first, for a choice's first delta)."""
+        if delta.admission:  # the headers go out now; the opening chunk, as vLLM's, with output
+            return []
         chunks = []
         if index not in self._opened:
             self._opened.add(index)
             chunks.append(self._chunk(self._choice(index, {"role": self._role, "content": ""})))
             if self._echoed:
                 chunks.append(self._chunk(self._choice(index, {"content": self._echoed})))
-        if delta.is_admission:  # the opening chunks go out at once, as vLLM's
-            return chunks
         logprobs = None
         if self._logprobs is not None:
             logprobs = self._logprobs[index].chat(delta.logprobs)

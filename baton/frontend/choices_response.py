@@ -40,7 +40,7 @@ async def respond_with_choices(
     every choice and answer with `body(outputs)`."""
     streams = {choice.index: choice_stream(state, response_id, choice) for choice in choices}
     if stream:
-        return await stream_response(request, merged_streams(streams), writer())
+        return await stream_response(request, merged_streams(streams), writer(), len(choices))
     runs = [collect(choice, streams[choice.index]) for choice in choices]
     outputs = await unless_disconnected(request, gather_or_cancel(runs))
     return json_response(body(outputs))

@@ -89,7 +89,7 @@ class CompletionChunkWriter(ChunkWriterBase):
     def chunks(self, index: int, delta: GenerateDelta) -> list[dict]:
         """The chunk for one delta (as vLLM: one per delta with new tokens, even if its text is
         held back); none for a delta without tokens."""
-        if delta.is_admission:
+        if delta.admission:
             return []
         logprobs = None
         if self._logprobs is not None:

@@ -25,7 +25,7 @@ class Echo:
     def apply(self, delta: GenerateDelta) -> GenerateDelta:
         """The delta as the client sees it (modified in place). The prompt goes on the first
         delta with output, where its logprobs come too; the admission stays empty."""
-        if delta.is_admission:
+        if delta.admission:
             return delta
         if self._mode == "instead_of_output":
             delta.token_ids, delta.text, delta.logprobs = [], "", None

@@ -1,10 +1,10 @@
 """Server-sent events: `data: {json}\\n\\n` chunks ending with `data: [DONE]`.
 
-A streamed response starts once its first delta is in: the admission, which the pipeline sends
-when the scheduler takes the request, before its prefill. So an error the pipeline reports up
-front (prompt too long, overloaded) still gets its proper status code instead of a 200 stream,
-and an admitted request's headers (and a chat's opening chunk) go out without waiting for its
-first token, as vLLM's do.
+A streamed response starts once every choice's first delta is in: its admission, which the
+pipeline sends when the scheduler takes the request, before its prefill (or an error). So an
+error the pipeline reports up front for any choice (prompt too long, overloaded) still gets its
+proper status code instead of a 200 stream, and the headers go out without waiting for the
+prefill, as vLLM's do.
 A client that disconnects cancels the stream: its pipeline requests are aborted.
 """
 
@@ -108,24 +108,31 @@ class SSEResponse(StreamingResponse):
 
 
 async def stream_response(
-    request: Request, deltas: AsyncIterator[IndexedDelta], writer: ChunkWriter
+    request: Request, deltas: AsyncIterator[IndexedDelta], writer: ChunkWriter, num_choices: int
 ) -> SSEResponse:
-    """Wait for the first delta (errors raise here, before any byte is sent), then stream."""
+    """Wait until each of the `num_choices` choices has its first delta (errors raise here,
+    before any byte is sent), then stream."""
+    opening: list[IndexedDelta] = []
     try:
-        first = await unless_disconnected(request, anext(deltas))
+        started: set[int] = set()
+        while len(started) < num_choices:
+            indexed = await unless_disconnected(request, anext(deltas))
+            opening.append(indexed)
+            started.add(indexed[0])
     except BaseException:
         await deltas.aclose()  # type: ignore[attr-defined]
         raise
-    return SSEResponse(_events(first, deltas, writer))
+    return SSEResponse(_events(opening, deltas, writer))
 
 
 async def _events(
-    first: IndexedDelta, deltas: AsyncIterator[IndexedDelta], writer: ChunkWriter
+    opening: list[IndexedDelta], deltas: AsyncIterator[IndexedDelta], writer: ChunkWriter
 ) -> AsyncIterator[bytes]:
     try:
-        events = _joined(writer.chunks(*first))
-        if events:  # empty when a token's text is held back and no logprobs are wanted
-            yield events
+        for index, delta in opening:
+            events = _joined(writer.chunks(index, delta))
+            if events:  # none for an admission, or a token whose text is held back
+                yield events
         async for index, delta in deltas:
             events = _joined(writer.chunks(index, delta))
             if events:

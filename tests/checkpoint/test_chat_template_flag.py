@@ -28,6 +28,9 @@ def test_the_value_is_the_template_where_it_holds_a_brace_or_a_newline(tmp_path:
     file = tmp_path / "template.jinja"
     file.write_text(TEMPLATE)
     assert read_chat_template(str(file)) == TEMPLATE
+    # An inline template is rarely a valid path (a name past 255 bytes raises, unless caught).
+    long_template = TEMPLATE + "{# " + "x" * 400 + " #}"
+    assert read_chat_template(long_template) == long_template
     with pytest.raises(ValueError, match="looks like a file path, and there is no such file"):
         read_chat_template(str(tmp_path / "missing.jinja"))
     with pytest.raises(ValueError, match="--chat-template does not compile"):

@@ -116,7 +116,7 @@ def test_process_routes_replies_and_aborts_for_a_vanished_client(
         reply = fake.client_reply()
         assert isinstance(reply, Replies)
         *admitted, delta = reply.items
-        assert all(item.is_admission for item in admitted)
+        assert all(item.admission for item in admitted)
         assert isinstance(delta, GenerateDelta)
         texts.append(delta.text)
     assert texts == ["h", "éllo"]

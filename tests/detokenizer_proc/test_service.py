@@ -188,11 +188,11 @@ def test_two_clients_get_only_their_own_replies(tokenizer: Tokenizer) -> None:
     # Each client's first delta is its request's admission, which carries nothing.
     admitted_a, *deltas_a = _deltas(handled, CLIENT_A)
     admitted_b, *deltas_b = _deltas(handled, CLIENT_B)
-    assert admitted_a.is_admission and admitted_b.is_admission
+    assert admitted_a.admission and admitted_b.admission
     assert (admitted_a.request_id, admitted_b.request_id) == ("r1", "r1")
     assert [delta.text for delta in deltas_a] == ["for A", " again"]
     assert [delta.text for delta in deltas_b] == ["for B"]
-    assert not any(delta.is_admission for delta in deltas_a + deltas_b)
+    assert not any(delta.admission for delta in deltas_a + deltas_b)
     assert service.active_rids == {make_rid(CLIENT_B, "r1")}
 
 
@@ -250,7 +250,7 @@ def test_bad_token_id_fails_only_that_request(tokenizer: Tokenizer) -> None:
     steps = [step_output(CLIENT_A, "bad", [-1]), step_output(CLIENT_A, "good", [72, 105])]
     handled = service.handle_message(SchedulerOutputs(started=started, steps=steps))
     *admissions, error, delta = handled.replies[CLIENT_A]
-    assert [(item.request_id, item.is_admission) for item in admissions] == [
+    assert [(item.request_id, item.admission) for item in admissions] == [
         ("bad", True),
         ("good", True),
     ]
@@ -313,7 +313,7 @@ def test_prompt_logprobs_come_with_the_first_delta_as_the_prompt_reads(
     first.prompt_logprobs = scored
     handled = service.handle_message(SchedulerOutputs(started=[started], steps=[first]))
     (admitted, delta) = _deltas(handled, CLIENT_A)
-    assert admitted.is_admission and admitted.prompt_logprobs is None
+    assert admitted.admission and admitted.prompt_logprobs is None
     assert delta.text == "!"
     assert delta.prompt_logprobs.first_token == "H"
     entries = delta.prompt_logprobs.entries
@@ -335,7 +335,7 @@ def test_prompt_logprobs_for_a_prompt_the_detokenizer_lacks_fail_only_that_reque
     first.prompt_logprobs = [TokenLogprob(-1.0, []) for _ in range(39)]
     handled = service.handle_message(SchedulerOutputs(started=[started], steps=[first]))
     (admitted, error) = handled.replies[CLIENT_A]
-    assert admitted.is_admission
+    assert admitted.admission
     assert isinstance(error, ErrorReply) and error.code == "internal"
     assert "prompt logprobs" in error.message
     assert handled.to_scheduler == [AbortRid(rid=make_rid(CLIENT_A, "r"))]

@@ -119,6 +119,10 @@ def test_pipeline_rejections_are_400(http: httpx.Client) -> None:
     # A stream fails before it starts: a proper status, not a 200 with an error inside.
     streamed = http.post("/v1/completions", json={**too_long, "stream": True})
     assert_error(streamed, 400, "prompt_too_long")
+    # Nor when another choice was admitted first: the stream waits for every choice's admission.
+    for _ in range(30):  # which comes first, admission or refusal, varies from run to run
+        mixed = {"prompt": [[1, 2, 3], [1] * 600], "max_tokens": 4, "stream": True}
+        assert_error(http.post("/v1/completions", json=mixed), 400, "prompt_too_long")
     too_much_output = {"prompt": "Hi", "max_tokens": 600}
     assert_error(http.post("/v1/completions", json=too_much_output), 400, "prompt_too_long")
     # Finite in JSON, but not in the sampler's float32 / int64: once it failed its whole batch.
