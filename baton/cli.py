@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import sys
 
-from baton.config import add_config_args, config_from_args
+from baton.config_cli import add_config_args, config_from_args
 
 BENCH_SERVING = ["bench", "serving"]
 

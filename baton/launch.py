@@ -25,7 +25,8 @@ from baton.checkpoint.chat_template import read_chat_template
 from baton.checkpoint.model_config import CheckpointError
 from baton.checkpoint.source import load_model_config
 from baton.child_process import LauncherMessage, start_child
-from baton.config import BatonConfig, add_config_args, config_from_args
+from baton.config import BatonConfig
+from baton.config_cli import add_config_args, config_from_args
 from baton.cpu_binding import AUTO, NOBIND, resolve_binding
 from baton.generation_defaults import load_sampling_defaults
 from baton.messages import Codec, Shutdown

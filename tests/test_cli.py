@@ -10,7 +10,7 @@ from bench.fake_openai_server import FakeOpenAIServer, FakeServerConfig
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.checkpoint.source import default_model
 from baton.cli import build_parser, main
-from baton.config import config_from_args
+from baton.config_cli import config_from_args
 
 
 def test_generate_prints_a_completion(stories260k_dir: Path, capsys: pytest.CaptureFixture) -> None:

@@ -13,7 +13,8 @@ import pytest
 from baton import LLM, SamplingParams
 from baton.checkpoint.model_config import CheckpointError
 from baton.cli import build_parser
-from baton.config import BatonConfig, config_from_args
+from baton.config import BatonConfig
+from baton.config_cli import config_from_args
 from baton.frontend.params import chat_choices, completion_choices
 from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from baton.generation_defaults import SamplingDefaults, load_sampling_defaults

@@ -396,7 +396,8 @@ def test_a_reader_that_falls_behind_pauses_its_request(server: Server, offline: 
         client = await connected(server)
         try:
             stream = client.stream(STORY_PROMPTS[0], params)
-            token_ids = list((await anext(stream)).token_ids)
+            assert (await anext(stream)).admission
+            token_ids = list((await anext(stream)).token_ids)  # then stop reading
             paused = None
             for _ in range(200):  # up to 10 s for the server to pause it
                 await asyncio.sleep(0.05)

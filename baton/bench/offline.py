@@ -27,7 +27,8 @@ from baton.bench.output import write_report
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
 from baton.checkpoint.load import load_checkpoint
 from baton.checkpoint.source import GGUF_SUFFIX
-from baton.config import BatonConfig, add_config_args, config_from_args
+from baton.config import BatonConfig
+from baton.config_cli import add_config_args, config_from_args
 from baton.llm import LLM
 from baton.sampling_params import SamplingParams
 

@@ -18,7 +18,8 @@ import time
 from baton.bench.output import write_report
 from baton.bench.peers import free_port
 from baton.client import BatonClient
-from baton.config import BatonConfig, add_config_args, config_from_args
+from baton.config import BatonConfig
+from baton.config_cli import add_config_args, config_from_args
 from baton.launch import Server
 from baton.llm import LLM
 from baton.sampling_params import SamplingParams

@@ -15,7 +15,8 @@ import random
 import time
 
 from baton.bench.output import write_report
-from baton.config import BatonConfig, add_config_args, config_from_args
+from baton.config import BatonConfig
+from baton.config_cli import add_config_args, config_from_args
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.scheduler import Scheduler
 

@@ -18,7 +18,8 @@ from collections.abc import Callable
 import torch
 
 from baton.bench.output import write_report
-from baton.config import BatonConfig, add_config_args, config_from_args
+from baton.config import BatonConfig
+from baton.config_cli import add_config_args, config_from_args
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.engine import Engine
 from baton.engine.forward_batch import ForwardBatch

@@ -22,7 +22,7 @@ from baton.bench.peers import (
     llama_server_command,
     vllm_command,
 )
-from baton.config import add_config_args, config_from_args
+from baton.config_cli import add_config_args, config_from_args
 from baton.engine.compute_plan import CpuCapabilities
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 

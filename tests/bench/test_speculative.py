@@ -30,7 +30,7 @@ from baton.bench.workloads import (
     build_payload,
     code_edit_requests,
 )
-from baton.config import add_config_args, config_from_args
+from baton.config_cli import add_config_args, config_from_args
 from baton.speculative_config import SpeculativeConfig
 
 BATON_DIR = Path(baton.__file__).resolve().parent

@@ -13,7 +13,8 @@ from baton import LLM
 from baton.checkpoint.chat_template import read_chat_template
 from baton.checkpoint.load import load_checkpoint
 from baton.cli import build_parser
-from baton.config import BatonConfig, config_from_args
+from baton.config import BatonConfig
+from baton.config_cli import config_from_args
 from baton.messages import ChatMessage
 from baton.tokenizer_proc.chat import chat_prompt
 from baton.tokenizer_proc.service import TokenizerService

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import assert_greedy_matches_hf, hf_greedy_generate
+from helpers.decode_steps import CountingStep
 
 import baton.engine.engine as engine_module
 import baton.engine.speculation.setup as speculation_setup
@@ -69,20 +70,6 @@ def timed_plan(monkeypatch: pytest.MonkeyPatch) -> None:
 def bf16_gemm_plan(timed_plan: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """The plan, with FIXED_CROSSOVER for a crossover."""
     monkeypatch.setattr(engine_module, "compact_crossover", fixed_crossover(FIXED_CROSSOVER))
-
-
-class CountingStep:
-    """Wraps the engine's decode step, counting the batches it ran."""
-
-    def __init__(self, step) -> None:
-        self.step, self.batches = step, 0
-
-    def handles(self, q_lens) -> bool:
-        return self.step.handles(q_lens)
-
-    def __call__(self, *args):
-        self.batches += 1
-        return self.step(*args)
 
 
 def test_a_linear_layer_casts_its_rows_to_the_gemm_dtype_and_adds_the_bias_in_float32() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.decode_steps import CountingStep
 from safetensors.torch import load_file, save_file
 
 from baton import LLM, SamplingParams
@@ -24,20 +25,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 PLAIN_ROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
-
-
-class CountingStep:
-    """Wraps the engine's decode step, counting the batches it ran."""
-
-    def __init__(self, step) -> None:
-        self.step, self.batches = step, 0
-
-    def handles(self, q_lens) -> bool:
-        return self.step.handles(q_lens)
-
-    def __call__(self, *args):
-        self.batches += 1
-        return self.step(*args)
 
 
 def _checkpoint(factory: Callable[..., Path], tmp_path: Path, variant: str, storage: str) -> Path:

@@ -17,7 +17,8 @@ from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.cli import build_parser
 from baton.client import BatonClient, ServerError
-from baton.config import BatonConfig, config_from_args
+from baton.config import BatonConfig
+from baton.config_cli import config_from_args
 from baton.frontend.app import create_app, served_model_name
 from baton.frontend.body_limit import default_body_limit
 from baton.frontend.errors import OpenAIError, from_server_error, from_validation_error

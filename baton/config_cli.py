@@ -1,0 +1,231 @@
+"""The command line of every entry point (`baton launch`, `baton generate`, the benchmarks):
+BatonConfig's flags, named as vLLM's where vLLM has one, and the config they build."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from typing import Any
+
+from baton.config import (
+    BATCH_ORDERS,
+    SCHEDULING_POLICIES,
+    BatonConfig,
+)
+from baton.engine.compute_plan import DTYPES, ISA_LEVELS
+from baton.speculative_config import SpeculativeConfig
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """The engine and scheduler flags, named as vLLM's where vLLM has one."""
+    defaults = BatonConfig()
+    group = parser.add_argument_group("model and engine")
+    group.add_argument(
+        "--model", default=None, help="HF checkpoint folder or hub id (default: built-in)"
+    )
+    group.add_argument(
+        "--dtype",
+        default=defaults.dtype,
+        choices=["auto", *DTYPES],
+        help="auto: the checkpoint's dtype where this CPU computes it natively, else float32",
+    )
+    group.add_argument("--device", default=defaults.device, help="cpu or cuda")
+    group.add_argument(
+        "--attention-backend",
+        default=defaults.attention_backend,
+        choices=["auto", "torch", "flashinfer"],
+    )
+    group.add_argument("--seed", type=int, default=defaults.seed)
+    group.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step op by op through the model (no native decode step)",
+    )
+    group.add_argument(
+        "--num-threads", type=int, default=None, help="engine CPU threads (default: its cores)"
+    )
+    group.add_argument(
+        "--omp-threads-bind",
+        default=defaults.omp_threads_bind,
+        help="auto | nobind | CPU list like 1-3: the engine's cores; the rest for the server",
+    )
+    group.add_argument(
+        "--max-cpu-isa",
+        default=None,
+        choices=ISA_LEVELS,
+        help="plan the CPU computation for at most this ISA (default: what the CPU has)",
+    )
+    group.add_argument(
+        "--block-size",
+        dest="page_size",
+        type=int,
+        default=defaults.page_size,
+        help="tokens per KV page",
+    )
+    group.add_argument(
+        "--num-gpu-blocks-override",
+        dest="num_pages",
+        type=int,
+        default=None,
+        help="number of KV pages (default: from --kv-cache-memory-bytes)",
+    )
+    group.add_argument("--kv-cache-memory-bytes", type=int, default=defaults.kv_cache_memory_bytes)
+    group.add_argument("--max-model-len", type=int, default=None)
+    group = parser.add_argument_group("scheduling")
+    group.add_argument(
+        "--max-num-seqs",
+        dest="max_running_requests",
+        type=int,
+        default=defaults.max_running_requests,
+    )
+    group.add_argument(
+        "--max-num-batched-tokens",
+        dest="chunk_size",
+        type=int,
+        default=defaults.chunk_size,
+        help="token budget of one batch (prefill chunk size)",
+    )
+    group.add_argument(
+        "--scheduling-policy",
+        default=defaults.scheduling_policy,
+        choices=SCHEDULING_POLICIES,
+        help="which request runs first: fcfs, priority (the request's `priority`, lower first), "
+        "edf (earliest `deadline_ms`), lrs (least remaining slack to `deadline_ms`)",
+    )
+    group.add_argument(
+        "--batch-order",
+        default=defaults.batch_order,
+        choices=BATCH_ORDERS,
+        help="prefill chunks first (default), or every decode first",
+    )
+    group.add_argument(
+        "--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false"
+    )
+    group.add_argument(
+        "--disable-overlap",
+        action="store_true",
+        help="plain loop: wait for each batch before scheduling the next",
+    )
+    group.add_argument("--max-waiting-requests", type=int, default=defaults.max_waiting_requests)
+    group.add_argument(
+        "--stream-interval",
+        type=int,
+        default=defaults.stream_interval,
+        help="send a request's tokens every N (its first at once): fewer messages per token",
+    )
+    group.add_argument(
+        "--speculative-config",
+        type=_speculative_config,
+        default=None,
+        help='speculative decoding, as JSON: {"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"method": "draft_model", '
+        '"model": PATH, "num_speculative_tokens": 4}',
+    )
+    group = parser.add_argument_group("serving")
+    group.add_argument("--host", default=defaults.host)
+    group.add_argument("--port", type=int, default=defaults.port)
+    group.add_argument(
+        "--zmq-port",
+        type=int,
+        default=None,
+        help="serve the ZMQ client protocol on tcp ports N and N+1 (default: ipc)",
+    )
+    group.add_argument(
+        "--api-key",
+        # Like vLLM's VLLM_API_KEY: a key in the environment stays out of `ps`, unlike a flag.
+        default=os.environ.get("BATON_API_KEY") or None,
+        help="require this bearer token on the HTTP API (default: $BATON_API_KEY)",
+    )
+    group.add_argument("--served-model-name", default=None)
+    group.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=None,
+        help="413 for larger bodies (default: room for the longest prompt the context fits)",
+    )
+    group.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=defaults.shutdown_timeout,
+        help="seconds open requests may finish after SIGTERM before they are cut (0: at once)",
+    )
+    group.add_argument(
+        "--watchdog-timeout",
+        type=float,
+        default=defaults.watchdog_timeout,
+        help="/health answers 503 while one engine step has run longer than this (seconds)",
+    )
+    group.add_argument(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help='logprob tokens read "token_id:<id>" unless a request sets return_tokens_as_token_ids',
+    )
+    for flag, help_text in (
+        ("--allowed-origins", "origins a browser may call the API from, as a JSON list"),
+        ("--allowed-methods", "HTTP methods allowed from other origins, as a JSON list"),
+        ("--allowed-headers", "request headers allowed from other origins, as a JSON list"),
+    ):
+        group.add_argument(flag, type=_json_strings, default=("*",), help=help_text + ' ["*"]')
+    group.add_argument(
+        "--allow-credentials",
+        action="store_true",
+        help="let browsers send cookies and authorization to the API from other origins",
+    )
+    group.add_argument(
+        "--chat-template",
+        default=None,
+        help="the chat template to render chats with instead of the model's: a file, or the "
+        "template itself",
+    )
+    group.add_argument(
+        "--generation-config",
+        default=defaults.generation_config,
+        help="defaults of unset sampling parameters: auto (the model's generation_config.json), "
+        "vllm (the API's own) or a folder holding a generation_config.json",
+    )
+    group.add_argument(
+        "--override-generation-config",
+        type=_json_object,
+        default=None,
+        help='generation config keys set over it, as JSON: {"temperature": 0.5}',
+    )
+    group.add_argument("--log-level", default=defaults.log_level)
+
+
+def _speculative_config(text: str) -> SpeculativeConfig:
+    try:
+        return SpeculativeConfig.from_json(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
+def _json_strings(text: str) -> tuple[str, ...]:
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise argparse.ArgumentTypeError('expected a JSON list of strings, such as ["*"]')
+    return tuple(value)
+
+
+def config_from_args(args: argparse.Namespace) -> BatonConfig:
+    """Build the config from parsed flags (unknown attributes are ignored); an invalid
+    combination exits with its message, like a flag argparse rejects."""
+    names = {field.name for field in dataclasses.fields(BatonConfig)}
+    try:
+        return BatonConfig(**{name: value for name, value in vars(args).items() if name in names})
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
