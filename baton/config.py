@@ -87,6 +87,8 @@ class BatonConfig:
     watchdog_timeout: float = 300.0
     # vLLM's: logprob tokens read "token_id:<id>" unless a request says otherwise.
     return_tokens_as_token_ids: bool = False
+    # vLLM's --disable-log-stats: no periodic throughput line (scheduler_proc/stats_log.py).
+    disable_log_stats: bool = False
     # CORS, as vLLM's --allowed-origins, --allowed-methods, --allowed-headers and
     # --allow-credentials (its defaults: any origin, method and header; no credentials).
     allowed_origins: tuple[str, ...] = ("*",)

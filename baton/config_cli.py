@@ -180,6 +180,11 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         "template itself",
     )
     group.add_argument(
+        "--disable-log-stats",
+        action="store_true",
+        help="no periodic line of throughput, queue and KV cache usage in the log",
+    )
+    group.add_argument(
         "--generation-config",
         default=defaults.generation_config,
         help="defaults of unset sampling parameters: auto (the model's generation_config.json), "

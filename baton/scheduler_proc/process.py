@@ -30,6 +30,7 @@ from baton.messages import (
     TokenizedRequest,
 )
 from baton.scheduler_proc.scheduler import Scheduler
+from baton.scheduler_proc.stats_log import StatsLog
 from baton.validation import RequestError
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,11 @@ class SchedulerService:
         self._outbox = outbox
         self._inbound = Codec(SchedulerMessage)
         self._outbound = Codec(DetokenizerMessage)
+        self._stats_log = (
+            None
+            if scheduler.config.disable_log_stats
+            else StatsLog(scheduler.aggregate_stats, time.monotonic())
+        )
         self._deferred: deque[SchedulerMessage] = deque()
         # The engine thread writes a byte here when the step being waited on ends.
         self._step_done_read, self._step_done_write = os.pipe()
@@ -83,6 +89,8 @@ class SchedulerService:
             outputs = self.step()
             if outputs is not None:
                 self._outbox.send(self._outbound.encode(outputs))
+            if self._stats_log is not None:
+                self._stats_log.maybe_log(time.monotonic())
 
     def _receive(self) -> SchedulerMessage | None:
         """The next inbox message (one is waiting), or None for a malformed frame."""
