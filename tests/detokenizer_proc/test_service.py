@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from helpers import SAMPLE_CPU, SAMPLE_PLAN
+from helpers import SAMPLE_STATS
 from helpers.detokenizer import (
     CLIENT_A,
     CLIENT_B,
@@ -20,7 +20,6 @@ from baton.detokenizer_proc.incremental import REPLACEMENT_CHAR
 from baton.detokenizer_proc.service import DetokenizerService, Handled
 from baton.messages import (
     AbortRid,
-    AggregateStats,
     ErrorReply,
     ForwardedStats,
     GenerateDelta,
@@ -205,29 +204,7 @@ def test_request_failed_and_forwarded_stats_become_replies(
     assert handled == Handled(
         {CLIENT_B: [ErrorReply(request_id="r9", code="overloaded", message="full")]}, []
     )
-    stats = AggregateStats(
-        running_requests=1,
-        waiting_requests=2,
-        paused_requests=0,
-        total_pages=10,
-        free_pages=5,
-        cached_pages=3,
-        used_pages=2,
-        peak_used_pages=4,
-        peak_memory_bytes=1 << 30,
-        finished_requests=4,
-        prompt_tokens=40,
-        cached_prompt_tokens=8,
-        generated_tokens=20,
-        preemptions=0,
-        spec_decode_num_drafts=0,
-        spec_decode_num_draft_tokens=0,
-        spec_decode_num_accepted_tokens=0,
-        uptime=1.5,
-        generation_throughput=13.3,
-        cpu=SAMPLE_CPU,
-        compute_plan=SAMPLE_PLAN,
-    )
+    stats = SAMPLE_STATS
     handled = service.handle_message(
         ForwardedStats(client_id=CLIENT_A, request_id="s1", stats=stats)
     )

@@ -16,34 +16,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from helpers import free_port
-from helpers.frontend_http import MODEL_NAME, auth, base_url
+from helpers.frontend_http import MODEL_NAME, auth, base_url, run_frontend
 
 from baton import LLM
-from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.config import BatonConfig
-from baton.launch import Server
 
 API_KEY = "test-secret-key"
-# Small, so the 413 tests need only small bodies.
-BODY_LIMIT = 64 * 1024
-
-
-def run_frontend(**settings: object) -> Iterator[BatonConfig]:
-    """Launch a server (its frontend included); on exit, SIGTERM must end the frontend with 0."""
-    config = BatonConfig(
-        **{"model": RANDOM_MODEL_NAME, **settings},
-        dtype="float32",
-        page_size=4,
-        num_pages=400,
-        port=free_port(),
-        max_request_body_bytes=BODY_LIMIT,
-        log_level="warning",
-    )
-    with Server(config) as server:
-        yield config
-    exit_code = server.processes["frontend"].returncode
-    assert exit_code == 0, f"the frontend exited with {exit_code} on SIGTERM"
 
 
 @pytest.fixture(scope="session")

@@ -7,29 +7,16 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from helpers import free_port
-from helpers.frontend_http import base_url
-
-from baton.checkpoint.random_model import RANDOM_MODEL_NAME
-from baton.config import BatonConfig
-from baton.launch import Server
+from helpers.frontend_http import base_url, run_frontend
 
 DEFAULTS = {"temperature": 0, "max_new_tokens": 5}
 
 
 @pytest.fixture(scope="module")
 def http() -> Iterator[httpx.Client]:
-    config = BatonConfig(
-        model=RANDOM_MODEL_NAME,
-        dtype="float32",
-        max_model_len=256,
-        num_pages=64,
-        port=free_port(),
-        override_generation_config=DEFAULTS,
-        log_level="warning",
-    )
-    with Server(config), httpx.Client(base_url=base_url(config), timeout=30) as client:
-        yield client
+    for config in run_frontend(max_model_len=256, override_generation_config=DEFAULTS):
+        with httpx.Client(base_url=base_url(config), timeout=30) as client:
+            yield client
 
 
 def complete(http: httpx.Client, **fields: object) -> dict:

@@ -9,7 +9,7 @@ import importlib.metadata
 import httpx
 import msgspec
 import pytest
-from helpers import SAMPLE_CPU, SAMPLE_PLAN
+from helpers import SAMPLE_STATS
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
@@ -26,15 +26,6 @@ from baton.frontend.metrics import FrontendMetrics
 from baton.frontend.params import completion_choices
 from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from baton.messages import AggregateStats, GenerateDelta
-
-SAMPLE_STATS = AggregateStats(
-    running_requests=2, waiting_requests=1, paused_requests=1, total_pages=10, free_pages=5,
-    cached_pages=1, used_pages=4, peak_used_pages=7, peak_memory_bytes=3 << 30,
-    finished_requests=3, prompt_tokens=30, cached_prompt_tokens=8, generated_tokens=40,
-    preemptions=1, spec_decode_num_drafts=5, spec_decode_num_draft_tokens=20,
-    spec_decode_num_accepted_tokens=12, uptime=1.0, generation_throughput=40.0,
-    cpu=SAMPLE_CPU, compute_plan=SAMPLE_PLAN,
-)  # fmt: skip
 
 
 def test_completion_choices_index_and_seed_per_choice() -> None:

@@ -6,7 +6,7 @@ from helpers.hf_reference import (
     hf_logits,
     load_hf_model,
 )
-from helpers.machines import SAMPLE_CPU, SAMPLE_PLAN
+from helpers.machines import SAMPLE_CPU, SAMPLE_PLAN, SAMPLE_STATS
 from helpers.ports import free_port, free_port_pair
 from helpers.tiny_models import (
     BOS_ID,
@@ -26,6 +26,7 @@ __all__ = [
     "PAD_ID",
     "SAMPLE_CPU",
     "SAMPLE_PLAN",
+    "SAMPLE_STATS",
     "TINY_VARIANTS",
     "VOCAB_SIZE",
     "assert_greedy_matches_hf",

@@ -5,21 +5,18 @@ from __future__ import annotations
 import logging
 
 import pytest
-from helpers import SAMPLE_CPU, SAMPLE_PLAN
+from helpers import SAMPLE_STATS
 from msgspec.structs import replace
 
 from baton.cli import build_parser
 from baton.config_cli import config_from_args
-from baton.messages import AggregateStats
 from baton.scheduler_proc.stats_log import LOG_INTERVAL_S, StatsLog, stats_line
 
-IDLE = AggregateStats(
-    running_requests=0, waiting_requests=0, paused_requests=0, total_pages=200, free_pages=200,
-    cached_pages=0, used_pages=0, peak_used_pages=0, peak_memory_bytes=1 << 30,
-    finished_requests=0, prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0,
-    preemptions=0, spec_decode_num_drafts=0, spec_decode_num_draft_tokens=0,
-    spec_decode_num_accepted_tokens=0, uptime=1.0, generation_throughput=0.0,
-    cpu=SAMPLE_CPU, compute_plan=SAMPLE_PLAN,
+# A scheduler that has done nothing yet.
+IDLE = replace(
+    SAMPLE_STATS, running_requests=0, waiting_requests=0, paused_requests=0, total_pages=200,
+    free_pages=200, cached_pages=0, used_pages=0, prompt_tokens=0, cached_prompt_tokens=0,
+    generated_tokens=0,
 )  # fmt: skip
 
 
