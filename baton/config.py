@@ -13,6 +13,10 @@ from baton.speculative_config import SpeculativeConfig
 # --tool-call-parser's choices (baton/frontend/tools.py): "hermes" reads `<tool_call>{"name":
 # ..., "arguments": ...}</tool_call>` blocks, the format of Qwen2.5, Qwen3 and Hermes models.
 TOOL_CALL_PARSERS = ("hermes",)
+# --reasoning-parser's choices (baton/reasoning.py): vLLM's names for the models that reason in
+# a `<think>...</think>` block before they answer (Qwen3; DeepSeek-R1 and its distills, QwQ).
+# Baton reads both the same way: the prompt says whether the reply opens inside the block.
+REASONING_PARSERS = ("deepseek_r1", "qwen3")
 
 # Which waiting request runs first, and which running one is preempted first (the least urgent):
 # vLLM's fcfs and priority (lower `priority` first, ties by arrival), and Vajra's deadline-aware
@@ -110,6 +114,9 @@ class BatonConfig:
     # calls a reply makes with this parser (frontend/tools.py).
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    # vLLM's --reasoning-parser: a chat reply's reasoning comes back apart from its content, and
+    # a constraint applies once the reasoning ends.
+    reasoning_parser: str | None = None
     log_level: str = "info"
 
     def replace(self, **changes: object) -> BatonConfig:
@@ -155,6 +162,11 @@ class BatonConfig:
             raise ValueError(
                 f"unknown tool_call_parser {self.tool_call_parser!r}; "
                 f"expected one of {', '.join(TOOL_CALL_PARSERS)}"
+            )
+        if self.reasoning_parser not in (None, *REASONING_PARSERS):
+            raise ValueError(
+                f"unknown reasoning_parser {self.reasoning_parser!r}; "
+                f"expected one of {', '.join(REASONING_PARSERS)}"
             )
         if not self.shutdown_timeout >= 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")

@@ -11,6 +11,7 @@ from typing import Any
 
 from baton.config import (
     BATCH_ORDERS,
+    REASONING_PARSERS,
     SCHEDULING_POLICIES,
     TOOL_CALL_PARSERS,
     BatonConfig,
@@ -207,6 +208,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         choices=TOOL_CALL_PARSERS,
         default=None,
         help="how an auto tool choice's calls are read from the reply (hermes: Qwen2.5, Qwen3)",
+    )
+    group.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        default=None,
+        help="return a chat reply's <think> block as `reasoning`, apart from its content",
     )
     group.add_argument("--log-level", default=defaults.log_level)
 

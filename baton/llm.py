@@ -19,6 +19,7 @@ from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.scheduler import Scheduler
 from baton.scheduler_stats import RequestStats
 from baton.tokenizer_proc.chat import request_chat_prompt
+from baton.tokenizer_proc.reasoning import ReasoningTokens
 from baton.validation import (
     RequestError,
     truncated_prompt,
@@ -63,6 +64,10 @@ class LLM:
         self.scheduler = Scheduler(self.config)
         self.engine = self.scheduler.engine
         self.tokenizer = self.engine.checkpoint.tokenizer
+        # reasoning_parser: a chat reply that opens in reasoning is constrained after it, as
+        # vLLM's LLM does (its text stays whole, reasoning included).
+        parser = self.config.reasoning_parser
+        self.reasoning = ReasoningTokens.of(self.tokenizer, parser) if parser else None
         self._ids = itertools.count()
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -80,6 +85,17 @@ class LLM:
         (one per prompt, lower first) needs `scheduling_policy="priority"` unless all are 0, as
         vLLM's (a RequestError otherwise). A RequestError refuses the whole batch before any of
         it runs."""
+        return self._generate(prompts, sampling_params, priority)
+
+    def _generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        priority: Sequence[int] | None,
+        reasoning_ends: Sequence[int | None] | None = None,
+    ) -> list[RequestOutput]:
+        """`generate`, where each reply may open in reasoning that `reasoning_ends` (one per
+        prompt) says the end of."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
@@ -94,7 +110,8 @@ class LLM:
             self._validated_prompt_ids(prompt, params, request_priority)
             for prompt, params, request_priority in zip(prompts, sampling_params, priority)
         ]
-        unqueued = deque(zip(prompt_ids, sampling_params, priority))
+        reasoning_ends = reasoning_ends or [None] * len(prompts)
+        unqueued = deque(zip(prompt_ids, sampling_params, priority, reasoning_ends))
         outputs: dict[str, RequestOutput] = {}
         detokenizers: dict[str, IncrementalDetokenizer] = {}
         pending: set[str] = set()
@@ -145,13 +162,20 @@ class LLM:
                 self.tokenizer, [_chat_message(m) for m in conversation], options
             )
             prompts.append(self.tokenizer.encode(chat.text, chat.add_special_tokens))
-        return self.generate(prompts, sampling_params)
+        reasoning_ends = None
+        if self.reasoning is not None:
+            reasoning_ends = [
+                self.reasoning.reply_end(self.tokenizer, prompt, continue_final_message)
+                for prompt in prompts
+            ]
+        return self._generate(prompts, sampling_params, None, reasoning_ends)
 
     def _queue(
         self,
         prompt_ids: list[int],
         params: SamplingParams,
         priority: int,
+        reasoning_end: int | None,
         outputs: dict[str, RequestOutput],
         detokenizers: dict[str, IncrementalDetokenizer],
     ) -> str:
@@ -167,7 +191,9 @@ class LLM:
         )
         # Last: once the scheduler holds the request, nothing here may fail before it is
         # pending (and so aborted if the batch is interrupted).
-        self.scheduler.add_request(request_id, prompt_ids, params, priority=priority)
+        self.scheduler.add_request(
+            request_id, prompt_ids, params, priority=priority, reasoning_end_token=reasoning_end
+        )
         outputs[request_id] = RequestOutput(request_id, prompt_ids)
         detokenizers[request_id] = detokenizer
         return request_id
@@ -227,6 +253,7 @@ def _chat_message(message: Message) -> ChatMessage:
             content=content,
             tool_calls=message.get("tool_calls"),
             tool_call_id=message.get("tool_call_id"),
+            reasoning=message.get("reasoning", message.get("reasoning_content")),
         )
     except (KeyError, TypeError, AttributeError) as error:
         raise RequestError(f"not a chat message: {message!r}") from error

@@ -31,13 +31,14 @@ ErrorCode = Literal["invalid_request", "prompt_too_long", "overloaded", "interna
 
 class ChatMessage(msgspec.Struct, omit_defaults=True):
     """One chat turn, as in OpenAI's API: an assistant's turn may hold the tool calls it made
-    (OpenAI's objects: id, type, function name and arguments as JSON text), and a "tool" turn
-    answers the call `tool_call_id` names."""
+    (OpenAI's objects: id, type, function name and arguments as JSON text) and the reasoning
+    that came before its content, and a "tool" turn answers the call `tool_call_id` names."""
 
     role: str
     content: str
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning: str | None = None
 
 
 # --- client -> tokenizer_proc -----------------------------------------------------------------
@@ -153,9 +154,9 @@ class PromptLogprobs(msgspec.Struct, array_like=True):
 
 class GenerateDelta(msgspec.Struct, tag="delta", kw_only=True, omit_defaults=True):
     """New output of one request; the last one has `finished`, `finish_reason`, usage and stats.
-    The first, `admission`, carries nothing else: the scheduler took the request (sent before
-    its prefill runs); with `prompt_logprobs`, the first with tokens carries them. Defaults
-    stay off the wire (one delta a token)."""
+    The first, `admission`, carries nothing but `in_reasoning`: the scheduler took the request
+    (sent before its prefill runs); with `prompt_logprobs`, the first with tokens carries them.
+    Defaults stay off the wire (one delta a token)."""
 
     request_id: str
     token_ids: list[int]
@@ -169,6 +170,10 @@ class GenerateDelta(msgspec.Struct, tag="delta", kw_only=True, omit_defaults=Tru
     # The request's first delta, and nothing else: the scheduler took it (an HTTP stream's
     # headers can go out now, as vLLM's do before the first token).
     admission: bool = False
+    # On the admission delta: the reply opens inside the model's reasoning (a chat under
+    # --reasoning-parser whose prompt left the block open), so its text up to the first
+    # </think> is reasoning (baton/reasoning.py).
+    in_reasoning: bool = False
 
 
 class ErrorReply(msgspec.Struct, tag="error", kw_only=True):

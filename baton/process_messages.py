@@ -87,6 +87,9 @@ class RequestStarted(msgspec.Struct, tag="started", kw_only=True):
     min_tokens: int = 0  # stop strings are ignored until this many tokens are generated
     include_stop_str_in_output: bool = False
     return_stats: bool = False  # see GenerateRequest
+    # A chat reply that opens inside the model's reasoning (--reasoning-parser): the frontend
+    # learns it from the admission delta and reads the reply's text up to </think> as reasoning.
+    in_reasoning: bool = False
 
 
 class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True):
@@ -103,6 +106,9 @@ class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True):
     started: RequestStarted
     priority: int = 0
     deadline_ms: float | None = None
+    # The token that ends the reasoning the reply opens in (`started.in_reasoning`): the
+    # request's constraint, if any, applies only after it (engine/grammar.py).
+    reasoning_end_token: int | None = None
 
 
 class AbortRid(msgspec.Struct, tag="abort_rid", kw_only=True):

@@ -10,6 +10,7 @@ from bench.fake_openai_server import FakeOpenAIServer, FakeServerConfig
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.checkpoint.source import default_model
 from baton.cli import build_parser, main
+from baton.config import BatonConfig
 from baton.config_cli import config_from_args
 
 
@@ -109,3 +110,14 @@ def test_auto_tool_choice_flags(capsys: pytest.CaptureFixture) -> None:
     args = ["launch", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     config = config_from_args(build_parser().parse_args(args))
     assert (config.enable_auto_tool_choice, config.tool_call_parser) == (True, "hermes")
+
+
+def test_the_reasoning_parser_flag(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["launch", "--reasoning-parser", "nope"])
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+    for parser in ("qwen3", "deepseek_r1"):
+        args = ["launch", "--reasoning-parser", parser]
+        assert config_from_args(build_parser().parse_args(args)).reasoning_parser == parser
+    with pytest.raises(ValueError, match="unknown reasoning_parser 'nope'"):
+        BatonConfig(reasoning_parser="nope")

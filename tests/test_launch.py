@@ -316,6 +316,20 @@ def test_a_kv_cache_smaller_than_one_request_is_refused_in_one_line(
     )
 
 
+def test_a_reasoning_parser_the_model_cannot_mark_is_refused_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from baton import launch
+
+    argv = ["--model", "baton-random", "--reasoning-parser", "qwen3", "--port", "0"]
+    assert launch.main(argv) == 1
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.getMessage() == (
+        "tokenizer failed to start: --reasoning-parser qwen3 needs <think> as one token of the "
+        "model's vocabulary, and this model has none: drop --reasoning-parser"
+    )
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_ctrl_c_during_start_up_stops_at_once(stories260k_dir: Path) -> None:
     """The children run in sessions of their own, so a terminal's Ctrl-C reaches only the

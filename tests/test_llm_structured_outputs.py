@@ -175,3 +175,29 @@ def test_a_constraint_the_tokenizer_cannot_serve_is_a_request_error(tiny_llama_d
     scheduler.add_request("good", [5, 6], constrained(regex="a"))
     assert list(scheduler.requests) == ["good"]
     scheduler.shutdown()
+
+
+def test_llm_chat_under_a_reasoning_parser_constrains_after_the_reasoning(
+    tmp_path: Path,
+) -> None:
+    """As vLLM's LLM: the reasoning is free, the constraint starts after </think>, and the text
+    stays whole. Without the parser the constraint starts at the first token."""
+    from tests.helpers.tiny_models import write_thinking_checkpoint
+
+    model = str(write_thinking_checkpoint(tmp_path / "thinking"))
+    end = 260  # its </think>
+    ask = [{"role": "user", "content": "Hi"}]
+    free = SamplingParams(temperature=0, max_tokens=12, logit_bias={end: 3.0})
+    constrained = SamplingParams(
+        temperature=0,
+        max_tokens=12,
+        logit_bias={end: 3.0},
+        structured_outputs=StructuredOutputsParams(regex="[ab]{5}"),
+    )
+    thinking = LLM(model, dtype="float32", reasoning_parser="qwen3")
+    reasoning = thinking.chat(ask, free)[0].text.partition("</think>")[0]
+    (output,) = thinking.chat(ask, constrained)
+    before, tag, content = output.text.partition("</think>")
+    assert (before, tag) == (reasoning, "</think>") and re.fullmatch("[ab]{5}", content)
+    (plain,) = LLM(model, dtype="float32").chat(ask, constrained)
+    assert re.fullmatch("[ab]{5}", plain.text)

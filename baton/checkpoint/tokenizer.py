@@ -97,6 +97,11 @@ class Tokenizer:
         """The vocabulary entry of `token_id` (e.g. "▁time", "<0xE2>"), None if there is none."""
         return self.backend.id_to_token(token_id)
 
+    def token_to_id(self, token: str) -> int | None:
+        """The id of the vocabulary entry `token` (added tokens included), None if there is
+        none."""
+        return self.backend.token_to_id(token)
+
     @property
     def bos_token_id(self) -> int | None:
         """The beginning-of-sequence token's id, None if the model names none."""
@@ -109,7 +114,7 @@ class Tokenizer:
 
     def _special_token_id(self, key: str) -> int | None:
         content = self.special_tokens.get(key)
-        return None if content is None else self.backend.token_to_id(content)
+        return None if content is None else self.token_to_id(content)
 
     @cached_property
     def max_chars_per_token(self) -> int:

@@ -128,7 +128,11 @@ class DetokenizerService:
             return_stats=started.return_stats,
         )
         admitted = GenerateDelta(
-            request_id=started.request_id, token_ids=[], text="", admission=True
+            request_id=started.request_id,
+            token_ids=[],
+            text="",
+            admission=True,
+            in_reasoning=started.in_reasoning,
         )
         _add_reply(handled, started.client_id, admitted)
 

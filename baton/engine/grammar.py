@@ -8,6 +8,10 @@ before batch N's token is known) finds it already past that token when it sample
 it consumes becomes the request's next output, or ends the request (a stop token, max_tokens,
 an error): each sampled row says how many outputs precede its token, and a matcher that stands
 elsewhere fails its row rather than mask by the wrong state.
+
+A reply that opens in the model's reasoning (--reasoning-parser) reasons freely: its matcher
+counts those outputs without constraining them, and constrains the ones after the token that
+ends the reasoning, as vLLM's structured outputs do.
 """
 
 from __future__ import annotations
@@ -35,11 +39,19 @@ class GrammarError(ValueError):
 
 
 class GrammarMatcher:
-    """One request's position in its grammar: which tokens may come next."""
+    """One request's position in its grammar: which tokens may come next. While
+    `reasoning_end` is set, the output is the model's reasoning, which the grammar does not
+    constrain, until that token comes."""
 
-    def __init__(self, matcher: LLMatcher) -> None:
+    def __init__(self, matcher: LLMatcher, reasoning_end: int | None = None) -> None:
         self.matcher = matcher
         self.num_consumed = 0
+        self.reasoning_end = reasoning_end
+
+    @property
+    def constrains(self) -> bool:
+        """Whether the grammar constrains the next token (the reasoning is over)."""
+        return self.reasoning_end is None
 
     def can_sample(self, num_outputs: int) -> bool:
         """Whether it stands right after the request's first `num_outputs` outputs, in a state
@@ -49,6 +61,10 @@ class GrammarMatcher:
     def consume(self, token: int) -> bool:
         """Advance past a sampled token; False where the grammar does not allow it."""
         self.num_consumed += 1
+        if self.reasoning_end is not None:
+            if token == self.reasoning_end:
+                self.reasoning_end = None
+            return True
         return self.matcher.consume_token(token)
 
 
@@ -74,8 +90,11 @@ class GrammarCompiler:
         self._llguidance_tokenizer: LLTokenizer | None = None
         self._compiled: OrderedDict[str, LLMatcher] = OrderedDict()
 
-    def matcher(self, constraint: StructuredOutputsParams) -> GrammarMatcher:
-        """A fresh matcher at the constraint's start; GrammarError if it does not compile."""
+    def matcher(
+        self, constraint: StructuredOutputsParams, reasoning_end: int | None = None
+    ) -> GrammarMatcher:
+        """A fresh matcher at the constraint's start (once `reasoning_end` has come, where it
+        is given); GrammarError if it does not compile."""
         grammar = constraint.llguidance_grammar()
         compiled = self._compiled.get(grammar)
         if compiled is None:
@@ -88,7 +107,7 @@ class GrammarCompiler:
             if len(self._compiled) > CACHED_GRAMMARS:
                 self._compiled.popitem(last=False)
         self._compiled.move_to_end(grammar)
-        return GrammarMatcher(compiled.deep_copy())
+        return GrammarMatcher(compiled.deep_copy(), reasoning_end)
 
     def _llguidance(self) -> LLTokenizer:
         if self._llguidance_tokenizer is None:
@@ -121,6 +140,8 @@ class GrammarMasks:
             if row is None:
                 continue
             if row.matcher.can_sample(row.num_outputs):
+                if not row.matcher.constrains:
+                    continue  # still reasoning: any token may come
                 constrained.append((row.matcher.matcher, len(constrained)))
                 indices.append(index)
             else:

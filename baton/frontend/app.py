@@ -56,6 +56,7 @@ def create_app(
         return_tokens_as_token_ids=config.return_tokens_as_token_ids,
         sampling_defaults=sampling_defaults or SamplingDefaults(),
         tool_call_parser=config.tool_call_parser if config.enable_auto_tool_choice else None,
+        reasoning_parser=config.reasoning_parser,
     )
 
     @asynccontextmanager

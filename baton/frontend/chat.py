@@ -3,15 +3,18 @@
 The tokenizer process renders the messages (the model's chat template, or its plain fallback).
 With vLLM's `echo`, each reply's content starts with the final message's content when that
 message has the reply's role (`ChatCompletionRequest.echoed`): in a streamed reply, as the
-first content delta after the role chunk. A reply's tool calls (frontend/tools.py) are read
-from its complete text: a streamed reply sends them in its final chunk, and holds back from its
-content what may open one.
+first content delta after the role chunk. Under --reasoning-parser, a reply that opens in the
+model's reasoning (the admission delta says) is split into `reasoning` and content
+(baton/reasoning.py); `include_reasoning: false` drops the reasoning. A reply's tool calls
+(frontend/tools.py) are read from its content once complete: a streamed reply sends them in its
+final chunk, and holds back from its content what may open one.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from typing import Literal
 
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -25,8 +28,13 @@ from baton.frontend.state import frontend_state
 from baton.frontend.streaming import ChunkWriterBase
 from baton.frontend.tools import NO_TOOLS, ToolCallStream, ToolPlan
 from baton.messages import GenerateDelta
+from baton.reasoning import ReasoningSplit, split_reasoning
 
 router = APIRouter()
+
+# What a server and request do with a reply's reasoning: "off" without --reasoning-parser (no
+# `reasoning` field: the text is all content), else split it off and return it or drop it.
+ReasoningMode = Literal["off", "returned", "dropped"]
 
 
 @router.post("/v1/chat/completions")
@@ -46,6 +54,9 @@ async def create_chat_completion(request: Request) -> Response:
     with_logprobs = bool(body.logprobs)
     as_token_ids = state.tokens_as_ids(body.return_tokens_as_token_ids)
     role, echoed = body.reply_role, body.echoed
+    reasoning: ReasoningMode = "off"
+    if state.reasoning_parser is not None:
+        reasoning = "returned" if body.include_reasoning else "dropped"
     chunk_envelope = response_envelope(
         response_id, "chat.completion.chunk", created, state.model_name
     )
@@ -66,6 +77,7 @@ async def create_chat_completion(request: Request) -> Response:
             echoed,
             as_token_ids=as_token_ids,
             plan=plan,
+            reasoning=reasoning,
         ),
         lambda outputs: chat_body(
             body_envelope,
@@ -76,6 +88,7 @@ async def create_chat_completion(request: Request) -> Response:
             echoed,
             as_token_ids=as_token_ids,
             plan=plan,
+            reasoning=reasoning,
         ),
     )
 
@@ -90,18 +103,22 @@ def chat_body(
     *,
     as_token_ids: bool = False,
     plan: ToolPlan = NO_TOOLS,
+    reasoning: ReasoningMode = "off",
 ) -> dict[str, object]:
     """A non-streamed response: each message has `role` and its content starts with `echoed`;
-    its tool calls are read by `plan`; `with_logprobs` and `with_stats` when those were asked
-    for."""
+    its reasoning is split off as `reasoning` says; its tool calls are read from its content by
+    `plan`; `with_logprobs` and `with_stats` when those were asked for."""
 
     def choice_body(output: ChoiceOutput) -> dict[str, object]:
         logprobs = ChoiceLogprobs(as_token_ids).chat(output.logprobs) if with_logprobs else None
-        content, calls = plan.read(output.text)
+        thought, text = split_reasoning(output.text, output.in_reasoning and reasoning != "off")
+        content, calls = plan.read(text) if text is not None else (None, [])
         message: dict[str, object] = {
             "role": role,
             "content": echoed + content if content is not None else echoed or None,
         }
+        if reasoning != "off":
+            message["reasoning"] = thought if reasoning == "returned" else None
         if calls:
             message["tool_calls"] = calls
         return {
@@ -140,6 +157,7 @@ class ChatChunkWriter(ChunkWriterBase):
         *,
         as_token_ids: bool = False,
         plan: ToolPlan = NO_TOOLS,
+        reasoning: ReasoningMode = "off",
     ) -> None:
         super().__init__(
             envelope, choices, include_usage, with_logprobs, with_stats, as_token_ids=as_token_ids
@@ -152,10 +170,15 @@ class ChatChunkWriter(ChunkWriterBase):
             if plan.mode != "none"
             else None
         )
+        self._reasoning = reasoning
+        # Each choice's, from its admission delta on (None: no reasoning to split off).
+        self._reasoning_splits: dict[int, ReasoningSplit] = {}
 
     def chunks(self, index: int, delta: GenerateDelta) -> list[dict]:
         """The chunks for one delta (the opening chunks first, for a choice's first delta)."""
         if delta.admission:  # the headers go out now; the opening chunk, as vLLM's, with output
+            if delta.in_reasoning and self._reasoning != "off":
+                self._reasoning_splits[index] = ReasoningSplit(in_reasoning=True)
             return []
         chunks = []
         if index not in self._opened:
@@ -168,7 +191,12 @@ class ChatChunkWriter(ChunkWriterBase):
             logprobs = self._logprobs[index].chat(delta.logprobs)
         elif not (delta.token_ids or delta.finished):
             return chunks
-        content, calls = delta.text, []
+        content, calls, thought = delta.text, [], ""
+        split = self._reasoning_splits.get(index)
+        if split is not None:
+            thought, content = split.feed(delta.text)
+            if delta.finished:
+                thought += split.finish()
         if self._tool_streams is not None:
             stream = self._tool_streams[index]
             content = stream.content(delta.text)
@@ -176,6 +204,8 @@ class ChatChunkWriter(ChunkWriterBase):
                 rest, calls = stream.finish()
                 content += rest
         fields: dict[str, object] = {"content": content} if content else {}
+        if thought and self._reasoning == "returned":
+            fields = {"reasoning": thought, **fields}
         if calls:
             fields["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
         if not fields and logprobs is None and not delta.finished:

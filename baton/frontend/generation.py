@@ -111,6 +111,7 @@ class ChoiceOutput:
     usage: Usage | None = None
     stats: RequestStats | None = None
     prompt_logprobs: PromptLogprobs | None = None  # when the prompt was scored
+    in_reasoning: bool = False  # the text opens in the model's reasoning (baton/reasoning.py)
 
     @property
     def text(self) -> str:
@@ -122,6 +123,8 @@ async def collect(choice: ChoiceRequest, stream: AsyncIterator[GenerateDelta]) -
     """Run one choice to the end."""
     output = ChoiceOutput(choice.index, choice.group)
     async for delta in stream:
+        if delta.admission:
+            output.in_reasoning = delta.in_reasoning
         output.token_ids.extend(delta.token_ids)
         output.texts.append(delta.text)
         if delta.logprobs:

@@ -169,6 +169,7 @@ def chat_messages(request: ChatTemplateRequest) -> list[ChatMessage]:
             content=m.text,
             tool_calls=None if m.tool_calls is None else [c.model_dump() for c in m.tool_calls],
             tool_call_id=m.tool_call_id,
+            reasoning=m.reasoning if m.reasoning is not None else m.reasoning_content,
         )
         for m in request.messages
     ]

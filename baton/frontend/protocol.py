@@ -209,13 +209,18 @@ class TextPart(StrictModel):
 
 class ChatMessageParam(StrictModel):
     """One message: `content` is a string or a list of text parts (null counts as empty); an
-    assistant's may carry its tool calls, and a tool's names the call it answers."""
+    assistant's may carry its tool calls and reasoning, and a tool's names the call it
+    answers."""
 
     role: str
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCallParam] | None = None
     tool_call_id: str | None = None
+    # An assistant turn's reasoning, as a reply under --reasoning-parser returns it (vLLM's
+    # `reasoning`, and its older name).
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
     @property
     def text(self) -> str:
@@ -261,6 +266,8 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateRequest):
     echo: bool = False
     # With tool_choice "required": whether the reply may make more than one call.
     parallel_tool_calls: bool = True
+    # vLLM's: under --reasoning-parser, whether the reply's reasoning comes back (else dropped).
+    include_reasoning: bool = True
 
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:

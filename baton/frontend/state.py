@@ -68,6 +68,8 @@ class FrontendState:
     sampling_defaults: SamplingDefaults = field(default_factory=SamplingDefaults)
     # --tool-call-parser, under --enable-auto-tool-choice: None refuses tool_choice "auto".
     tool_call_parser: str | None = None
+    # --reasoning-parser: chat replies carry `reasoning` apart from their content.
+    reasoning_parser: str | None = None
     in_flight: InFlight = field(default_factory=InFlight)
     # Set once shutdown begins: open requests may finish, new ones are refused (see drain.py).
     draining: bool = False

@@ -51,12 +51,15 @@ class Admission:
             )
         return max_tokens
 
-    def grammar(self, params: SamplingParams) -> GrammarMatcher | None:
+    def grammar(
+        self, params: SamplingParams, reasoning_end_token: int | None = None
+    ) -> GrammarMatcher | None:
         """The request's grammar matcher, compiled against the model's tokenizer (a few ms for
-        a typical schema), where it asks for structured outputs."""
+        a typical schema), where it asks for structured outputs; it constrains the output
+        after `reasoning_end_token` where one is given (a reply that opens in reasoning)."""
         if params.structured_outputs is None:
             return None
         try:
-            return self.grammars.matcher(params.structured_outputs)
+            return self.grammars.matcher(params.structured_outputs, reasoning_end_token)
         except (GrammarError, InvalidConstraint) as error:
             raise RequestError(str(error)) from error

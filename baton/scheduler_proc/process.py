@@ -168,6 +168,7 @@ class SchedulerService:
                 request.arrival_time,
                 request.priority,
                 request.deadline_ms,
+                request.reasoning_end_token,
             )
         except RequestError as error:
             return RequestFailed(

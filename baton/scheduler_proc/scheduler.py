@@ -91,16 +91,18 @@ class Scheduler(RequestQueues):
         arrival_time: float | None = None,
         priority: int = 0,
         deadline_ms: float | None = None,
+        reasoning_end_token: int | None = None,
     ) -> None:
         """Queue a request validated by `baton.validation` (the tokenizer process, or `LLM`);
         RequestError (typed) where it cannot be taken now: a duplicate id, one this server can
-        never run (`Admission.check`), a full queue."""
+        never run (`Admission.check`), a full queue. A reply that opens in the model's reasoning
+        names the token that ends it: its constraint, if any, starts after that token."""
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in use")
         max_tokens = self.admission.check(len(prompt_ids), params)
         if len(self.waiting) >= self.config.max_waiting_requests:
             raise OverloadedError(f"{len(self.waiting)} requests waiting; retry later")
-        grammar = self.admission.grammar(params)
+        grammar = self.admission.grammar(params, reasoning_end_token)
         seq = Sequence(
             rid,
             prompt_ids,

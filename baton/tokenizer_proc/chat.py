@@ -18,8 +18,9 @@ nothing to change there.
 
 Roles are limited to system, user, assistant and tool; any other role is a ValueError. An
 assistant's tool calls reach the template as Hugging Face templates read them: each call's
-arguments as an object, as vLLM passes them (OpenAI's wire format has them as JSON text). The
-fallback writes a call as the JSON of its function.
+arguments as an object, as vLLM passes them (OpenAI's wire format has them as JSON text), and
+its reasoning as both `reasoning` and `reasoning_content`, as vLLM passes it. The fallback writes
+a call as the JSON of its function, and no reasoning.
 
 `chat_prompt` renders the text and `render_chat` encodes it: the tokenizer process measures the
 text in between, since a request's kwargs (a `bos_token` the template writes) can make it far
@@ -107,6 +108,8 @@ def _template_message(message: ChatMessage) -> dict[str, Any]:
         rendered["tool_calls"] = [_with_parsed_arguments(call) for call in message.tool_calls]
     if message.tool_call_id is not None:
         rendered["tool_call_id"] = message.tool_call_id
+    if message.reasoning is not None:  # under both names templates read (Qwen3's: the second)
+        rendered["reasoning"] = rendered["reasoning_content"] = message.reasoning
     return rendered
 
 

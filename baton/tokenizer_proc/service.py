@@ -44,6 +44,7 @@ from baton.process_messages import (
 )
 from baton.tokenizer_proc.chat import request_chat_prompt
 from baton.tokenizer_proc.offload import Outgoing, PromptOffload, PromptRequest
+from baton.tokenizer_proc.reasoning import ReasoningTokens
 from baton.validation import (
     RequestError,
     check_prompt_chars,
@@ -74,11 +75,13 @@ class TokenizerService:
         vocab_size: int,
         max_model_len: int,
         scheduling_policy: SchedulingPolicy,
+        reasoning: ReasoningTokens | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.scheduling_policy = scheduling_policy
+        self.reasoning = reasoning  # --reasoning-parser's tags: chats may reply in reasoning
         # A text longer than this cannot fit the context: refused before tokenizing, which for
         # a multi-megabyte prompt took seconds while every other request waited.
         self.max_prompt_chars = max_model_len * tokenizer.max_chars_per_token
@@ -90,7 +93,11 @@ class TokenizerService:
         """Tokenize prompts of OFFLOAD_PROMPT_CHARS or more on a worker thread from now on."""
         # The tokenizer is shared: the `tokenizers` library encodes from any thread at once.
         worker = TokenizerService(
-            self.tokenizer, self.vocab_size, self.max_model_len, self.scheduling_policy
+            self.tokenizer,
+            self.vocab_size,
+            self.max_model_len,
+            self.scheduling_policy,
+            self.reasoning,
         )
         self.offload = PromptOffload(worker.answer)
 
@@ -99,11 +106,13 @@ class TokenizerService:
         """Load the model's tokenizer and limits (no weights are read)."""
         checkpoint = load_checkpoint(config.model, config.chat_template)
         max_model_len = checkpoint.config.served_context_length(config.max_model_len)
+        parser = config.reasoning_parser
         return cls(
             checkpoint.tokenizer,
             checkpoint.config.vocab_size,
             max_model_len,
             config.scheduling_policy,
+            ReasoningTokens.of(checkpoint.tokenizer, parser) if parser else None,
         )
 
     def handle_multipart(self, parts: list[bytes]) -> list[Outgoing]:
@@ -199,6 +208,7 @@ class TokenizerService:
         prompt_ids = self._validated_prompt(message)
         rid = make_rid(client_id, message.request_id)
         params = message.params
+        reasoning_end = self._reasoning_end(message, prompt_ids)
         started = RequestStarted(
             rid=rid,
             client_id=client_id,
@@ -212,6 +222,7 @@ class TokenizerService:
             min_tokens=params.min_tokens,
             include_stop_str_in_output=params.include_stop_str_in_output,
             return_stats=message.return_stats,
+            in_reasoning=reasoning_end is not None,
         )
         tokenized = TokenizedRequest(
             rid=rid,
@@ -221,8 +232,17 @@ class TokenizerService:
             started=started,
             priority=message.priority,
             deadline_ms=message.deadline_ms,
+            reasoning_end_token=reasoning_end,
         )
         return ("scheduler", tokenized)
+
+    def _reasoning_end(self, request: GenerateRequest, prompt_ids: list[int]) -> int | None:
+        """The token that ends the reasoning a chat reply opens in; None for a reply that
+        opens as content (every completion's)."""
+        if self.reasoning is None or request.messages is None:
+            return None
+        continued = request.chat.continue_final_message
+        return self.reasoning.reply_end(self.tokenizer, prompt_ids, continued)
 
     def _validated_prompt(self, request: GenerateRequest) -> list[int]:
         """The prompt's token ids; RequestError if the request cannot be served."""
@@ -270,7 +290,8 @@ def prompt_chars(request: PromptRequest) -> int:
     """About the characters of the prompt a request's text or messages make (0 for token
     ids), counted without rendering: what decides whether it is tokenized on the worker."""
     texts = [request.prompt] if request.prompt is not None else []
-    texts += [message.content for message in request.messages or ()]
+    for message in request.messages or ():
+        texts += [message.content, message.reasoning or ""]
     chars = sum(len(text) for text in texts)
     if request.messages is not None:
         # The kwargs a template may write into the prompt: their encoded size (msgpack, not

@@ -85,6 +85,26 @@ def test_min_tokens_yields_to_a_complete_grammar(compiler: GrammarCompiler) -> N
     assert masks.yield_to_grammars(logits, rows, [[EOS], [EOS], [EOS]]) == [[], [EOS], [EOS]]
 
 
+def test_a_reply_in_reasoning_is_constrained_only_after_the_reasoning_ends(
+    compiler: GrammarCompiler,
+) -> None:
+    """Under --reasoning-parser: free tokens (the reasoning) until the end token, counted as
+    outputs; the grammar then starts at its beginning."""
+    end = 258  # <|pad|> stands for </think>
+    masks = GrammarMasks()
+    matcher = compiler.matcher(StructuredOutputsParams(regex="[0-3]x"), reasoning_end=end)
+    for index, token in enumerate([ord("h"), ord("m"), end]):
+        logits = torch.zeros(1, VOCAB)
+        assert masks.apply(logits, [GrammarRow(matcher, index)]) == []
+        assert allowed(logits[0]) == set(range(VOCAB))
+        assert masks.advance([GrammarRow(matcher, index)], [token], []) == []
+    logits = torch.zeros(1, VOCAB)
+    assert masks.apply(logits, [GrammarRow(matcher, 3)]) == []
+    assert allowed(logits[0]) == {ord(c) for c in "0123"}
+    # Still counted: a row that stands elsewhere than after its outputs cannot be served.
+    assert masks.apply(torch.zeros(1, VOCAB), [GrammarRow(matcher, 2)]) == [0]
+
+
 def test_a_failed_row_is_not_advanced(compiler: GrammarCompiler) -> None:
     masks = GrammarMasks()
     matcher = compiler.matcher(StructuredOutputsParams(regex="a+"))

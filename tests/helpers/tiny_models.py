@@ -7,6 +7,7 @@ with HF's default 0.02 init, the top logits of a random model tie to within 1e-6
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,4 +140,34 @@ def write_tiny_checkpoint(
         bos_token_id=BOS_ID, eos_token_id=[EOS_ID, EXTRA_EOS_ID], pad_token_id=PAD_ID
     )
     generation.save_pretrained(directory)
+    return directory
+
+
+# A Qwen3-style thinking model's template, cut down: the reply opens with `<think>` for the model
+# to reason in, unless `enable_thinking` is false, which closes an empty block in the prompt.
+THINKING_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n"
+    "{% if message.reasoning_content %}<think>{{ message.reasoning_content }}</think>{% endif %}"
+    "{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+THINK_TAGS = ("<think>", "</think>")
+
+
+def write_thinking_checkpoint(directory: Path, seed: int = 0) -> Path:
+    """A tiny Qwen3 checkpoint whose vocabulary holds `<think>` and `</think>` (ids 259, 260,
+    plain added tokens as in Qwen3's) and whose template opens a reasoning block."""
+    from tokenizers import AddedToken
+    from tokenizers import Tokenizer as Backend
+
+    write_tiny_checkpoint(directory, "qwen3", seed, vocab_size=VOCAB_SIZE + len(THINK_TAGS))
+    backend = Backend.from_file(str(directory / "tokenizer.json"))
+    backend.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in THINK_TAGS])
+    backend.save(str(directory / "tokenizer.json"))
+    config_file = directory / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config["chat_template"] = THINKING_CHAT_TEMPLATE
+    config_file.write_text(json.dumps(config, indent=2))
     return directory
