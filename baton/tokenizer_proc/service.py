@@ -16,7 +16,6 @@ from typing import TypeVar
 
 import msgspec
 
-from baton.chat_options import ChatOptions
 from baton.checkpoint.load import load_checkpoint
 from baton.checkpoint.tokenizer import Tokenizer
 from baton.config import BatonConfig, SchedulingPolicy
@@ -42,19 +41,12 @@ from baton.process_messages import (
     TokenizedRequest,
     make_rid,
 )
-from baton.tokenizer_proc.chat import request_chat_prompt
 from baton.tokenizer_proc.offload import Outgoing, PromptOffload, PromptRequest
+from baton.tokenizer_proc.prompts import PromptReader, check_chat_options, prompt_chars
 from baton.tokenizer_proc.reasoning import ReasoningTokens
 from baton.validation import (
     RequestError,
-    check_prompt_chars,
     check_token_ids,
-    truncated_prompt,
-    validate_chat_options,
-    validate_deadline,
-    validate_params,
-    validate_priority,
-    validate_prompt,
 )
 
 logger = logging.getLogger(__name__)
@@ -77,29 +69,21 @@ class TokenizerService:
         scheduling_policy: SchedulingPolicy,
         reasoning: ReasoningTokens | None = None,
     ) -> None:
+        self.prompts = PromptReader(
+            tokenizer, vocab_size, max_model_len, scheduling_policy, reasoning
+        )
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
-        self.scheduling_policy = scheduling_policy
-        self.reasoning = reasoning  # --reasoning-parser's tags: chats may reply in reasoning
-        # A text longer than this cannot fit the context: refused before tokenizing, which for
-        # a multi-megabyte prompt took seconds while every other request waited.
-        self.max_prompt_chars = max_model_len * tokenizer.max_chars_per_token
         self._decoder = msgspec.msgpack.Decoder(ClientMessage)
         # Set by `serve`: large prompts go to a worker thread.
         self.offload: PromptOffload | None = None
 
     def start_offload(self) -> None:
         """Tokenize prompts of OFFLOAD_PROMPT_CHARS or more on a worker thread from now on."""
-        # The tokenizer is shared: the `tokenizers` library encodes from any thread at once.
-        worker = TokenizerService(
-            self.tokenizer,
-            self.vocab_size,
-            self.max_model_len,
-            self.scheduling_policy,
-            self.reasoning,
-        )
-        self.offload = PromptOffload(worker.answer)
+        # `answer` reads only what never changes (the tokenizer, the limits), so the worker
+        # runs it beside the loop.
+        self.offload = PromptOffload(self.answer)
 
     @classmethod
     def from_config(cls, config: BatonConfig) -> TokenizerService:
@@ -187,8 +171,8 @@ class TokenizerService:
     def _tokenize(self, client_id: bytes, message: TokenizeRequest) -> Outgoing:
         if (message.prompt is None) == (message.messages is None):
             raise RequestError("exactly one of prompt and messages must be set")
-        _check_chat_options(message)
-        text, add_special_tokens = self._prompt_text(message)
+        check_chat_options(message)
+        text, add_special_tokens = self.prompts.prompt_text(message)
         token_ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
         reply = TokenizeReply(request_id=message.request_id, text=text, token_ids=token_ids)
         if message.return_token_strs:
@@ -205,10 +189,10 @@ class TokenizerService:
         return ("detokenizer", ForwardedTokenizeReply(client_id=client_id, reply=reply))
 
     def _forward(self, client_id: bytes, message: GenerateRequest) -> Outgoing:
-        prompt_ids = self._validated_prompt(message)
+        prompt_ids = self.prompts.validated_prompt(message)
         rid = make_rid(client_id, message.request_id)
         params = message.params
-        reasoning_end = self._reasoning_end(message, prompt_ids)
+        reasoning_end = self.prompts.reasoning_end(message, prompt_ids)
         started = RequestStarted(
             rid=rid,
             client_id=client_id,
@@ -235,75 +219,6 @@ class TokenizerService:
             reasoning_end_token=reasoning_end,
         )
         return ("scheduler", tokenized)
-
-    def _reasoning_end(self, request: GenerateRequest, prompt_ids: list[int]) -> int | None:
-        """The token that ends the reasoning a chat reply opens in; None for a reply that
-        opens as content (every completion's)."""
-        if self.reasoning is None or request.messages is None:
-            return None
-        continued = request.chat.continue_final_message
-        return self.reasoning.reply_end(self.tokenizer, prompt_ids, continued)
-
-    def _validated_prompt(self, request: GenerateRequest) -> list[int]:
-        """The prompt's token ids; RequestError if the request cannot be served."""
-        given = [
-            name
-            for name in ("prompt", "prompt_token_ids", "messages")
-            if getattr(request, name) is not None
-        ]
-        if len(given) != 1:
-            found = ", ".join(given) or "none"
-            raise RequestError(
-                f"exactly one of prompt, prompt_token_ids and messages must be set (got {found})"
-            )
-        validate_params(request.params, self.vocab_size)
-        validate_priority(request.priority, self.scheduling_policy)
-        validate_deadline(request.deadline_ms)
-        _check_chat_options(request)
-        prompt_ids = truncated_prompt(
-            self._prompt_ids(request), request.params.truncate_prompt_tokens, self.max_model_len
-        )
-        validate_prompt(prompt_ids, request.params.max_tokens, self.vocab_size, self.max_model_len)
-        return prompt_ids
-
-    def _prompt_ids(self, request: GenerateRequest) -> list[int]:
-        if request.prompt_token_ids is not None:
-            return request.prompt_token_ids
-        text, add_special_tokens = self._prompt_text(request)
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-
-    def _prompt_text(self, request: PromptRequest) -> tuple[str, bool]:
-        """The text a prompt or chat makes, and whether to add special tokens encoding it."""
-        if request.prompt is not None:
-            text, add_special_tokens = request.prompt, request.add_special_tokens
-        else:
-            assert request.messages is not None  # exactly one prompt field is set
-            chat = request_chat_prompt(self.tokenizer, request.messages, request.chat)
-            text, add_special_tokens = chat.text, chat.add_special_tokens
-        # The rendered text, not the messages: a kwarg the template writes (a 4 MB bos_token)
-        # makes it longer. Refused before tokenizing, which for megabytes takes seconds.
-        check_prompt_chars(len(text), self.max_prompt_chars, self.max_model_len)
-        return text, add_special_tokens
-
-
-def prompt_chars(request: PromptRequest) -> int:
-    """About the characters of the prompt a request's text or messages make (0 for token
-    ids), counted without rendering: what decides whether it is tokenized on the worker."""
-    texts = [request.prompt] if request.prompt is not None else []
-    for message in request.messages or ():
-        texts += [message.content, message.reasoning or ""]
-    chars = sum(len(text) for text in texts)
-    if request.messages is not None:
-        # The kwargs a template may write into the prompt: their encoded size (msgpack, not
-        # JSON: they are not validated yet, and a ZMQ client's may hold values JSON has not).
-        chars += len(msgspec.msgpack.encode(request.chat))
-    return chars
-
-
-def _check_chat_options(request: PromptRequest) -> None:
-    if request.messages is None and request.chat != ChatOptions():
-        raise RequestError("chat options (`chat`) need `messages`")
-    validate_chat_options(request.chat)
 
 
 def _failure(client_id: bytes, request_id: str, code: ErrorCode, message: str) -> Outgoing:

@@ -51,7 +51,7 @@ def test_a_prompt_too_long_to_fit_is_refused_before_tokenizing(
     stories_service: TokenizerService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A 32 MB prompt once took 35 s to tokenize and refuse while every other request waited."""
-    limit = stories_service.max_prompt_chars
+    limit = stories_service.prompts.max_prompt_chars
     assert limit == stories_service.max_model_len * stories_service.tokenizer.max_chars_per_token
     # Every vocabulary entry spells at most half the bound: no fitting prompt is refused.
     longest = max(len(t) for t in stories_service.tokenizer.backend.get_vocab())

@@ -86,7 +86,7 @@ def test_bad_requests_fail_with_their_reason(
 def test_a_text_too_long_for_the_context_is_refused_before_tokenizing(
     stories_service: TokenizerService,
 ) -> None:
-    text = "a" * (stories_service.max_prompt_chars + 1)
+    text = "a" * (stories_service.prompts.max_prompt_chars + 1)
     message = TokenizeRequest(request_id="r1", prompt=text)
     assert "maximum context length" in failure(
         stories_service.handle(CLIENT, to_frame(message)), "prompt_too_long"
