@@ -23,6 +23,10 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 1024
 # The sampler turns a bias into tensors every step: bounded, so one request cannot slow all.
 MAX_LOGIT_BIAS_ENTRIES = 1024
+# Likewise the allowed tokens, and the bad words matched against each row's output every step.
+MAX_ALLOWED_TOKEN_IDS = 1 << 16
+MAX_BAD_WORDS = 64
+MAX_BAD_WORD_CHARS = 256
 # vLLM's ranges: presence and frequency penalties in [-2, 2] (OpenAI's), repetition > 0.
 MAX_PENALTY = 2.0
 
@@ -45,7 +49,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     and the top-n there, as vLLM's; `truncate_prompt_tokens=k` keeps a prompt's last k tokens
     (-1: the last max_model_len), as vLLM's; `structured_outputs` constrains the output to a JSON
     schema, a regular expression, a choice or a grammar, as vLLM's.
-    Penalties and `logit_bias` act as vLLM's (engine/logit_adjustments.py), greedy rows included.
+    Penalties, `logit_bias`, `allowed_token_ids` (only these may be sampled) and `bad_words`
+    (never generated) act as vLLM's (engine/logit_adjustments.py), greedy rows included.
     """
 
     temperature: float = 1.0
@@ -69,6 +74,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
@@ -82,12 +89,15 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
 
     @property
     def adjusts_logits(self) -> bool:
-        """Whether a penalty or a bias changes the logits before the token is chosen."""
+        """Whether a penalty, a bias, allowed tokens or bad words change the logits before the
+        token is chosen."""
         return bool(
             self.presence_penalty
             or self.frequency_penalty
             or self.repetition_penalty != 1.0
             or self.logit_bias
+            or self.allowed_token_ids is not None
+            or self.bad_words
         )
 
     def validate(self, vocab_size: int | None = None) -> None:
@@ -134,6 +144,21 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             )
         if not all(math.isfinite(bias) for bias in (self.logit_bias or {}).values()):
             raise InvalidSamplingParam("logit_bias", "logit_bias values must be finite numbers")
+        allowed = self.allowed_token_ids
+        if allowed is not None and not 0 < len(allowed) <= MAX_ALLOWED_TOKEN_IDS:
+            raise InvalidSamplingParam(
+                "allowed_token_ids",
+                f"allowed_token_ids must hold 1 to {MAX_ALLOWED_TOKEN_IDS} token ids",
+            )
+        words = self.bad_words or ()
+        if len(words) > MAX_BAD_WORDS or not all(
+            len(word.strip()) > 0 and len(word) <= MAX_BAD_WORD_CHARS for word in words
+        ):
+            raise InvalidSamplingParam(
+                "bad_words",
+                f"at most {MAX_BAD_WORDS} bad_words, each 1 to {MAX_BAD_WORD_CHARS} characters "
+                "and not only whitespace",
+            )
         if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidSamplingParam(
                 "max_tokens", f"max_tokens must be >= 1, got {self.max_tokens}"
@@ -186,6 +211,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             for name, token_ids in (
                 ("stop_token_ids", self.stop_token_ids or ()),
                 ("logit_bias", self.logit_bias or {}),
+                ("allowed_token_ids", self.allowed_token_ids or ()),
             ):
                 for token_id in token_ids:
                     if not 0 <= token_id < vocab_size:

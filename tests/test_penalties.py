@@ -1,9 +1,11 @@
-"""Penalties and logit bias end to end: greedy tokens against transformers' logits with the
-penalties applied by transformers' own repetition processor and vLLM's frequency and presence
-rules, through the overlap loop's placeholders, preemption and the native decode step."""
+"""Penalties, logit bias, allowed tokens and bad words end to end: greedy tokens against
+transformers' logits with the penalties applied by transformers' own repetition processor and
+vLLM's frequency, presence, allowed-token and bad-word rules, through the overlap loop's
+placeholders, preemption and the native decode step."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
@@ -32,7 +34,11 @@ PARAMS = [
     greedy(),
     greedy(repetition_penalty=1.3, logit_bias={7: 3.0, 11: -100.0}),
     greedy(presence_penalty=-2.0),
+    greedy(allowed_token_ids=[5, 9, 17, 33, 36]),
+    greedy(bad_words=["!", "#$"], frequency_penalty=0.5),
 ]
+# The byte tokenizer spells a bad word with its bytes' ids (no space variant is as short).
+BAD_WORD_TOKENS = {"!": [(33,)], "#$": [(35, 36)]}
 
 
 def penalized(
@@ -48,6 +54,14 @@ def penalized(
         scores = processor(torch.tensor([prompt + outputs]), scores)
     counts = torch.bincount(torch.tensor(outputs, dtype=torch.long), minlength=scores.shape[1])
     scores[0] -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0)
+    if params.allowed_token_ids is not None:
+        allowed = torch.full_like(scores[0], float("-inf"))
+        allowed[params.allowed_token_ids] = 0.0
+        scores[0] += allowed
+    for word in params.bad_words or ():
+        for *prefix, last in BAD_WORD_TOKENS[word]:
+            if not prefix or outputs[-len(prefix) :] == prefix:
+                scores[0, last] = float("-inf")
     return scores[0]
 
 
@@ -102,8 +116,19 @@ def test_penalties_change_the_output(tiny_llama_dir: Path) -> None:
         greedy(frequency_penalty=1.5),
         greedy(presence_penalty=2.0),
         greedy(logit_bias={7: 100.0}),
+        greedy(allowed_token_ids=[5, 9]),
+        greedy(bad_words=[_two_byte_character(plain)]),
     ):
         assert llm.generate(prompt, changed)[0].token_ids != plain, changed
+
+
+def _two_byte_character(tokens: list[int]) -> str:
+    """A character whose UTF-8 bytes follow each other in `tokens` (the byte tokenizer's ids):
+    as a bad word, it bans its second byte after its first."""
+    for first, second in itertools.pairwise(tokens):
+        if 0xC2 <= first <= 0xDF and 0x80 <= second <= 0xBF:
+            return bytes([first, second]).decode()
+    raise AssertionError(f"no two-byte character in {tokens}")
 
 
 def test_speculative_decoding_refuses_penalties_with_a_typed_error(tiny_llama_dir: Path) -> None:

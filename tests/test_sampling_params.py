@@ -7,6 +7,9 @@ import pytest
 
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.sampling_params import (
+    MAX_ALLOWED_TOKEN_IDS,
+    MAX_BAD_WORD_CHARS,
+    MAX_BAD_WORDS,
     MAX_LOGIT_BIAS_ENTRIES,
     MAX_STOP_STRING_CHARS,
     MAX_STOP_STRINGS,
@@ -38,6 +41,12 @@ from baton.sampling_params import (
         ("frequency_penalty", -2.5, "frequency_penalty must be in"),
         ("repetition_penalty", 0.0, "greater than zero"),
         ("repetition_penalty", float("nan"), "finite"),
+        ("allowed_token_ids", [], "1 to"),  # nothing could be sampled
+        ("allowed_token_ids", [3, 512], "outside the vocabulary"),
+        ("allowed_token_ids", [1] * (MAX_ALLOWED_TOKEN_IDS + 1), "1 to"),
+        ("bad_words", [" "], "not only whitespace"),
+        ("bad_words", ["x" * (MAX_BAD_WORD_CHARS + 1)], "characters"),
+        ("bad_words", ["x"] * (MAX_BAD_WORDS + 1), f"at most {MAX_BAD_WORDS} bad_words"),
     ],
 )
 def test_unrepresentable_values_are_refused(field: str, value: float, message: str) -> None:
@@ -54,6 +63,8 @@ def test_the_bounds_themselves_are_accepted() -> None:
         logit_bias=dict.fromkeys(range(MAX_LOGIT_BIAS_ENTRIES // 2), 1.0),
         presence_penalty=2.0,
         frequency_penalty=-2.0,
+        allowed_token_ids=[0, 511],
+        bad_words=["y" * MAX_BAD_WORD_CHARS] * MAX_BAD_WORDS,
     ).validate(vocab_size=512)
 
 

@@ -25,6 +25,7 @@ from baton.engine.decode_step import NativeDecodeStep
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.grammar import GrammarMasks
 from baton.engine.kv_pool import KVPool
+from baton.engine.logit_adjustments import BadWordTokens
 from baton.engine.model import CausalLM
 from baton.engine.sampler import Sampler, SamplingBatch
 from baton.engine.speculation.speculator import Speculator
@@ -45,6 +46,7 @@ class BatchRunner:
     decode_step: NativeDecodeStep | None
     sampler: Sampler
     grammar_masks: GrammarMasks
+    bad_words: BadWordTokens
     speculator: Speculator | None
     _last_sampled: list[int]
 
@@ -208,6 +210,7 @@ class BatchRunner:
             [batch.generators[i] for i in rows],
             self.device,
             [histories[i] for i in rows] if histories is not None else (),
+            self.bad_words,
         )
         sampled = self.sampler.sample(logits, sampling)
         token_ids = sampled.token_ids.tolist()

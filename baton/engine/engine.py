@@ -20,6 +20,7 @@ from baton.engine.decode_step import NativeDecodeStep
 from baton.engine.grammar import GrammarMasks
 from baton.engine.kv_pool import KVPool
 from baton.engine.kv_sizing import kv_pool_pages
+from baton.engine.logit_adjustments import BadWordTokens
 from baton.engine.model import CausalLM
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
 from baton.engine.sampler import Sampler
@@ -130,6 +131,7 @@ class Engine(BatchRunner):
         )
         self.sampler = Sampler()
         self.grammar_masks = GrammarMasks()
+        self.bad_words = BadWordTokens(self.checkpoint.tokenizer)
         # A plain list: read and written on the host every step, where torch ops cost a GIL
         # round trip each (see NativeDecodeStep).
         self._last_sampled = [0] * config.max_running_requests

@@ -1,12 +1,15 @@
-"""Penalties and logit bias: what a request's own tokens and its `logit_bias` do to its logits
-before its next token is chosen, as vLLM does it.
+"""Penalties, logit bias, allowed tokens and bad words: what a request's own tokens and its
+`logit_bias`, `allowed_token_ids` and `bad_words` do to its logits before its next token is
+chosen, as vLLM does it.
 
 In vLLM's order: the bias is added; each token seen in the prompt or the output has its logit
 divided by `repetition_penalty` where positive, multiplied where not (transformers'
 RepetitionPenaltyLogitsProcessor); then each token's logit loses `frequency_penalty` per time it
-occurs in the output and `presence_penalty` once if it occurs at all. Greedy rows take the argmax
-of the adjusted logits; log-probabilities stay those of the raw logits (vLLM's default
-`raw_logprobs`).
+occurs in the output and `presence_penalty` once if it occurs at all. Then the tokens a request
+may not sample become impossible: all but its `allowed_token_ids`, and the last token of each
+bad word whose other tokens end the output so far (a one-token word, always). Greedy rows take
+the argmax of the adjusted logits; log-probabilities stay those of the raw logits (vLLM's
+default `raw_logprobs`).
 
 Only the tokens concerned are touched (a row's distinct seen tokens, its bias entries), never a
 whole vocabulary-wide row: at a 152k vocabulary a dense pass costs milliseconds a row.
@@ -14,13 +17,41 @@ whole vocabulary-wide row: at a 152k vocabulary a dense pass costs milliseconds 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from baton.checkpoint.tokenizer import Tokenizer
 from baton.engine.forward_batch import TokenHistory
 from baton.sampling_params import SamplingParams
+
+# Distinct lists of bad words whose token sequences are kept.
+CACHED_BAD_WORD_LISTS = 64
+
+
+class BadWordTokens:
+    """Bad words as the token sequences that spell them, as vLLM reads them: each word as it
+    stands (at the text's start) and after a space (inside the text), where that spelling
+    starts with another token and is as long; computed once per list of words."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.sequences = functools.lru_cache(maxsize=CACHED_BAD_WORD_LISTS)(self._sequences)
+
+    def _sequences(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        sequences: list[tuple[int, ...]] = []
+        for word in words:
+            alone = self._encode(word.lstrip())
+            spaced = self._encode(" " + word.lstrip())
+            sequences.append(alone)
+            if spaced and spaced[0] != alone[0] and len(spaced) == len(alone):
+                sequences.append(spaced)
+        return tuple(sequence for sequence in sequences if sequence)
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self._tokenizer.encode(text, add_special_tokens=False))
 
 
 @dataclass(frozen=True)
@@ -34,6 +65,8 @@ class RowAdjustment:
     seen_ids: torch.Tensor | None  # [s] int64: distinct tokens of the prompt and output
     output_ids: torch.Tensor | None  # [o] int64: distinct output tokens
     output_penalties: torch.Tensor | None  # [o] float32: frequency * count + presence
+    allowed_ids: torch.Tensor | None  # [a] int64: the only tokens it may sample
+    banned_ids: torch.Tensor | None  # [n] int64: bad words' tokens it may not sample now
 
 
 @dataclass(frozen=True)
@@ -48,11 +81,12 @@ class LogitAdjustments:
         params: Sequence[SamplingParams],
         histories: Sequence[TokenHistory | None],
         device: torch.device | str,
+        bad_words: BadWordTokens | None = None,
     ) -> LogitAdjustments | None:
-        """The adjustments of the rows that have a history: those whose params have
-        penalties or a bias (None when no row has)."""
+        """The adjustments of the rows that have a history: those whose params adjust their
+        logits (None when no row has); `bad_words` spells the rows' bad words."""
         rows = tuple(
-            _row_adjustment(row, params[row], history, device)
+            _row_adjustment(row, params[row], history, device, bad_words)
             for row, history in enumerate(histories)
             if history is not None
         )
@@ -72,13 +106,24 @@ class LogitAdjustments:
                 )
             if adjustment.output_ids is not None:
                 row.index_add_(0, adjustment.output_ids, -adjustment.output_penalties)
+            if adjustment.allowed_ids is not None:
+                allowed = row.index_select(0, adjustment.allowed_ids)
+                row.fill_(float("-inf"))
+                row.index_copy_(0, adjustment.allowed_ids, allowed)
+            if adjustment.banned_ids is not None:
+                row.index_fill_(0, adjustment.banned_ids, float("-inf"))
         return logits
 
 
 def _row_adjustment(
-    row: int, params: SamplingParams, history: TokenHistory, device: torch.device | str
+    row: int,
+    params: SamplingParams,
+    history: TokenHistory,
+    device: torch.device | str,
+    bad_words: BadWordTokens | None,
 ) -> RowAdjustment:
     bias_ids = bias_values = seen_ids = output_ids = output_penalties = None
+    allowed_ids = banned_ids = None
     if params.logit_bias:
         bias_ids = torch.tensor(list(params.logit_bias), dtype=torch.int64, device=device)
         bias_values = torch.tensor(
@@ -90,6 +135,12 @@ def _row_adjustment(
     if (params.frequency_penalty or params.presence_penalty) and len(tokens) > history.prompt_len:
         output_ids, counts = tokens[history.prompt_len :].unique(return_counts=True)
         output_penalties = params.frequency_penalty * counts.float() + params.presence_penalty
+    if params.allowed_token_ids is not None:
+        allowed_ids = torch.tensor(params.allowed_token_ids, dtype=torch.int64, device=device)
+    if params.bad_words and bad_words is not None:
+        banned = _banned(bad_words.sequences(tuple(params.bad_words)), history)
+        if banned:
+            banned_ids = torch.tensor(banned, dtype=torch.int64, device=device)
     return RowAdjustment(
         row,
         bias_ids,
@@ -98,4 +149,17 @@ def _row_adjustment(
         seen_ids,
         output_ids,
         output_penalties,
+        allowed_ids,
+        banned_ids,
     )
+
+
+def _banned(sequences: Sequence[tuple[int, ...]], history: TokenHistory) -> list[int]:
+    """The last token of each sequence whose other tokens end the row's output."""
+    output = history.tokens[history.prompt_len :]
+    banned = []
+    for sequence in sequences:
+        prefix = len(sequence) - 1
+        if prefix == 0 or (len(output) >= prefix and tuple(output[-prefix:]) == sequence[:-1]):
+            banned.append(sequence[-1])
+    return banned

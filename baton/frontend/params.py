@@ -80,6 +80,8 @@ def sampling_params(
         max_tokens=max_tokens,
         stop=request.stop,
         stop_token_ids=request.stop_token_ids,
+        allowed_token_ids=request.allowed_token_ids,
+        bad_words=request.bad_words,
         ignore_eos=request.ignore_eos,
         min_tokens=request.min_tokens,
         include_stop_str_in_output=request.include_stop_str_in_output,

@@ -92,6 +92,9 @@ class SamplingRequest(NullMeansDefault, ConstraintFields):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[int, float] | None = None  # token ids as strings in JSON
+    # vLLM's: the only tokens the output may hold, and words it never holds.
+    allowed_token_ids: list[TokenId] | None = None
+    bad_words: list[str] | None = None
     min_tokens: WireInt = 0
     include_stop_str_in_output: bool = False
     # vLLM's: each prompt token's logprob, rank and top-n, in the response's `prompt_logprobs`.

