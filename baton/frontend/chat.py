@@ -199,7 +199,7 @@ class ChatChunkWriter(ChunkWriterBase):
                 thought += split.finish()
         if self._tool_streams is not None:
             stream = self._tool_streams[index]
-            content = stream.content(delta.text)
+            content = stream.content(content)
             if delta.finished:
                 rest, calls = stream.finish()
                 content += rest

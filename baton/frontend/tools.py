@@ -193,7 +193,7 @@ def _read_hermes(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             calls.append(_call(call["name"], json.dumps(call.get("arguments", {}))))
         except (ValueError, TypeError, KeyError):
             return text, []  # vLLM's rule: a reply whose calls do not parse is content
-    content = text[: text.index(HERMES_OPEN)].strip()
+    content = text[: text.index(HERMES_OPEN)].rstrip()
     return content or None, calls
 
 

@@ -30,7 +30,12 @@ NOT_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
     model = write_thinking_checkpoint(tmp_path_factory.mktemp("thinking"))
-    for config in run_frontend(model=str(model), reasoning_parser="qwen3"):
+    for config in run_frontend(
+        model=str(model),
+        reasoning_parser="qwen3",
+        enable_auto_tool_choice=True,
+        tool_call_parser="hermes",
+    ):
         with httpx.Client(base_url=base_url(config), timeout=60) as client:
             yield client
 
@@ -118,23 +123,45 @@ def test_a_constraint_applies_after_the_reasoning(server: httpx.Client) -> None:
 
 
 def test_forced_tool_calls_are_read_from_the_content(server: httpx.Client) -> None:
-    tool = {
-        "type": "function",
-        "function": {
-            "name": "pick",
-            "parameters": {
-                "type": "object",
-                "properties": {"letter": {"enum": ["a", "b"]}},
-                "required": ["letter"],
-            },
-        },
-    }
     named = {"type": "function", "function": {"name": "pick"}}
-    choice = chat(server, tools=[tool], tool_choice=named, max_tokens=40)
+    choice = chat(server, tools=[PICK], tool_choice=named, max_tokens=40)
     assert choice["message"]["reasoning"] == completed(server).partition("</think>")[0]
     assert choice["message"]["content"] is None
     (call,) = choice["message"]["tool_calls"]
     assert json.loads(call["function"]["arguments"])["letter"] in ("a", "b")
+
+
+PICK = {
+    "type": "function",
+    "function": {
+        "name": "pick",
+        "parameters": {
+            "type": "object",
+            "properties": {"letter": {"enum": ["a", "b"]}},
+            "required": ["letter"],
+        },
+    },
+}
+
+
+def test_auto_tool_calls_are_read_from_the_content_streamed_and_not(server: httpx.Client) -> None:
+    """The hermes parser reads the content after the reasoning: a regex shapes the content (a
+    random model calls nothing of its own accord), and the reasoning stays apart."""
+    reply = (
+        r'Checking\. <tool_call>\{"name": "pick", "arguments": \{"letter": "(a|b)"\}\}</tool_call>'
+    )
+    fields = {"tools": [PICK], "max_tokens": 120, "structured_outputs": {"regex": reply}}
+    reasoning = completed(server).partition("</think>")[0]
+    choice = chat(server, **fields)
+    assert choice["finish_reason"] == "tool_calls"
+    message = choice["message"]
+    assert (message["reasoning"], message["content"]) == (reasoning, "Checking.")
+    (call,) = message["tool_calls"]
+    assert json.loads(call["function"]["arguments"])["letter"] in ("a", "b")
+    streamed_reasoning, content, deltas = streamed(server, **fields)
+    assert (streamed_reasoning, content) == (reasoning, "Checking.")
+    (streamed_call,) = [call for delta in deltas for call in delta.get("tool_calls") or ()]
+    assert streamed_call["function"] == call["function"]
 
 
 def test_an_assistant_turns_reasoning_is_taken_back(server: httpx.Client) -> None:
