@@ -12,7 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from baton.client import BatonClient
 from baton.config import BatonConfig
-from baton.frontend import chat, completions, info, tokenization
+from baton.frontend import chat, completions, info, responses, tokenization
 from baton.frontend.auth import ApiKeyMiddleware
 from baton.frontend.body_limit import BodySizeLimitMiddleware, default_body_limit
 from baton.frontend.errors import install_error_handlers
@@ -75,7 +75,13 @@ def create_app(
 
     app = FastAPI(title="Baton", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.frontend = state
-    for router in (completions.router, chat.router, tokenization.router, info.router):
+    for router in (
+        completions.router,
+        chat.router,
+        responses.router,
+        tokenization.router,
+        info.router,
+    ):
         app.include_router(router)
     install_error_handlers(app)
     # The last middleware added runs first: the key is checked before the body is read.

@@ -1,4 +1,5 @@
-"""What the completions and chat endpoints share: run every choice, then stream or answer once."""
+"""What the completions, chat and responses endpoints share: run every choice, then stream or
+answer once."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from baton.frontend.generation import (
 )
 from baton.frontend.params import ChoiceRequest
 from baton.frontend.state import FrontendState
-from baton.frontend.streaming import ChunkWriterBase, stream_response
+from baton.frontend.streaming import ChunkWriter, stream_response
 
 
 def response_envelope(response_id: str, kind: str, created: int, model: str) -> dict[str, object]:
@@ -33,7 +34,7 @@ async def respond_with_choices(
     response_id: str,
     choices: list[ChoiceRequest],
     stream: bool,
-    writer: Callable[[], ChunkWriterBase],
+    writer: Callable[[], ChunkWriter],
     body: Callable[[list[ChoiceOutput]], dict[str, object]],
 ) -> Response:
     """Start every choice's pipeline request; stream the chunks `writer()` makes, or wait for

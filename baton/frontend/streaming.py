@@ -1,4 +1,6 @@
-"""Server-sent events: `data: {json}\\n\\n` chunks ending with `data: [DONE]`.
+"""Server-sent events: for completions and chat, `data: {json}\\n\\n` chunks ending with
+`data: [DONE]`; each writer says how its chunks are framed (frontend/responses_stream.py frames
+typed events).
 
 A streamed response starts once every choice's first delta is in: its admission, which the
 pipeline sends when the scheduler takes the request, before its prefill (or an error). So an
@@ -19,7 +21,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from baton.client import ServerError
-from baton.frontend.errors import from_server_error
+from baton.frontend.errors import OpenAIError, from_server_error
 from baton.frontend.generation import IndexedDelta, UsageTotals, stats_body, unless_disconnected
 from baton.frontend.logprobs import ChoiceLogprobs
 from baton.frontend.params import ChoiceRequest
@@ -45,9 +47,23 @@ class ChunkWriter(Protocol):
         """Chunks after the last delta (the usage chunk, when asked for)."""
         ...
 
+    # What ends the stream, after its final or error chunks.
+    stream_end: bytes
+
+    def encode(self, chunks: list[dict]) -> bytes:
+        """The chunks as SSE events."""
+        ...
+
+    def error_chunks(self, error: OpenAIError) -> list[dict]:
+        """The chunks that report an error once the headers are sent."""
+        ...
+
 
 class ChunkWriterBase:
-    """What both endpoints' writers share: the chunk envelope and usage accounting."""
+    """What both endpoints' writers share: the chunk envelope, usage accounting and the
+    framing (OpenAI's `data:` events, then `data: [DONE]`)."""
+
+    stream_end = SSE_DONE
 
     def __init__(
         self,
@@ -88,6 +104,14 @@ class ChunkWriterBase:
         if not self._include_usage:
             return []
         return [{**self._envelope, "choices": [], "usage": self._usage.body()}]
+
+    def encode(self, chunks: list[dict]) -> bytes:
+        """One `data:` event per chunk."""
+        return b"".join(sse_event(chunk) for chunk in chunks)
+
+    def error_chunks(self, error: OpenAIError) -> list[dict]:
+        """The error's JSON as one chunk, as vLLM streams it."""
+        return [error.payload()]
 
 
 class SSEResponse(StreamingResponse):
@@ -130,19 +154,15 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     try:
         for index, delta in opening:
-            events = _joined(writer.chunks(index, delta))
-            if events:  # none for an admission, or a token whose text is held back
+            events = writer.encode(writer.chunks(index, delta))
+            if events:  # none for a chat admission, or a token whose text is held back
                 yield events
         async for index, delta in deltas:
-            events = _joined(writer.chunks(index, delta))
+            events = writer.encode(writer.chunks(index, delta))
             if events:
                 yield events
-        yield _joined(writer.final_chunks()) + SSE_DONE
+        yield writer.encode(writer.final_chunks()) + writer.stream_end
     except ServerError as error:  # headers are sent: the error goes in the stream, as vLLM does
-        yield sse_event(from_server_error(error).payload()) + SSE_DONE
+        yield writer.encode(writer.error_chunks(from_server_error(error))) + writer.stream_end
     finally:
         await deltas.aclose()  # type: ignore[attr-defined]
-
-
-def _joined(chunks: list[dict]) -> bytes:
-    return b"".join(sse_event(chunk) for chunk in chunks)

@@ -24,8 +24,8 @@ from baton.frontend.body_limit import default_body_limit
 from baton.frontend.errors import OpenAIError, from_server_error, from_validation_error
 from baton.frontend.metrics import FrontendMetrics
 from baton.frontend.params import NO_DEFAULTS, chat_choices, completion_choices
-from baton.frontend.tools import NO_TOOLS
 from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from baton.frontend.tools import NO_TOOLS
 from baton.messages import GenerateDelta
 from baton.scheduler_stats import AggregateStats
 
