@@ -16,8 +16,9 @@ from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.batch_sampling import (
     completed_histories,
     logprob_lists,
-    plain_greedy,
     prompt_logprobs,
+    row_sampling,
+    sampled_in_native_step,
     scored_positions,
     suppress,
 )
@@ -58,12 +59,17 @@ class BatchRunner:
             return self._forward_speculative(batch)
         input_ids = self._resolve_placeholders(batch)
         native = self.decode_step is not None and self.decode_step.handles(batch.q_lens)
-        if native and plain_greedy(batch):  # the step's own argmax: nothing left to sample
-            _, tokens = self.decode_step(input_ids, batch.kv_starts, batch.page_tables, True)
+        if native and sampled_in_native_step(batch):  # the step chooses: nothing left to do
+            _, tokens = self.decode_step(
+                input_ids, batch.kv_starts, batch.page_tables, True, row_sampling(batch)
+            )
             chosen = [tokens[row] for row in batch.sample_rows]
+            # A row whose logits were no distribution fails alone (token 0, as the sampler's).
+            failed = [index for index, token in enumerate(chosen) if token < 0]
+            chosen = [max(token, 0) for token in chosen]
             for row, token in zip(batch.sample_rows, chosen):
                 self._last_sampled[batch.slots[row]] = token
-            return ForwardOutput([[token] for token in chosen])
+            return ForwardOutput([[token] for token in chosen], failed_rows=failed)
         starts = [0, *itertools.accumulate(batch.q_lens)]
         sample_indices = [starts[row + 1] - 1 for row in batch.sample_rows]
         scored = {}

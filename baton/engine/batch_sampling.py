@@ -15,6 +15,7 @@ from baton.engine.forward_batch import (
     PromptScoring,
     TokenHistory,
 )
+from baton.engine.native.library import RowSampling
 from baton.engine.sampler import SampleOutput
 
 # Scored prompt positions whose logits exist at a time: bounds a scoring step's memory (a chunk
@@ -22,16 +23,35 @@ from baton.engine.sampler import SampleOutput
 SCORING_SLICE_ROWS = 256
 
 
-def plain_greedy(batch: ForwardBatch) -> bool:
-    """Every sampled row takes the argmax of its raw logits and wants no logprobs, and no
-    prompt is scored."""
+def sampled_in_native_step(batch: ForwardBatch) -> bool:
+    """Whether the native step can choose every sampled row's token from its raw logits: no
+    row wants logprobs or has its logits adjusted, suppressed or constrained, and no prompt is
+    scored (greedy rows take the argmax; others are sampled as the torch sampler samples)."""
     return (
         not batch.prompt_scoring
-        and all(p.is_greedy and p.logprobs is None for p in batch.sampling_params)
+        and all(p.logprobs is None for p in batch.sampling_params)
         and not any(batch.suppressed_token_ids)
         and not any(batch.histories)
         and not any(batch.grammars)
     )
+
+
+def row_sampling(batch: ForwardBatch) -> list[RowSampling] | None:
+    """How the native step chooses each sampled row's token (None: every row is greedy). A
+    seeded row draws its uniform from its own generator, as the torch sampler does (one draw a
+    step), so its tokens do not depend on the path or the batch; the others share one draw."""
+    params = batch.sampling_params
+    if all(p.is_greedy for p in params):
+        return None
+    unseeded = iter(torch.rand(len(params)).tolist())
+    settings = []
+    for p, generator in zip(params, batch.generators):
+        if p.is_greedy:
+            settings.append(RowSampling(0.0, 1.0, 0.0, 0.0, 0))
+            continue
+        uniform = next(unseeded) if generator is None else float(torch.rand(1, generator=generator))
+        settings.append(RowSampling(p.temperature, p.top_p, p.min_p, uniform, p.top_k))
+    return settings
 
 
 def completed_histories(batch: ForwardBatch, input_ids: list[int]) -> list[TokenHistory | None]:

@@ -18,6 +18,7 @@ a token that way (docs/benchmarks.md, session 9).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 
 import torch
 
@@ -32,6 +33,7 @@ from baton.engine.native.library import (
     DecodeStepArgs,
     Matrix,
     NativeKernels,
+    RowSampling,
 )
 
 # The most rows a native step holds: as many as the linear layers multiply by their compact
@@ -112,11 +114,18 @@ class NativeDecodeStep:
         )
 
     def __call__(
-        self, input_ids: list[int], kv_starts: list[int], page_tables: list[list[int]], greedy: bool
+        self,
+        input_ids: list[int],
+        kv_starts: list[int],
+        page_tables: list[list[int]],
+        choose: bool,
+        sampling: Sequence[RowSampling] | None = None,
     ) -> tuple[torch.Tensor, list[int] | None]:
         """Decode one token per row: row i's `input_ids[i]` at position `kv_starts[i]`, its K/V
         into the pages of `page_tables[i]`. Returns the float32 logits [rows, vocab] (a view of
-        a buffer the next step overwrites) and, when `greedy`, each row's argmax."""
+        a buffer the next step overwrites) and, when `choose`, each row's token: sampled as
+        `sampling` says (one per row; -1 where its logits are no distribution), else its
+        argmax."""
         rows = len(input_ids)
         pages = page_lists(kv_starts, [1] * rows, page_tables, self.page_size)
         # Plain ctypes arrays: building torch tensors would release and retake the GIL for
@@ -127,11 +136,13 @@ class NativeDecodeStep:
         indptr = (ctypes.c_int32 * (rows + 1))(*pages.kv_indptr)
         indices = (ctypes.c_int32 * len(pages.kv_indices))(*pages.kv_indices)
         kv_lens = (ctypes.c_int32 * rows)(*pages.kv_lens)
-        tokens = (ctypes.c_int64 * rows)() if greedy else None
+        tokens = (ctypes.c_int64 * rows)() if choose else None
+        settings = None if sampling is None else (RowSampling * rows)(*sampling)
         step = DecodeStepArgs(
             rows,
             ctypes.addressof(ids),
             None if tokens is None else ctypes.addressof(tokens),
+            None if settings is None else ctypes.addressof(settings),
             ctypes.addressof(positions),
             ctypes.addressof(slots),
             ctypes.addressof(self._batch_rows),

@@ -22,9 +22,15 @@ logger = logging.getLogger(__name__)
 _HERE = Path(__file__).parent
 SOURCES = tuple(
     _HERE / name
-    for name in ("compact_gemv.c", "decode_attention.c", "decode_layer.c", "thread_pool.c")
+    for name in (
+        "compact_gemv.c",
+        "decode_attention.c",
+        "decode_layer.c",
+        "sampling.c",
+        "thread_pool.c",
+    )
 )
-HEADERS = (_HERE / "vector_math.h", _HERE / "thread_pool.h")
+HEADERS = (_HERE / "vector_math.h", _HERE / "thread_pool.h", _HERE / "sampling.h")
 LIBRARY_NAME = "libbaton_native.so"
 # -fopenmp links libgomp by soname: loaded after torch, the library shares torch's OpenMP runtime
 # (one thread team, sized by torch.set_num_threads on the calling thread). -ffp-contract=off: a

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "sampling.h"
 #include "thread_pool.h"
 #include "vector_math.h"
 
@@ -56,7 +57,8 @@ typedef struct {
 typedef struct {
     int64_t rows;
     const int64_t *input_ids;
-    int64_t *tokens; /* each row's argmax, or NULL: the caller samples from the logits */
+    int64_t *tokens; /* each row's token, or NULL: the caller samples from the logits */
+    const RowSampling *sampling; /* how each row is sampled; NULL: every row takes its argmax */
     const int64_t *positions, *slots;
     const int32_t *batch_rows, *kv_indptr, *kv_indices, *kv_lens;
     const float *cos_table, *sin_table;
@@ -118,7 +120,7 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
 
 /* torch.argmax's answer for one row: the first NaN if there is one, else the first maximum.
  * One vector pass finds the maximum (and whether a NaN is there), a second finds where. */
-static int64_t argmax_row(const float *x, int64_t n) {
+int64_t baton_argmax_row(const float *x, int64_t n) {
     __m256 top = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -154,12 +156,12 @@ typedef struct {
 
 static void argmax_task(const void *arg, int64_t row) {
     const ArgmaxLoop *a = arg;
-    a->tokens[row] = argmax_row(a->logits + row * a->vocab_size, a->vocab_size);
+    a->tokens[row] = baton_argmax_row(a->logits + row * a->vocab_size, a->vocab_size);
 }
 
 /* The whole step for `step->rows` decode rows: embed the input ids, run every layer, normalise,
  * multiply by the LM head into model->logits and, where step->tokens is given, write each
- * row's argmax there. Returns 0, -1 for an input id outside the vocabulary (nothing written to
+ * row's token there: sampled as step->sampling says (sampling.c), else its argmax. Returns 0, -1 for an input id outside the vocabulary (nothing written to
  * the KV cache), or -2 if memory ran out. Everything runs in one foreign call, so the engine
  * thread needs the GIL once a step: each return to Python waited for the scheduler thread,
  * which runs Python while the step computes. */
@@ -178,7 +180,9 @@ int baton_decode_step(const DecoderLayer *layers, int64_t num_layers, const Deco
     baton_rms_norm(model->hidden, rows, hidden_size, model->final_norm, model->eps,
                    model->normed);
     linear(&model->lm_head, model->normed, rows, model->logits);
-    if (step->tokens) {
+    if (step->tokens && step->sampling) {
+        baton_sample_rows(model->logits, rows, vocab_size, step->sampling, step->tokens);
+    } else if (step->tokens) {
         const ArgmaxLoop loop = {model->logits, vocab_size, step->tokens};
         baton_parallel(argmax_task, &loop, rows);
     }

@@ -5,6 +5,7 @@ with ctypes, and the argument structures its decoder layer reads.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,18 @@ class DecodeModelArgs(ctypes.Structure):
     )
 
 
+class RowSampling(ctypes.Structure):
+    """How one decode row is sampled in the native step (sampling.h's RowSampling)."""
+
+    _fields_ = (
+        ("temperature", ctypes.c_float),
+        ("top_p", ctypes.c_float),
+        ("min_p", ctypes.c_float),
+        ("uniform", ctypes.c_float),
+        ("top_k", _i64),
+    )
+
+
 class DecodeStepArgs(ctypes.Structure):
     """One decode step's rows, shared by every layer (decode_layer.c's DecodeStep)."""
 
@@ -85,6 +98,7 @@ class DecodeStepArgs(ctypes.Structure):
         ("rows", _i64),
         ("input_ids", _ptr),
         ("tokens", _ptr),
+        ("sampling", _ptr),
         ("positions", _ptr),
         ("slots", _ptr),
         ("batch_rows", _ptr),
@@ -126,6 +140,9 @@ class NativeKernels:
                 ctypes.POINTER(DecodeStepArgs),
             ],
         )
+        self._sample_rows = _declare(
+            library.baton_sample_rows, None, [_ptr, _i64, _i64, ctypes.POINTER(RowSampling), _ptr]
+        )
         self._attention = _declare(
             library.baton_decode_attention,
             ctypes.c_int,
@@ -153,6 +170,16 @@ class NativeKernels:
             y.data_ptr(),
         )
         return y
+
+    def sample_rows(self, logits: torch.Tensor, sampling: Sequence[RowSampling]) -> list[int]:
+        """Each row's token from float32 `logits` [rows, vocab], as the native step samples it
+        (sampling.c); -1 for a row whose logits are no distribution."""
+        logits = logits.contiguous()
+        rows = logits.shape[0]
+        settings = (RowSampling * rows)(*sampling)
+        tokens = (ctypes.c_int64 * rows)()
+        self._sample_rows(logits.data_ptr(), rows, logits.shape[1], settings, tokens)
+        return list(tokens)
 
     def dequantize(self, weight: CompactWeight) -> torch.Tensor:
         """The stored matrix as float32 [out_features, in_features]: exactly the values the

@@ -1,0 +1,167 @@
+/* Sampling a decode step's rows from their logits in the native step, so a sampled (non-greedy)
+ * row costs no torch ops: the same rules as the torch sampler (engine/sampler.py), row by row.
+ *
+ * A row's weights are exp((logit - max) / temperature). With top_k, its candidates are its k
+ * largest logits (all, if k exceeds them), best first, and top_p and min_p apply to their softmax; with top_p alone, the
+ * candidates are the full vocabulary's, best first (the best NUCLEUS_PREFIX when they hold the
+ * nucleus, as they usually do, else all of them sorted); with neither, the vocabulary in order.
+ * top_p keeps a candidate while the mass before it is below top_p; min_p keeps one whose weight
+ * is at least min_p times the largest. The draw is by inverse CDF with the row's uniform u: the
+ * first kept candidate whose cumulative weight exceeds u times the kept total.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "sampling.h"
+#include "thread_pool.h"
+
+/* How many of the best candidates top_p alone looks at before sorting the whole vocabulary. */
+#define NUCLEUS_PREFIX 1024
+
+typedef struct {
+    float logit;
+    int32_t id;
+} Candidate;
+
+/* Better first: a larger logit, then a lower id. */
+static int better(const Candidate *a, const Candidate *b) {
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+static int compare_candidates(const void *a, const void *b) {
+    return better(a, b) ? -1 : better(b, a) ? 1 : 0;
+}
+
+/* Sift the heap's root down; the heap keeps its worst candidate at the root. */
+static void sift_down(Candidate *heap, int64_t size, int64_t at) {
+    for (;;) {
+        int64_t worst = at, left = 2 * at + 1, right = left + 1;
+        if (left < size && better(&heap[worst], &heap[left])) worst = left;
+        if (right < size && better(&heap[worst], &heap[right])) worst = right;
+        if (worst == at) return;
+        const Candidate swap = heap[at];
+        heap[at] = heap[worst];
+        heap[worst] = swap;
+        at = worst;
+    }
+}
+
+/* The k best of the row's logits into out[0..k), best first. */
+static void best_k(const float *logits, int64_t vocab_size, int64_t k, Candidate *out) {
+    for (int64_t i = 0; i < k; i++) out[i] = (Candidate){logits[i], (int32_t)i};
+    for (int64_t i = k / 2 - 1; i >= 0; i--) sift_down(out, k, i);
+    for (int64_t i = k; i < vocab_size; i++) {
+        const Candidate next = {logits[i], (int32_t)i};
+        if (better(&next, &out[0])) {
+            out[0] = next;
+            sift_down(out, k, 0);
+        }
+    }
+    qsort(out, (size_t)k, sizeof(Candidate), compare_candidates);
+}
+
+/* Draw among weights w[0..n) (already filtered: zero for dropped ones); the index, or -1 when
+ * they are no distribution (NaN, all zero). */
+static int64_t draw(const float *w, int64_t n, float u) {
+    double total = 0.0;
+    for (int64_t i = 0; i < n; i++) total += w[i];
+    if (!(total > 0.0)) return -1;
+    double target = u * total;
+    if (!(target < total)) target = 0.0; /* rounding reached the total: the first kept one */
+    double cumulative = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        cumulative += w[i];
+        if (cumulative > target && w[i] > 0.0f) return i;
+    }
+    for (int64_t i = n - 1; i >= 0; i--)
+        if (w[i] > 0.0f) return i;
+    return -1;
+}
+
+/* One row's token, or -1 (no distribution, or out of memory). `weights` and `candidates` hold
+ * vocab_size entries each. */
+static int64_t sample_row(const float *logits, int64_t vocab_size, const RowSampling *s,
+                          float *weights, Candidate *candidates) {
+    float top = -INFINITY;
+    for (int64_t i = 0; i < vocab_size; i++) top = logits[i] > top ? logits[i] : top;
+    if (isnan(top) || isinf(top)) return -1;
+    const float inverse_t = 1.0f / s->temperature;
+    int64_t n = 0; /* candidates, best first; none: the vocabulary in order */
+    double normalizer = 0.0; /* the mass top_p is measured against */
+    if (s->top_k > 0) { /* best first, as the torch sampler's top-k, even past the vocabulary */
+        n = s->top_k < vocab_size ? s->top_k : vocab_size;
+        best_k(logits, vocab_size, n, candidates);
+        for (int64_t i = 0; i < n; i++) normalizer += expf((candidates[i].logit - top) * inverse_t);
+    } else if (s->top_p < 1.0f) {
+        for (int64_t i = 0; i < vocab_size; i++)
+            normalizer += expf((logits[i] - top) * inverse_t);
+        n = vocab_size < NUCLEUS_PREFIX ? vocab_size : NUCLEUS_PREFIX;
+        best_k(logits, vocab_size, n, candidates);
+        double prefix_mass = 0.0;
+        for (int64_t i = 0; i < n; i++) prefix_mass += expf((candidates[i].logit - top) * inverse_t);
+        if (prefix_mass < s->top_p * normalizer && n < vocab_size) {
+            n = vocab_size;
+            best_k(logits, vocab_size, n, candidates);
+        }
+    }
+    if (n == 0) {
+        for (int64_t i = 0; i < vocab_size; i++) {
+            const float w = expf((logits[i] - top) * inverse_t);
+            weights[i] = w >= s->min_p ? w : 0.0f; /* the largest weight is exp(0) = 1 */
+        }
+        return draw(weights, vocab_size, s->uniform);
+    }
+    double before = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const float w = expf((candidates[i].logit - top) * inverse_t);
+        const int in_nucleus = s->top_p >= 1.0f || before < s->top_p * normalizer;
+        weights[i] = in_nucleus && w >= s->min_p ? w : 0.0f;
+        before += w;
+    }
+    const int64_t index = draw(weights, n, s->uniform);
+    return index < 0 ? -1 : candidates[index].id;
+}
+
+typedef struct {
+    const float *logits;
+    int64_t vocab_size;
+    const RowSampling *rows;
+    int64_t *tokens;
+} SampleLoop;
+
+/* Each thread's scratch for its rows: vocab_size weights and candidates, grown on demand and
+ * kept for the next step (the pool's threads live as long as the process). */
+static _Thread_local float *scratch_weights;
+static _Thread_local Candidate *scratch_candidates;
+static _Thread_local int64_t scratch_size;
+
+static int reserve_scratch(int64_t vocab_size) {
+    if (scratch_size >= vocab_size) return 1;
+    float *weights = realloc(scratch_weights, sizeof(float) * (size_t)vocab_size);
+    if (weights) scratch_weights = weights;
+    Candidate *candidates = realloc(scratch_candidates, sizeof(Candidate) * (size_t)vocab_size);
+    if (candidates) scratch_candidates = candidates;
+    if (!weights || !candidates) return 0;
+    scratch_size = vocab_size;
+    return 1;
+}
+
+static void sample_task(const void *arg, int64_t row) {
+    const SampleLoop *a = arg;
+    const RowSampling *s = &a->rows[row];
+    const float *logits = a->logits + row * a->vocab_size;
+    if (s->temperature <= 0.0f)
+        a->tokens[row] = baton_argmax_row(logits, a->vocab_size);
+    else if (!reserve_scratch(a->vocab_size))
+        a->tokens[row] = -1;
+    else
+        a->tokens[row] =
+            sample_row(logits, a->vocab_size, s, scratch_weights, scratch_candidates);
+}
+
+void baton_sample_rows(const float *logits, int64_t rows, int64_t vocab_size,
+                       const RowSampling *sampling, int64_t *tokens) {
+    const SampleLoop loop = {logits, vocab_size, sampling, tokens};
+    baton_parallel(sample_task, &loop, rows);
+}

@@ -1,0 +1,122 @@
+"""The native step's sampler (native/sampling.c): the torch sampler's rules, row by row.
+
+With uniforms on an even grid, inverse-CDF sampling draws each token exactly as often as its
+filtered probability says (to one draw in the grid's size), so the distribution is checked
+without randomness; with the uniform a seeded generator draws, the native sampler picks the
+torch sampler's token; and through the engine, a seeded sampled request decodes in the native
+step to the eager path's tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+from helpers.decode_steps import CountingStep
+from helpers.sampling import reference_distribution
+
+from baton import LLM
+from baton.engine.native.library import NativeKernels, RowSampling
+from baton.engine.sampler import Sampler, SamplingBatch, make_generator
+from baton.sampling_params import SamplingParams
+
+# As tests/engine/test_sampler.py's: distinct, shuffled, no filter threshold near a boundary.
+SMALL_LOGITS = torch.tensor([0.3, 2.0, -1.0, 1.0, 0.0, 1.5, -0.5, 0.6])
+CASES = [
+    SamplingParams(temperature=0.7),
+    SamplingParams(temperature=1.3, top_k=3),
+    SamplingParams(top_p=0.7),
+    SamplingParams(temperature=1.3, top_k=5, top_p=0.65),
+    SamplingParams(min_p=0.3),
+    SamplingParams(top_p=0.85, min_p=0.2),
+    SamplingParams(temperature=0.8, top_k=4, min_p=0.25),
+    SamplingParams(top_k=100),  # more than the vocabulary: no filter
+]
+
+
+def setting(params: SamplingParams, uniform: float) -> RowSampling:
+    return RowSampling(params.temperature, params.top_p, params.min_p, uniform, params.top_k)
+
+
+def describe(params: SamplingParams) -> str:
+    return msgspec.json.encode(params).decode()
+
+
+@pytest.mark.parametrize("params", CASES, ids=describe)
+def test_an_even_grid_of_uniforms_draws_the_filtered_distribution(
+    native: NativeKernels, params: SamplingParams
+) -> None:
+    draws = 4000
+    logits = SMALL_LOGITS.repeat(draws, 1)
+    grid = [setting(params, (j + 0.5) / draws) for j in range(draws)]
+    tokens = torch.tensor(native.sample_rows(logits, grid))
+    counts = torch.bincount(tokens, minlength=len(SMALL_LOGITS)).double()
+    expected = reference_distribution(SMALL_LOGITS, params) * draws
+    assert (counts - expected).abs().max() <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("params", CASES, ids=describe)
+@pytest.mark.parametrize("vocab", [8, 32000])
+def test_the_uniform_a_seeded_generator_draws_picks_the_torch_samplers_token(
+    native: NativeKernels, params: SamplingParams, vocab: int
+) -> None:
+    """At 32000 random logits top_p alone overflows the native sampler's 1024-token prefix and
+    sorts the whole vocabulary, as the torch sampler does."""
+    generator = torch.Generator().manual_seed(5)
+    logits = SMALL_LOGITS if vocab == 8 else torch.randn(vocab, generator=generator) * 2
+    seeds = range(200 if vocab == 8 else 20)
+    seeded = [msgspec.structs.replace(params, seed=seed) for seed in seeds]
+    batch = SamplingBatch.from_params(
+        seeded, [make_generator(p.seed, "cpu") for p in seeded], "cpu"
+    )
+    want = Sampler().sample(logits.repeat(len(seeded), 1), batch).token_ids.tolist()
+    uniforms = [float(torch.rand(1, generator=make_generator(p.seed, "cpu"))) for p in seeded]
+    got = native.sample_rows(logits.repeat(len(seeded), 1), [setting(params, u) for u in uniforms])
+    assert got == want
+
+
+def test_rows_that_are_no_distribution_fail_alone(native: NativeKernels) -> None:
+    logits = torch.stack(
+        [
+            SMALL_LOGITS,
+            torch.full((8,), float("nan")),
+            torch.full((8,), float("-inf")),
+            torch.tensor([0.0, float("inf"), 0, 0, 0, 0, 0, 0]),
+            SMALL_LOGITS,
+        ]
+    )
+    plain = setting(SamplingParams(temperature=0.7), 0.5)
+    greedy = RowSampling(0.0, 1.0, 0.0, 0.0, 0)
+    tokens = native.sample_rows(logits, [plain, plain, plain, plain, greedy])
+    assert tokens[1:4] == [-1, -1, -1]
+    assert tokens[0] >= 0 and tokens[4] == int(SMALL_LOGITS.argmax())
+
+
+def test_sampled_rows_decode_in_the_native_step_as_on_the_eager_path(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """Seeded rows of every filter, and greedy and unseeded rows beside them, in one batch:
+    every decode step runs natively, and the seeded rows' tokens are the eager path's."""
+    model_dir = tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)
+    prompts = [[3 + i, 4, 5, 6 + i] for i in range(6)]
+    common = {"max_tokens": 8, "ignore_eos": True}
+    params = [
+        SamplingParams(temperature=0.9, seed=3, **common),
+        SamplingParams(temperature=1.2, top_k=5, seed=4, **common),
+        SamplingParams(top_p=0.8, seed=5, **common),
+        SamplingParams(temperature=0.7, min_p=0.1, top_k=40, top_p=0.95, seed=6, **common),
+        SamplingParams(temperature=0, **common),
+        SamplingParams(temperature=1.0, **common),  # unseeded: any token, still native
+    ]
+    native = LLM(str(model_dir), dtype="float32")
+    counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
+    eager = LLM(str(model_dir), dtype="float32", enforce_eager=True)
+    got = [output.token_ids for output in native.generate(prompts, params)]
+    want = [output.token_ids for output in eager.generate(prompts, params)]
+    assert counting.batches == 7  # every decode step of the batch
+    assert got[:5] == want[:5]
+    assert all(len(tokens) == 8 for tokens in got)
+    # The same seeds again: the same tokens.
+    assert [o.token_ids for o in native.generate(prompts[:4], params[:4])] == got[:4]
