@@ -15,6 +15,7 @@
 
 #include "sampling.h"
 #include "thread_pool.h"
+#include "vector_math.h"
 
 /* How many of the best candidates top_p alone looks at before sorting the whole vocabulary. */
 #define NUCLEUS_PREFIX 1024
@@ -61,30 +62,66 @@ static void best_k(const float *logits, int64_t vocab_size, int64_t k, Candidate
     qsort(out, (size_t)k, sizeof(Candidate), compare_candidates);
 }
 
-/* Draw among weights w[0..n) (already filtered: zero for dropped ones); the index, or -1 when
- * they are no distribution (NaN, all zero). */
+/* Draw among weights w[0..n) (already filtered: zero for dropped ones) by inverse CDF with
+ * uniform u; the index, or -1 when they are no distribution (NaN, all zero). Blocks of eight
+ * are skipped whole while the running sum stays at or below the target. */
 static int64_t draw(const float *w, int64_t n, float u) {
-    double total = 0.0;
-    for (int64_t i = 0; i < n; i++) total += w[i];
+    double total = 0.0; /* summed as the scan below sums, so the target is always reached */
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) total += hsum8(_mm256_loadu_ps(w + i));
+    for (; i < n; i++) total += w[i];
     if (!(total > 0.0)) return -1;
     double target = u * total;
     if (!(target < total)) target = 0.0; /* rounding reached the total: the first kept one */
     double cumulative = 0.0;
-    for (int64_t i = 0; i < n; i++) {
+    for (i = 0; i + 8 <= n; i += 8) {
+        const double block = hsum8(_mm256_loadu_ps(w + i));
+        if (cumulative + block > target) break;
+        cumulative += block;
+    }
+    for (; i < n; i++) {
         cumulative += w[i];
         if (cumulative > target && w[i] > 0.0f) return i;
     }
-    for (int64_t i = n - 1; i >= 0; i--)
-        if (w[i] > 0.0f) return i;
+    for (int64_t j = n - 1; j >= 0; j--)
+        if (w[j] > 0.0f) return j;
     return -1;
+}
+
+/* weights[i] = exp((logits[i] - top) * inverse_t), zero where below min_p (the largest weight
+ * is exp(0) = 1); returns their sum. Eight at a time: this pass is most of a sampled row. */
+static double exponentiate(const float *logits, int64_t n, float top, float inverse_t,
+                           float min_p, float *weights) {
+    const __m256 top_v = _mm256_set1_ps(top), scale = _mm256_set1_ps(inverse_t);
+    const __m256 floor_v = _mm256_set1_ps(min_p);
+    __m256 sum = _mm256_setzero_ps();
+    double total = 0.0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), top_v), scale);
+        __m256 w = exp_nonpositive(x);
+        w = _mm256_and_ps(w, _mm256_cmp_ps(w, floor_v, _CMP_GE_OQ));
+        _mm256_storeu_ps(weights + i, w);
+        sum = _mm256_add_ps(sum, w);
+        if ((i & 1023) == 1016) { /* fold into double now and then: no float drift */
+            total += hsum8(sum);
+            sum = _mm256_setzero_ps();
+        }
+    }
+    total += hsum8(sum);
+    for (; i < n; i++) {
+        const float w = expf((logits[i] - top) * inverse_t);
+        weights[i] = w >= min_p ? w : 0.0f;
+        total += weights[i];
+    }
+    return total;
 }
 
 /* One row's token, or -1 (no distribution, or out of memory). `weights` and `candidates` hold
  * vocab_size entries each. */
 static int64_t sample_row(const float *logits, int64_t vocab_size, const RowSampling *s,
                           float *weights, Candidate *candidates) {
-    float top = -INFINITY;
-    for (int64_t i = 0; i < vocab_size; i++) top = logits[i] > top ? logits[i] : top;
+    const float top = logits[baton_argmax_row(logits, vocab_size)]; /* NaN if any is */
     if (isnan(top) || isinf(top)) return -1;
     const float inverse_t = 1.0f / s->temperature;
     int64_t n = 0; /* candidates, best first; none: the vocabulary in order */
@@ -94,8 +131,7 @@ static int64_t sample_row(const float *logits, int64_t vocab_size, const RowSamp
         best_k(logits, vocab_size, n, candidates);
         for (int64_t i = 0; i < n; i++) normalizer += expf((candidates[i].logit - top) * inverse_t);
     } else if (s->top_p < 1.0f) {
-        for (int64_t i = 0; i < vocab_size; i++)
-            normalizer += expf((logits[i] - top) * inverse_t);
+        normalizer = exponentiate(logits, vocab_size, top, inverse_t, 0.0f, weights);
         n = vocab_size < NUCLEUS_PREFIX ? vocab_size : NUCLEUS_PREFIX;
         best_k(logits, vocab_size, n, candidates);
         double prefix_mass = 0.0;
@@ -106,10 +142,7 @@ static int64_t sample_row(const float *logits, int64_t vocab_size, const RowSamp
         }
     }
     if (n == 0) {
-        for (int64_t i = 0; i < vocab_size; i++) {
-            const float w = expf((logits[i] - top) * inverse_t);
-            weights[i] = w >= s->min_p ? w : 0.0f; /* the largest weight is exp(0) = 1 */
-        }
+        exponentiate(logits, vocab_size, top, inverse_t, s->min_p, weights);
         return draw(weights, vocab_size, s->uniform);
     }
     double before = 0.0;
