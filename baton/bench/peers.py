@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import baton
+
 logger = logging.getLogger(__name__)
 
 # The context each vLLM and llama.cpp server gets: ample for benchmark prompts plus outputs.
@@ -127,6 +129,8 @@ class ServerProcess:
         """Start the server and wait until healthy; ServerStartError if it dies or times out."""
         self._log = self.log_path.open("wb")
         env = {**os.environ, **self.command.env}
+        if self.command.engine != "baton" and baton.OMP_WAIT_POLICY_DEFAULTED:
+            env.pop("OMP_WAIT_POLICY", None)  # Baton's default, not the user's: not a peer's
         self._process = subprocess.Popen(
             self.command.argv,
             stdin=subprocess.DEVNULL,

@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+import baton
 from baton.bench import compare
 from baton.bench.peers import (
     ServerCommand,
@@ -193,3 +194,18 @@ def test_compare_sweeps_baton_and_transformers(tmp_path: Path, tiny_qwen2_dir: P
         assert run["ratios"]["transformers"]["output_throughput"] == pytest.approx(expected)
     png = (plots / "engines_vs_concurrency.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+@pytest.mark.parametrize(("engine", "seen"), [("llama.cpp", "None"), ("baton", "PASSIVE")])
+def test_peers_start_without_batons_openmp_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, seen: str
+) -> None:
+    """Importing baton set OMP_WAIT_POLICY (the user had not): a peer engine runs as it would
+    beside no Baton, a Baton server with it."""
+    monkeypatch.setattr(baton, "OMP_WAIT_POLICY_DEFAULTED", True)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    report = "import os; print('policy', os.environ.get('OMP_WAIT_POLICY')); raise SystemExit(3)"
+    argv = [sys.executable, "-c", report]
+    server = ServerProcess(ServerCommand(engine, argv), free_port(), tmp_path / "env.log")
+    with pytest.raises(ServerStartError, match=f"policy {seen}"), server:
+        server.start(timeout_s=30)
