@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import random
 
 import torch
 
@@ -48,6 +49,7 @@ class BatchRunner:
     sampler: Sampler
     grammar_masks: GrammarMasks
     bad_words: BadWordTokens
+    unseeded_draws: random.Random
     speculator: Speculator | None
     _last_sampled: list[int]
 
@@ -61,7 +63,11 @@ class BatchRunner:
         native = self.decode_step is not None and self.decode_step.handles(batch.q_lens)
         if native and sampled_in_native_step(batch):  # the step chooses: nothing left to do
             _, tokens = self.decode_step(
-                input_ids, batch.kv_starts, batch.page_tables, True, row_sampling(batch)
+                input_ids,
+                batch.kv_starts,
+                batch.page_tables,
+                True,
+                row_sampling(batch, self.unseeded_draws),
             )
             chosen = [tokens[row] for row in batch.sample_rows]
             # A row whose logits were no distribution fails alone (token 0, as the sampler's).

@@ -5,6 +5,7 @@ scored prompt tokens' logprobs."""
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable, Sequence
 
 import torch
@@ -36,20 +37,23 @@ def sampled_in_native_step(batch: ForwardBatch) -> bool:
     )
 
 
-def row_sampling(batch: ForwardBatch) -> list[RowSampling] | None:
+def row_sampling(batch: ForwardBatch, unseeded: random.Random) -> list[RowSampling] | None:
     """How the native step chooses each sampled row's token (None: every row is greedy). A
     seeded row draws its uniform from its own generator, as the torch sampler does (one draw a
-    step), so its tokens do not depend on the path or the batch; the others share one draw."""
+    step), so its tokens do not depend on the path or the batch; the others draw from
+    `unseeded`, a Python generator, since a torch op here waits to retake the GIL."""
     params = batch.sampling_params
     if all(p.is_greedy for p in params):
         return None
-    unseeded = iter(torch.rand(len(params)).tolist())
     settings = []
     for p, generator in zip(params, batch.generators):
         if p.is_greedy:
             settings.append(RowSampling(0.0, 1.0, 0.0, 0.0, 0))
             continue
-        uniform = next(unseeded) if generator is None else float(torch.rand(1, generator=generator))
+        if generator is None:
+            uniform = unseeded.random()
+        else:
+            uniform = float(torch.rand(1, generator=generator))
         settings.append(RowSampling(p.temperature, p.top_p, p.min_p, uniform, p.top_k))
     return settings
 

@@ -4,6 +4,7 @@ config and the machine; running a batch on them is `BatchRunner`'s (batch_runner
 from __future__ import annotations
 
 import logging
+import random
 
 import torch
 
@@ -47,9 +48,12 @@ class Engine(BatchRunner):
             bound_threads = bind_engine_thread(config.omp_threads_bind)
             torch.set_num_threads(config.num_threads or bound_threads)
         self.num_threads = torch.get_num_threads()  # of the math library, on this thread
-        # Requests without their own seed draw from torch's default generator: --seed makes a
-        # server's sampled output reproducible from launch to launch, as vLLM's --seed does.
+        # Requests without their own seed draw from torch's default generator, and in the native
+        # step from `unseeded_draws` (a Python generator: a torch op there would give up the
+        # GIL and wait ~0.2 ms to retake it from the scheduler thread): --seed makes a server's
+        # sampled output reproducible from launch to launch, as vLLM's --seed does.
         torch.manual_seed(config.seed)
+        self.unseeded_draws = random.Random(config.seed)
         self.checkpoint = checkpoint or load_checkpoint(config.model, config.chat_template)
         if config.model is None and self.checkpoint.name == RANDOM_MODEL_NAME:
             logger.warning(
