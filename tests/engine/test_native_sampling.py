@@ -15,25 +15,15 @@ import msgspec
 import pytest
 import torch
 from helpers.decode_steps import CountingStep
-from helpers.sampling import reference_distribution
+from helpers.sampling import FILTER_CASES, SMALL_LOGITS, reference_distribution
 
 from baton import LLM
 from baton.engine.native.library import NativeKernels, RowSampling
 from baton.engine.sampler import Sampler, SamplingBatch, make_generator
 from baton.sampling_params import SamplingParams
 
-# As tests/engine/test_sampler.py's: distinct, shuffled, no filter threshold near a boundary.
-SMALL_LOGITS = torch.tensor([0.3, 2.0, -1.0, 1.0, 0.0, 1.5, -0.5, 0.6])
-CASES = [
-    SamplingParams(temperature=0.7),
-    SamplingParams(temperature=1.3, top_k=3),
-    SamplingParams(top_p=0.7),
-    SamplingParams(temperature=1.3, top_k=5, top_p=0.65),
-    SamplingParams(min_p=0.3),
-    SamplingParams(top_p=0.85, min_p=0.2),
-    SamplingParams(temperature=0.8, top_k=4, min_p=0.25),
-    SamplingParams(top_k=100),  # more than the vocabulary: no filter
-]
+# The torch sampler's cases, and a top-k past the vocabulary (no filter, best first).
+CASES = [*FILTER_CASES, SamplingParams(top_k=100)]
 
 
 def setting(params: SamplingParams, uniform: float) -> RowSampling:

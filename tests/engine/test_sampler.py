@@ -7,15 +7,11 @@ import math
 import msgspec
 import pytest
 import torch
-from helpers.sampling import reference_distribution
+from helpers.sampling import FILTER_CASES, SMALL_LOGITS, reference_distribution
 
 from baton.engine.argmax import greedy_argmax
 from baton.engine.sampler import Sampler, SamplingBatch, make_generator
 from baton.sampling_params import SamplingParams
-
-# Distinct, shuffled logits so vocabulary order differs from probability order and no filter
-# threshold in the cases below lies near a boundary.
-SMALL_LOGITS = torch.tensor([0.3, 2.0, -1.0, 1.0, 0.0, 1.5, -0.5, 0.6])
 
 
 @pytest.fixture(autouse=True)
@@ -37,18 +33,6 @@ def frequencies(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def describe(params: SamplingParams) -> str:
     """A short test id: the fields that differ from their defaults."""
     return msgspec.json.encode(params).decode()
-
-
-FILTER_CASES = [
-    SamplingParams(temperature=0.7),
-    SamplingParams(temperature=1.3, top_k=3),
-    SamplingParams(top_p=0.7),
-    SamplingParams(temperature=1.3, top_k=5, top_p=0.65),
-    SamplingParams(min_p=0.3),
-    # top-p keeps 5 tokens, then min-p drops one; min-p first would leave only 3.
-    SamplingParams(top_p=0.85, min_p=0.2),
-    SamplingParams(temperature=0.8, top_k=4, min_p=0.25),
-]
 
 
 @pytest.mark.parametrize("params", FILTER_CASES, ids=describe)

@@ -6,6 +6,20 @@ import torch
 
 from baton.sampling_params import SamplingParams
 
+# Distinct, shuffled logits so vocabulary order differs from probability order and no filter
+# threshold in the cases below lies near a boundary.
+SMALL_LOGITS = torch.tensor([0.3, 2.0, -1.0, 1.0, 0.0, 1.5, -0.5, 0.6])
+FILTER_CASES = [
+    SamplingParams(temperature=0.7),
+    SamplingParams(temperature=1.3, top_k=3),
+    SamplingParams(top_p=0.7),
+    SamplingParams(temperature=1.3, top_k=5, top_p=0.65),
+    SamplingParams(min_p=0.3),
+    # top-p keeps 5 tokens, then min-p drops one; min-p first would leave only 3.
+    SamplingParams(top_p=0.85, min_p=0.2),
+    SamplingParams(temperature=0.8, top_k=4, min_p=0.25),
+]
+
 
 def reference_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """vLLM's filtered distribution, computed independently in float64 with explicit loops."""
