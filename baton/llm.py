@@ -253,7 +253,7 @@ def _chat_message(message: Message) -> ChatMessage:
             content=content,
             tool_calls=message.get("tool_calls"),
             tool_call_id=message.get("tool_call_id"),
-            reasoning=message.get("reasoning", message.get("reasoning_content")),
+            reasoning=message.get("reasoning") or message.get("reasoning_content"),
         )
     except (KeyError, TypeError, AttributeError) as error:
         raise RequestError(f"not a chat message: {message!r}") from error

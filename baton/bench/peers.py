@@ -128,9 +128,10 @@ class ServerProcess:
     def start(self, timeout_s: float) -> None:
         """Start the server and wait until healthy; ServerStartError if it dies or times out."""
         self._log = self.log_path.open("wb")
-        env = {**os.environ, **self.command.env}
+        inherited = dict(os.environ)
         if self.command.engine != "baton" and baton.OMP_WAIT_POLICY_DEFAULTED:
-            env.pop("OMP_WAIT_POLICY", None)  # Baton's default, not the user's: not a peer's
+            inherited.pop("OMP_WAIT_POLICY", None)  # Baton's default, not the user's
+        env = {**inherited, **self.command.env}
         self._process = subprocess.Popen(
             self.command.argv,
             stdin=subprocess.DEVNULL,

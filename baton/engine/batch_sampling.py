@@ -24,6 +24,10 @@ from baton.engine.sampler import SampleOutput
 SCORING_SLICE_ROWS = 256
 
 
+# A row the native step takes the argmax of.
+GREEDY_ROW = RowSampling(0.0, 1.0, 0.0, 0.0, 0)
+
+
 def sampled_in_native_step(batch: ForwardBatch) -> bool:
     """Whether the native step can choose every sampled row's token from its raw logits: no
     row wants logprobs or has its logits adjusted, suppressed or constrained, and no prompt is
@@ -38,23 +42,23 @@ def sampled_in_native_step(batch: ForwardBatch) -> bool:
 
 
 def row_sampling(batch: ForwardBatch, unseeded: random.Random) -> list[RowSampling] | None:
-    """How the native step chooses each sampled row's token (None: every row is greedy). A
-    seeded row draws its uniform from its own generator, as the torch sampler does (one draw a
-    step), so its tokens do not depend on the path or the batch; the others draw from
-    `unseeded`, a Python generator, since a torch op here waits to retake the GIL."""
+    """How the native step chooses each batch row's token (None: every row is greedy); a row
+    that samples nothing (a prefill chunk's) takes the argmax, which is never read. A seeded
+    row draws its uniform from its own generator, as the torch sampler does (one draw a step),
+    so its tokens do not depend on the path or the batch; the others draw from `unseeded`, a
+    Python generator, since a torch op here waits to retake the GIL."""
     params = batch.sampling_params
     if all(p.is_greedy for p in params):
         return None
-    settings = []
-    for p, generator in zip(params, batch.generators):
+    settings = [GREEDY_ROW] * batch.num_rows
+    for row, p, generator in zip(batch.sample_rows, params, batch.generators, strict=True):
         if p.is_greedy:
-            settings.append(RowSampling(0.0, 1.0, 0.0, 0.0, 0))
             continue
         if generator is None:
             uniform = unseeded.random()
         else:
             uniform = float(torch.rand(1, generator=generator))
-        settings.append(RowSampling(p.temperature, p.top_p, p.min_p, uniform, p.top_k))
+        settings[row] = RowSampling(p.temperature, p.top_p, p.min_p, uniform, p.top_k)
     return settings
 
 

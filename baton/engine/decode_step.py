@@ -124,7 +124,7 @@ class NativeDecodeStep:
         """Decode one token per row: row i's `input_ids[i]` at position `kv_starts[i]`, its K/V
         into the pages of `page_tables[i]`. Returns the float32 logits [rows, vocab] (a view of
         a buffer the next step overwrites) and, when `choose`, each row's token: sampled as
-        `sampling` says (one per row; -1 where its logits are no distribution), else its
+        `sampling` says (one per batch row; -1 where its logits are no distribution), else its
         argmax."""
         rows = len(input_ids)
         pages = page_lists(kv_starts, [1] * rows, page_tables, self.page_size)
@@ -137,6 +137,8 @@ class NativeDecodeStep:
         indices = (ctypes.c_int32 * len(pages.kv_indices))(*pages.kv_indices)
         kv_lens = (ctypes.c_int32 * rows)(*pages.kv_lens)
         tokens = (ctypes.c_int64 * rows)() if choose else None
+        if sampling is not None and len(sampling) != rows:
+            raise ValueError(f"{len(sampling)} sampling settings for {rows} rows")
         settings = None if sampling is None else (RowSampling * rows)(*sampling)
         step = DecodeStepArgs(
             rows,

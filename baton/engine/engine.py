@@ -135,7 +135,7 @@ class Engine(BatchRunner):
         )
         self.sampler = Sampler()
         self.grammar_masks = GrammarMasks()
-        self.bad_words = BadWordTokens(self.checkpoint.tokenizer)
+        self.bad_words = BadWordTokens(self.checkpoint.tokenizer, self.vocab_size)
         # A plain list: read and written on the host every step, where torch ops cost a GIL
         # round trip each (see NativeDecodeStep).
         self._last_sampled = [0] * config.max_running_requests

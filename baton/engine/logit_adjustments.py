@@ -34,10 +34,13 @@ CACHED_BAD_WORD_LISTS = 64
 class BadWordTokens:
     """Bad words as the token sequences that spell them, as vLLM reads them: each word as it
     stands (at the text's start) and after a space (inside the text), where that spelling
-    starts with another token and is as long; computed once per list of words."""
+    starts with another token and is as long; computed once per list of words. A spelling with
+    a token the model cannot sample (an added token past its logits' `vocab_size`) can never be
+    generated, so it is left out: banning it would index past the logits."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
         self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
         self.sequences = functools.lru_cache(maxsize=CACHED_BAD_WORD_LISTS)(self._sequences)
 
     def _sequences(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
@@ -46,9 +49,13 @@ class BadWordTokens:
             alone = self._encode(word.lstrip())
             spaced = self._encode(" " + word.lstrip())
             sequences.append(alone)
-            if spaced and spaced[0] != alone[0] and len(spaced) == len(alone):
+            if spaced and (not alone or spaced[0] != alone[0]) and len(spaced) == len(alone):
                 sequences.append(spaced)
-        return tuple(sequence for sequence in sequences if sequence)
+        return tuple(
+            sequence
+            for sequence in sequences
+            if sequence and all(token < self._vocab_size for token in sequence)
+        )
 
     def _encode(self, text: str) -> tuple[int, ...]:
         return tuple(self._tokenizer.encode(text, add_special_tokens=False))

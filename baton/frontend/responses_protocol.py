@@ -240,6 +240,8 @@ class ResponsesRequest(NullMeansDefault):
         return ChatCompletionRequest.model_validate(fields)
 
     def _chat_tool_choice(self) -> str | dict[str, Any] | None:
+        if not self.tools and self.tool_choice in ("auto", "none"):
+            return None  # OpenAI's default choice, with nothing to choose from
         if isinstance(self.tool_choice, FunctionChoice):
             return {"type": "function", "function": {"name": self.tool_choice.name}}
         return self.tool_choice

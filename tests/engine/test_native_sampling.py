@@ -110,3 +110,31 @@ def test_sampled_rows_decode_in_the_native_step_as_on_the_eager_path(
     assert all(len(tokens) == 8 for tokens in got)
     # The same seeds again: the same tokens.
     assert [o.token_ids for o in native.generate(prompts[:4], params[:4])] == got[:4]
+
+
+def test_settings_go_to_the_batch_rows_that_sample() -> None:
+    """A row that samples nothing (a prefill chunk's) may come first: every setting still goes
+    to its own batch row."""
+    import random
+
+    from baton.engine.batch_sampling import GREEDY_ROW, row_sampling
+    from baton.engine.forward_batch import ForwardBatch
+
+    hot = SamplingParams(temperature=0.9, top_k=7, seed=2)
+    batch = ForwardBatch(
+        input_ids=[5, 6, 7],
+        kv_starts=[0, 3, 3],
+        q_lens=[1, 1, 1],
+        page_tables=[[0], [1], [2]],
+        slots=[0, 1, 2],
+        sample_rows=[1, 2],
+        sampling_params=[hot, SamplingParams(temperature=0)],
+        generators=[make_generator(2, "cpu"), None],
+    )
+    settings = row_sampling(batch, random.Random(0))
+    assert settings is not None and len(settings) == 3
+    assert settings[0] is GREEDY_ROW and settings[2] is GREEDY_ROW
+    assert (settings[1].temperature, settings[1].top_k) == (pytest.approx(0.9), 7)
+    assert settings[1].uniform == pytest.approx(
+        float(torch.rand(1, generator=make_generator(2, "cpu")))
+    )

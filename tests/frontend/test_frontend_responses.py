@@ -112,6 +112,17 @@ def test_string_input_is_the_chat_paths_greedy_reply(client: openai.OpenAI, offl
     assert stopped.status == "completed" and stopped.incomplete_details is None
     assert stopped.output_text == expected.text[: expected.text.index(stop)]
     assert stopped.output[0].status == "completed"
+    # OpenAI's default tool choice, "auto", with no tools: nothing to choose from, no error.
+    for tools in ([], None):
+        plain = client.responses.create(
+            model=MODEL_NAME,
+            input="Tell me about a cat.",
+            max_output_tokens=24,
+            tool_choice="auto",
+            **({"tools": tools} if tools is not None else {}),
+            **GREEDY,
+        )
+        assert plain.output_text == expected.text
 
 
 def test_messages_and_instructions_render_as_chat_messages(

@@ -99,7 +99,8 @@ static double exponentiate(const float *logits, int64_t n, float top, float inve
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         const __m256 x = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(logits + i), top_v), scale);
-        __m256 w = exp_nonpositive(x);
+        __m256 w = exp_nonpositive(x); /* clamped at e^-87: a -inf logit must still weigh 0 */
+        w = _mm256_and_ps(w, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GT_OQ));
         w = _mm256_and_ps(w, _mm256_cmp_ps(w, floor_v, _CMP_GE_OQ));
         _mm256_storeu_ps(weights + i, w);
         sum = _mm256_add_ps(sum, w);
