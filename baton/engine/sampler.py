@@ -1,7 +1,8 @@
 """Per-request token sampling: greedy, temperature, top-k, top-p and min-p, optionally seeded.
 
-Filters apply in vLLM's order: logits / temperature, then top-k, then top-p (nucleus over the
-renormalised distribution, always keeping the top token), then min-p. Log-probabilities come from
+Filters apply in vLLM v0's order: logits / temperature, then top-k, then top-p (nucleus over the
+renormalised distribution, always keeping the top token), then min-p. (vLLM's current sampler
+applies min-p before top-p; the two differ only where both are set.) Log-probabilities come from
 the raw (unscaled, unfiltered) distribution.
 """
 
