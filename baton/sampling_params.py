@@ -88,16 +88,18 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
+    def penalizes(self) -> bool:
+        """Whether a repetition, frequency or presence penalty applies."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+        )
+
+    @property
     def adjusts_logits(self) -> bool:
         """Whether a penalty, a bias, allowed tokens or bad words change the logits before the
         token is chosen."""
-        return bool(
-            self.presence_penalty
-            or self.frequency_penalty
-            or self.repetition_penalty != 1.0
-            or self.logit_bias
-            or self.allowed_token_ids is not None
-            or self.bad_words
+        return self.penalizes or bool(
+            self.logit_bias or self.allowed_token_ids is not None or self.bad_words
         )
 
     def validate(self, vocab_size: int | None = None) -> None:

@@ -84,3 +84,19 @@ def test_the_largest_accepted_values_sample_valid_tokens() -> None:
     for output in outputs:
         assert output.finish_reason == "length" and len(output.token_ids) == 8
         assert all(0 <= token < llm.engine.vocab_size for token in output.token_ids)
+
+
+@pytest.mark.parametrize(
+    ("fields", "penalizes"),
+    [
+        ({}, False),
+        ({"repetition_penalty": 1.05}, True),
+        ({"frequency_penalty": -0.5}, True),
+        ({"presence_penalty": 0.5}, True),
+        ({"logit_bias": {3: 1.0}, "bad_words": ["x"], "allowed_token_ids": [1]}, False),
+    ],
+)
+def test_penalizes_and_adjusts_logits(fields: dict, penalizes: bool) -> None:
+    params = SamplingParams(**fields)
+    assert params.penalizes is penalizes
+    assert params.adjusts_logits is bool(fields)

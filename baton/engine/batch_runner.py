@@ -24,13 +24,19 @@ from baton.engine.batch_sampling import (
     suppress,
 )
 from baton.engine.decode_step import NativeDecodeStep
-from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
+from baton.engine.forward_batch import (
+    PLACEHOLDER_TOKEN,
+    ForwardBatch,
+    ForwardOutput,
+    TokenHistory,
+)
 from baton.engine.grammar import GrammarMasks
 from baton.engine.kv_pool import KVPool
 from baton.engine.logit_adjustments import BadWordTokens
 from baton.engine.model import CausalLM
 from baton.engine.sampler import Sampler, SamplingBatch
 from baton.engine.speculation.speculator import Speculator
+from baton.engine.token_counts import SlotTokenCounts, TokenCounts
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +55,7 @@ class BatchRunner:
     sampler: Sampler
     grammar_masks: GrammarMasks
     bad_words: BadWordTokens
+    token_counts: SlotTokenCounts
     unseeded_draws: random.Random
     speculator: Speculator | None
     _last_sampled: list[int]
@@ -60,6 +67,8 @@ class BatchRunner:
         if self.speculator is not None:
             return self._forward_speculative(batch)
         input_ids = self._resolve_placeholders(batch)
+        histories = completed_histories(batch, input_ids) if any(batch.histories) else None
+        token_counts = self.token_counts.update(batch, histories)
         native = self.decode_step is not None and self.decode_step.handles(batch.q_lens)
         if native and sampled_in_native_step(batch):  # the step chooses: nothing left to do
             _, tokens = self.decode_step(
@@ -67,7 +76,7 @@ class BatchRunner:
                 batch.kv_starts,
                 batch.page_tables,
                 True,
-                row_sampling(batch, self.unseeded_draws),
+                row_sampling(batch, self.unseeded_draws, token_counts),
             )
             chosen = [tokens[row] for row in batch.sample_rows]
             # A row whose logits were no distribution fails alone (token 0, as the sampler's).
@@ -86,7 +95,7 @@ class BatchRunner:
                 input_ids, batch.kv_starts, batch.q_lens, batch.page_tables, sample_indices
             )
         token_ids, logprobs, top_logprobs, failed_rows = self._sample(
-            logits, list(range(len(sample_indices))), batch, input_ids
+            logits, list(range(len(sample_indices))), batch, histories, token_counts
         )
         return ForwardOutput(
             [[token] for token in token_ids],
@@ -151,7 +160,7 @@ class BatchRunner:
             logits,
             resolved,
             batch,
-            lambda rows_logits, rows: self._sample(rows_logits, rows, batch, None),
+            lambda rows_logits, rows: self._sample(rows_logits, rows, batch, None, None),
         )
 
     def logits(
@@ -197,14 +206,16 @@ class BatchRunner:
         logits: torch.Tensor,
         rows: list[int],
         batch: ForwardBatch,
-        input_ids: list[int] | None,
+        histories: list[TokenHistory | None] | None,
+        token_counts: list[TokenCounts | None] | None,
     ) -> tuple[list[int], list | None, list | None, list[int]]:
         """Sample one token for each of the given sampled rows (indices into `sample_rows`)
         from its logits row: (tokens, logprobs, top logprobs, failed rows as indices into
         `rows`). Each row's slot remembers its token for a decode scheduled before it was known.
-        `input_ids`, the batch's with placeholders resolved, complete the rows' histories
-        (None under speculation, which admits no request with penalties or a logit bias, nor
-        structured outputs). A constrained row's grammar masks its logits, then takes its token."""
+        `histories` and `token_counts` are the sampled rows' (completed, placeholders resolved)
+        where any adjusts its logits (None under speculation, which admits no request with
+        penalties or a logit bias, nor structured outputs). A constrained row's grammar masks
+        its logits, then takes its token."""
         grammars = [batch.grammars[i] for i in rows] if any(batch.grammars) else None
         suppressed = [batch.suppressed_token_ids[i] for i in rows]
         failed_grammars = []
@@ -212,17 +223,13 @@ class BatchRunner:
             failed_grammars = self.grammar_masks.apply(logits, grammars)
             suppressed = self.grammar_masks.yield_to_grammars(logits, grammars, suppressed)
         suppress(logits, suppressed)
-        histories = (
-            completed_histories(batch, input_ids)
-            if input_ids is not None and any(batch.histories)
-            else None
-        )
         sampling = SamplingBatch.from_params(
             [batch.sampling_params[i] for i in rows],
             [batch.generators[i] for i in rows],
             self.device,
             [histories[i] for i in rows] if histories is not None else (),
             self.bad_words,
+            [token_counts[i] for i in rows] if token_counts is not None else None,
         )
         sampled = self.sampler.sample(logits, sampling)
         token_ids = sampled.token_ids.tolist()

@@ -27,6 +27,7 @@ from baton.engine.native.library import NativeBuildError, NativeKernels, load_na
 from baton.engine.sampler import Sampler
 from baton.engine.speculation.setup import make_speculator
 from baton.engine.startup_timing import compact_crossover
+from baton.engine.token_counts import SlotTokenCounts
 from baton.engine.weights import iter_compact_weights, iter_weights
 
 logger = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ class Engine(BatchRunner):
         self.sampler = Sampler()
         self.grammar_masks = GrammarMasks()
         self.bad_words = BadWordTokens(self.checkpoint.tokenizer, self.vocab_size)
+        self.token_counts = SlotTokenCounts()
         # A plain list: read and written on the host every step, where torch ops cost a GIL
         # round trip each (see NativeDecodeStep).
         self._last_sampled = [0] * config.max_running_requests

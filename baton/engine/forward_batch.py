@@ -54,7 +54,8 @@ class ForwardBatch:
     # sequence when it scheduled the row (what drafts are proposed from; [] for other rows).
     num_drafts: list[int] = field(default_factory=list)
     contexts: list[list[int]] = field(default_factory=list)
-    # Per row: whether it is its request's first step in its slot (per-slot state starts over).
+    # Per row: whether it is its request's first step in its slot (the engine's per-slot state,
+    # drafts and penalty counts, starts over).
     entered_slot: list[bool] = field(default_factory=list)
     # Per sampled row whose params have penalties or a logit bias: its tokens as the scheduler
     # knew them (the engine appends the row's placeholders, resolved); None for other rows.

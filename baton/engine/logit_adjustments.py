@@ -18,6 +18,7 @@ whole vocabulary-wide row: at a 152k vocabulary a dense pass costs milliseconds 
 from __future__ import annotations
 
 import functools
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ import torch
 
 from baton.checkpoint.tokenizer import Tokenizer
 from baton.engine.forward_batch import TokenHistory
+from baton.engine.token_counts import TokenCounts
 from baton.sampling_params import SamplingParams
 
 # Distinct lists of bad words whose token sequences are kept.
@@ -89,11 +91,21 @@ class LogitAdjustments:
         histories: Sequence[TokenHistory | None],
         device: torch.device | str,
         bad_words: BadWordTokens | None = None,
+        token_counts: Sequence[TokenCounts | None] | None = None,
     ) -> LogitAdjustments | None:
         """The adjustments of the rows that have a history: those whose params adjust their
-        logits (None when no row has); `bad_words` spells the rows' bad words."""
+        logits (None when no row has); `bad_words` spells the rows' bad words. A row that
+        penalizes reads its `token_counts` entry (token_counts.py), counted from its history
+        where it has none."""
         rows = tuple(
-            _row_adjustment(row, params[row], history, device, bad_words)
+            _row_adjustment(
+                row,
+                params[row],
+                history,
+                token_counts[row] if token_counts else None,
+                device,
+                bad_words,
+            )
             for row, history in enumerate(histories)
             if history is not None
         )
@@ -126,6 +138,7 @@ def _row_adjustment(
     row: int,
     params: SamplingParams,
     history: TokenHistory,
+    counts: TokenCounts | None,
     device: torch.device | str,
     bad_words: BadWordTokens | None,
 ) -> RowAdjustment:
@@ -136,12 +149,19 @@ def _row_adjustment(
         bias_values = torch.tensor(
             list(params.logit_bias.values()), dtype=torch.float32, device=device
         )
-    tokens = torch.tensor(history.tokens, dtype=torch.int64, device=device)
-    if params.repetition_penalty != 1.0:
-        seen_ids = tokens.unique()
-    if (params.frequency_penalty or params.presence_penalty) and len(tokens) > history.prompt_len:
-        output_ids, counts = tokens[history.prompt_len :].unique(return_counts=True)
-        output_penalties = params.frequency_penalty * counts.float() + params.presence_penalty
+    if params.penalizes:
+        counts = counts if counts is not None else TokenCounts.of(history)
+        ids = _int64_tensor(counts.ids, device)
+        if params.repetition_penalty != 1.0:
+            seen_ids = ids
+        if (params.frequency_penalty or params.presence_penalty) and counts.has_output:
+            output_counts = _int64_tensor(counts.output_counts, device)
+            in_output = output_counts > 0
+            output_ids = ids[in_output]
+            output_penalties = (
+                params.frequency_penalty * output_counts[in_output].float()
+                + params.presence_penalty
+            )
     if params.allowed_token_ids is not None:
         allowed_ids = torch.tensor(params.allowed_token_ids, dtype=torch.int64, device=device)
     if params.bad_words and bad_words is not None:
@@ -159,6 +179,11 @@ def _row_adjustment(
         allowed_ids,
         banned_ids,
     )
+
+
+def _int64_tensor(values: array, device: torch.device | str) -> torch.Tensor:
+    """A copy of an int32 array (never empty: a row's counts hold its prompt's tokens)."""
+    return torch.frombuffer(values, dtype=torch.int32).to(device=device, dtype=torch.int64)
 
 
 def _banned(sequences: Sequence[tuple[int, ...]], history: TokenHistory) -> list[int]:

@@ -17,6 +17,7 @@ import torch
 from baton.engine.argmax import greedy_argmax
 from baton.engine.forward_batch import TokenHistory
 from baton.engine.logit_adjustments import BadWordTokens, LogitAdjustments
+from baton.engine.token_counts import TokenCounts
 from baton.sampling_params import SamplingParams
 
 # How a group of sampled rows finds its candidate tokens: a per-row top-k prefix, a nucleus search
@@ -64,10 +65,11 @@ class SamplingBatch:
         device: torch.device | str,
         histories: Sequence[TokenHistory | None] = (),
         bad_words: BadWordTokens | None = None,
+        token_counts: Sequence[TokenCounts | None] | None = None,
     ) -> SamplingBatch:
         """Gather per-row tensors and plan which rows are sampled together and how; a row
         whose params adjust its logits comes with its history (None for the others), and
-        `bad_words` spells their bad words."""
+        `bad_words` and `token_counts` are `LogitAdjustments.build`'s."""
         if len(params) != len(generators):
             raise ValueError(f"{len(params)} params but {len(generators)} generators")
         greedy = [p.is_greedy for p in params]
@@ -96,7 +98,7 @@ class SamplingBatch:
             if len(asking) == len(params)
             else torch.tensor(asking, dtype=torch.int64, device=device),
             max_num_logprobs=max((params[i].logprobs or 0 for i in asking), default=-1),
-            adjustments=LogitAdjustments.build(params, histories, device, bad_words)
+            adjustments=LogitAdjustments.build(params, histories, device, bad_words, token_counts)
             if any(histories)
             else None,
         )

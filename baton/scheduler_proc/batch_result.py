@@ -39,6 +39,7 @@ def build_forward_batch(
         batch.q_lens.append(step.num_tokens)
         batch.page_tables.append(seq.page_table[: -(-end // seq.page_size)])
         batch.slots.append(seq.slot)
+        batch.entered_slot.append(row.entered_slot)
         if seq.prompt_logprobs is not None and step.is_prefill:
             offset, targets = seq.prompt_tokens_to_score(step)
             if targets:
@@ -48,7 +49,6 @@ def build_forward_batch(
         if speculative:
             batch.num_drafts.append(step.num_drafts)
             batch.contexts.append(list(seq.tokens) if step.num_drafts else [])
-            batch.entered_slot.append(row.entered_slot)
         if step.samples:
             batch.sample_rows.append(index)
             batch.sampling_params.append(seq.params)

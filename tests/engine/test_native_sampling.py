@@ -18,8 +18,11 @@ from helpers.decode_steps import CountingStep
 from helpers.sampling import FILTER_CASES, SMALL_LOGITS, reference_distribution
 
 from baton import LLM
+from baton.engine.forward_batch import TokenHistory
+from baton.engine.logit_adjustments import LogitAdjustments
 from baton.engine.native.library import NativeKernels, RowSampling
 from baton.engine.sampler import Sampler, SamplingBatch, make_generator
+from baton.engine.token_counts import TokenCounts
 from baton.sampling_params import SamplingParams
 
 # The torch sampler's cases, and a top-k past the vocabulary (no filter, best first).
@@ -105,11 +108,89 @@ def test_sampled_rows_decode_in_the_native_step_as_on_the_eager_path(
     eager = LLM(str(model_dir), dtype="float32", enforce_eager=True)
     got = [output.token_ids for output in native.generate(prompts, params)]
     want = [output.token_ids for output in eager.generate(prompts, params)]
-    assert counting.batches == 7  # every decode step of the batch
+    assert counting.batches == counting.chosen == 7  # every decode step, tokens chosen there
     assert got[:5] == want[:5]
     assert all(len(tokens) == 8 for tokens in got)
     # The same seeds again: the same tokens.
     assert [o.token_ids for o in native.generate(prompts[:4], params[:4])] == got[:4]
+
+
+PENALTIES = [
+    SamplingParams(repetition_penalty=1.7),
+    SamplingParams(frequency_penalty=0.6, presence_penalty=0.3),
+    SamplingParams(repetition_penalty=0.8, frequency_penalty=-0.4, presence_penalty=1.1),
+]
+
+
+def penalized(params: SamplingParams, counts: TokenCounts) -> RowSampling:
+    setting = setting_of(params, 0.0)
+    setting.repetition_penalty = params.repetition_penalty
+    setting.frequency_penalty = params.frequency_penalty
+    setting.presence_penalty = params.presence_penalty
+    setting.num_seen = len(counts.ids)
+    setting.seen_ids = counts.ids.buffer_info()[0]
+    setting.output_counts = counts.output_counts.buffer_info()[0]
+    return setting
+
+
+def setting_of(params: SamplingParams, uniform: float) -> RowSampling:
+    if params.is_greedy:
+        return RowSampling(0.0, 1.0, 0.0, 0.0, 0)
+    return setting(params, uniform)
+
+
+@pytest.mark.parametrize("params", PENALTIES, ids=describe)
+def test_penalties_change_the_logits_as_the_torch_samplers_do(
+    native: NativeKernels, params: SamplingParams
+) -> None:
+    """In place, before the row's token is chosen; the next row is left alone."""
+    greedy = msgspec.structs.replace(params, temperature=0.0)
+    logits = torch.randn(2, 64, generator=torch.Generator().manual_seed(1)) * 3
+    history = TokenHistory([1, 3, 3, 5, 2, 2, 2, 9], prompt_len=4)
+    adjustments = LogitAdjustments.build([greedy], [history], "cpu")
+    assert adjustments is not None
+    want = adjustments.apply_(logits[:1].clone())[0]
+    got = logits.clone()
+    counts = TokenCounts.of(history)
+    tokens = native.sample_rows(got, [penalized(greedy, counts), setting_of(greedy, 0.0)])
+    assert torch.equal(got[0], want) and torch.equal(got[1], logits[1])
+    assert tokens == [int(want.argmax()), int(logits[1].argmax())]
+
+
+def test_penalized_rows_decode_in_the_native_step_as_on_the_eager_path(
+    native: NativeKernels, tiny_model_factory: Callable[..., Path]
+) -> None:
+    """Greedy and seeded sampled rows with penalties beside a plain one: every decode step
+    chooses its tokens natively, and every row's tokens are the eager path's."""
+    model_dir = tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)
+    # The first two rows share a prompt whose greedy continuation (of this model) the
+    # penalties change.
+    prompts = [[4, 4, 5, 4, 7], [4, 4, 5, 4, 7], [5, 4, 5, 4, 8], [6, 4, 5, 4, 9], [7, 4, 5, 4]]
+    common = {"max_tokens": 12, "ignore_eos": True}
+    params = [
+        SamplingParams(temperature=0, repetition_penalty=1.5, **common),
+        SamplingParams(temperature=0, frequency_penalty=2.0, presence_penalty=1.0, **common),
+        SamplingParams(temperature=0.9, repetition_penalty=1.3, seed=3, **common),
+        SamplingParams(top_p=0.8, top_k=20, presence_penalty=-0.5, seed=4, **common),
+        SamplingParams(temperature=0, **common),
+    ]
+    native = LLM(str(model_dir), dtype="float32")
+    counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
+    eager = LLM(str(model_dir), dtype="float32", enforce_eager=True)
+    got = [output.token_ids for output in native.generate(prompts, params)]
+    want = [output.token_ids for output in eager.generate(prompts, params)]
+    assert counting.batches == counting.chosen == 11
+    assert got == want
+    plain = native.generate(
+        prompts[:2],
+        [
+            msgspec.structs.replace(
+                p, repetition_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0
+            )
+            for p in params[:2]
+        ],
+    )
+    assert all(o.token_ids != tokens for o, tokens in zip(plain, got))  # penalties count
 
 
 def test_settings_go_to_the_batch_rows_that_sample() -> None:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 
 class CountingStep:
-    """Wraps the engine's decode step, counting the batches it ran."""
+    """Wraps the engine's decode step, counting the batches it ran and those whose tokens it
+    chose itself (the rest returned logits for the torch sampler)."""
 
     def __init__(self, step) -> None:
-        self.step, self.batches = step, 0
+        self.step, self.batches, self.chosen = step, 0, 0
 
     def handles(self, q_lens) -> bool:
         return self.step.handles(q_lens)
 
-    def __call__(self, *args):
+    def __call__(self, input_ids, kv_starts, page_tables, choose, sampling=None):
         self.batches += 1
-        return self.step(*args)
+        self.chosen += choose
+        return self.step(input_ids, kv_starts, page_tables, choose, sampling)

@@ -80,7 +80,9 @@ class DecodeModelArgs(ctypes.Structure):
 
 
 class RowSampling(ctypes.Structure):
-    """How one decode row is sampled in the native step (sampling.h's RowSampling)."""
+    """How one decode row is sampled in the native step, and its penalties (sampling.h's
+    RowSampling; `num_seen` 0, the default, is no penalty). The arrays `seen_ids` and
+    `output_counts` point to must outlive the call that reads them."""
 
     _fields_ = (
         ("temperature", ctypes.c_float),
@@ -88,6 +90,12 @@ class RowSampling(ctypes.Structure):
         ("min_p", ctypes.c_float),
         ("uniform", ctypes.c_float),
         ("top_k", _i64),
+        ("repetition_penalty", ctypes.c_float),
+        ("frequency_penalty", ctypes.c_float),
+        ("presence_penalty", ctypes.c_float),
+        ("num_seen", _i64),
+        ("seen_ids", _ptr),
+        ("output_counts", _ptr),
     )
 
 
@@ -172,8 +180,9 @@ class NativeKernels:
         return y
 
     def sample_rows(self, logits: torch.Tensor, sampling: Sequence[RowSampling]) -> list[int]:
-        """Each row's token from float32 `logits` [rows, vocab], as the native step samples it
-        (sampling.c); -1 for a row whose logits are no distribution."""
+        """Each row's token from float32 `logits` [rows, vocab] (contiguous ones penalized in
+        place), as the native step samples it (sampling.c); -1 for a row whose logits are no
+        distribution."""
         logits = logits.contiguous()
         rows = logits.shape[0]
         settings = (RowSampling * rows)(*sampling)

@@ -157,8 +157,23 @@ static int64_t sample_row(const float *logits, int64_t vocab_size, const RowSamp
     return index < 0 ? -1 : candidates[index].id;
 }
 
+/* The row's penalties, in place (sampling.h). Its tokens were checked against the vocabulary
+ * when its request came in; the check here only keeps a bad id from writing past the row. */
+static void penalize(float *logits, int64_t vocab_size, const RowSampling *s) {
+    const float repetition = s->repetition_penalty;
+    for (int64_t i = 0; i < s->num_seen; i++) {
+        const int32_t id = s->seen_ids[i];
+        if (id < 0 || id >= vocab_size) continue;
+        float x = logits[id];
+        if (repetition != 1.0f) x = x > 0.0f ? x / repetition : x * repetition;
+        const int32_t count = s->output_counts[i];
+        if (count > 0) x -= s->frequency_penalty * (float)count + s->presence_penalty;
+        logits[id] = x;
+    }
+}
+
 typedef struct {
-    const float *logits;
+    float *logits;
     int64_t vocab_size;
     const RowSampling *rows;
     int64_t *tokens;
@@ -184,7 +199,8 @@ static int reserve_scratch(int64_t vocab_size) {
 static void sample_task(const void *arg, int64_t row) {
     const SampleLoop *a = arg;
     const RowSampling *s = &a->rows[row];
-    const float *logits = a->logits + row * a->vocab_size;
+    float *logits = a->logits + row * a->vocab_size;
+    if (s->num_seen > 0) penalize(logits, a->vocab_size, s);
     if (s->temperature <= 0.0f)
         a->tokens[row] = baton_argmax_row(logits, a->vocab_size);
     else if (!reserve_scratch(a->vocab_size))
@@ -194,7 +210,7 @@ static void sample_task(const void *arg, int64_t row) {
             sample_row(logits, a->vocab_size, s, scratch_weights, scratch_candidates);
 }
 
-void baton_sample_rows(const float *logits, int64_t rows, int64_t vocab_size,
+void baton_sample_rows(float *logits, int64_t rows, int64_t vocab_size,
                        const RowSampling *sampling, int64_t *tokens) {
     const SampleLoop loop = {logits, vocab_size, sampling, tokens};
     baton_parallel(sample_task, &loop, rows);
