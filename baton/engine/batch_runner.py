@@ -18,10 +18,7 @@ from baton.engine.batch_sampling import (
     completed_histories,
     logprob_lists,
     prompt_logprobs,
-    row_sampling,
-    sampled_in_native_step,
     scored_positions,
-    suppress,
 )
 from baton.engine.decode_step import NativeDecodeStep
 from baton.engine.forward_batch import (
@@ -34,6 +31,7 @@ from baton.engine.grammar import GrammarMasks
 from baton.engine.kv_pool import KVPool
 from baton.engine.logit_adjustments import BadWordTokens
 from baton.engine.model import CausalLM
+from baton.engine.native_choice import NativeChoice, sampled_in_native_step
 from baton.engine.sampler import Sampler, SamplingBatch
 from baton.engine.speculation.speculator import Speculator
 from baton.engine.token_counts import SlotTokenCounts, TokenCounts
@@ -71,20 +69,16 @@ class BatchRunner:
         token_counts = self.token_counts.update(batch, histories)
         native = self.decode_step is not None and self.decode_step.handles(batch.q_lens)
         if native and sampled_in_native_step(batch):  # the step chooses: nothing left to do
-            _, tokens = self.decode_step(
-                input_ids,
-                batch.kv_starts,
-                batch.page_tables,
-                True,
-                row_sampling(batch, self.unseeded_draws, token_counts),
+            choice = NativeChoice(
+                batch, self.unseeded_draws, histories, token_counts, self.bad_words
             )
-            chosen = [tokens[row] for row in batch.sample_rows]
-            # A row whose logits were no distribution fails alone (token 0, as the sampler's).
-            failed = [index for index, token in enumerate(chosen) if token < 0]
-            chosen = [max(token, 0) for token in chosen]
-            for row, token in zip(batch.sample_rows, chosen):
+            _, tokens = self.decode_step(
+                input_ids, batch.kv_starts, batch.page_tables, True, choice.settings
+            )
+            output = choice.output(batch, tokens)
+            for row, (token,) in zip(batch.sample_rows, output.token_ids):
                 self._last_sampled[batch.slots[row]] = token
-            return ForwardOutput([[token] for token in chosen], failed_rows=failed)
+            return output
         starts = [0, *itertools.accumulate(batch.q_lens)]
         sample_indices = [starts[row + 1] - 1 for row in batch.sample_rows]
         scored = {}
@@ -222,7 +216,6 @@ class BatchRunner:
         if grammars:
             failed_grammars = self.grammar_masks.apply(logits, grammars)
             suppressed = self.grammar_masks.yield_to_grammars(logits, grammars, suppressed)
-        suppress(logits, suppressed)
         sampling = SamplingBatch.from_params(
             [batch.sampling_params[i] for i in rows],
             [batch.generators[i] for i in rows],
@@ -230,6 +223,7 @@ class BatchRunner:
             [histories[i] for i in rows] if histories is not None else (),
             self.bad_words,
             [token_counts[i] for i in rows] if token_counts is not None else None,
+            suppressed,
         )
         sampled = self.sampler.sample(logits, sampling)
         token_ids = sampled.token_ids.tolist()

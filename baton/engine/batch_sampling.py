@@ -1,11 +1,9 @@
-"""From a ForwardBatch to the sampler and back: which batches need no sampler at all, the
-sampled rows' histories and suppressed tokens, the logprobs in ForwardOutput's layout, and the
-scored prompt tokens' logprobs."""
+"""From a ForwardBatch to the torch sampler and back: the sampled rows' histories, the logprobs
+in ForwardOutput's layout, and the scored prompt tokens' logprobs."""
 
 from __future__ import annotations
 
 import itertools
-import random
 from collections.abc import Callable, Sequence
 
 import torch
@@ -16,74 +14,11 @@ from baton.engine.forward_batch import (
     PromptScoring,
     TokenHistory,
 )
-from baton.engine.native.library import RowSampling
 from baton.engine.sampler import SampleOutput
-from baton.engine.token_counts import TokenCounts
 
 # Scored prompt positions whose logits exist at a time: bounds a scoring step's memory (a chunk
 # of 2048 prompt tokens over a 152k vocabulary would be 1.2 GB of logits, twice with softmax).
 SCORING_SLICE_ROWS = 256
-
-
-# A row the native step takes the argmax of.
-GREEDY_ROW = RowSampling(0.0, 1.0, 0.0, 0.0, 0)
-
-
-def sampled_in_native_step(batch: ForwardBatch) -> bool:
-    """Whether the native step can choose every sampled row's token from its logits: no row
-    wants logprobs, has its logits adjusted other than by penalties, suppressed or constrained,
-    and no prompt is scored (greedy rows take the argmax; others are sampled as the torch
-    sampler samples, each after its penalties)."""
-    return (
-        not batch.prompt_scoring
-        and all(p.logprobs is None for p in batch.sampling_params)
-        and not any(batch.suppressed_token_ids)
-        and all(
-            history is None or not (p.logit_bias or p.allowed_token_ids is not None or p.bad_words)
-            for p, history in zip(batch.sampling_params, batch.histories)
-        )
-        and not any(batch.grammars)
-    )
-
-
-def row_sampling(
-    batch: ForwardBatch,
-    unseeded: random.Random,
-    token_counts: Sequence[TokenCounts | None] | None = None,
-) -> list[RowSampling] | None:
-    """How the native step chooses each batch row's token (None: every row takes its raw
-    argmax); a row that samples nothing (a prefill chunk's) takes the argmax, which is never
-    read. A seeded row draws its uniform from its own generator, as the torch sampler does
-    (one draw a step), so its tokens do not depend on the path or the batch; the others draw
-    from `unseeded`, a Python generator, since a torch op here waits to retake the GIL. A
-    penalizing row's `token_counts` entry (per sampled row) gives its penalties' tokens; the
-    settings point into its arrays, which the caller keeps alive through the step."""
-    params = batch.sampling_params
-    if all(p.is_greedy for p in params) and not token_counts:
-        return None
-    settings = [GREEDY_ROW] * batch.num_rows
-    for index, (row, p, generator) in enumerate(
-        zip(batch.sample_rows, params, batch.generators, strict=True)
-    ):
-        counts = token_counts[index] if token_counts else None
-        if p.is_greedy and counts is None:
-            continue
-        setting = RowSampling(0.0, 1.0, 0.0, 0.0, 0)
-        if not p.is_greedy:
-            if generator is None:
-                uniform = unseeded.random()
-            else:
-                uniform = float(torch.rand(1, generator=generator))
-            setting = RowSampling(p.temperature, p.top_p, p.min_p, uniform, p.top_k)
-        if counts is not None:
-            setting.repetition_penalty = p.repetition_penalty
-            setting.frequency_penalty = p.frequency_penalty
-            setting.presence_penalty = p.presence_penalty
-            setting.num_seen = len(counts.ids)
-            setting.seen_ids = counts.ids.buffer_info()[0]
-            setting.output_counts = counts.output_counts.buffer_info()[0]
-        settings[row] = setting
-    return settings
 
 
 def completed_histories(batch: ForwardBatch, input_ids: list[int]) -> list[TokenHistory | None]:
@@ -101,14 +36,6 @@ def completed_histories(batch: ForwardBatch, input_ids: list[int]) -> list[Token
             history = TokenHistory(history.tokens + resolved, history.prompt_len)
         completed.append(history)
     return completed
-
-
-def suppress(logits: torch.Tensor, suppressed_token_ids: list[list[int]]) -> None:
-    """Make the listed tokens of each sampled row impossible to sample (min_tokens)."""
-    rows = [row for row, ids in enumerate(suppressed_token_ids) for _ in ids]
-    if rows:
-        columns = [token for ids in suppressed_token_ids for token in ids]
-        logits[rows, columns] = float("-inf")
 
 
 def logprob_lists(

@@ -92,22 +92,25 @@ class LogitAdjustments:
         device: torch.device | str,
         bad_words: BadWordTokens | None = None,
         token_counts: Sequence[TokenCounts | None] | None = None,
+        suppressed: Sequence[list[int]] | None = None,
     ) -> LogitAdjustments | None:
-        """The adjustments of the rows that have a history: those whose params adjust their
-        logits (None when no row has); `bad_words` spells the rows' bad words. A row that
-        penalizes reads its `token_counts` entry (token_counts.py), counted from its history
-        where it has none."""
+        """The adjustments of the rows that have a history (those whose params adjust their
+        logits) or `suppressed` tokens (min_tokens' stop tokens, banned as bad words are);
+        None when no row has any. `bad_words` spells the rows' bad words. A row that penalizes
+        reads its `token_counts` entry (token_counts.py), counted from its history where it
+        has none."""
         rows = tuple(
             _row_adjustment(
                 row,
                 params[row],
                 history,
                 token_counts[row] if token_counts else None,
+                suppressed[row] if suppressed else [],
                 device,
                 bad_words,
             )
-            for row, history in enumerate(histories)
-            if history is not None
+            for row, history in enumerate(histories or [None] * len(params))
+            if history is not None or (suppressed and suppressed[row])
         )
         return cls(rows) if rows else None
 
@@ -137,8 +140,9 @@ class LogitAdjustments:
 def _row_adjustment(
     row: int,
     params: SamplingParams,
-    history: TokenHistory,
+    history: TokenHistory | None,
     counts: TokenCounts | None,
+    suppressed: list[int],
     device: torch.device | str,
     bad_words: BadWordTokens | None,
 ) -> RowAdjustment:
@@ -149,7 +153,7 @@ def _row_adjustment(
         bias_values = torch.tensor(
             list(params.logit_bias.values()), dtype=torch.float32, device=device
         )
-    if params.penalizes:
+    if history is not None and params.penalizes:
         counts = counts if counts is not None else TokenCounts.of(history)
         ids = _int64_tensor(counts.ids, device)
         if params.repetition_penalty != 1.0:
@@ -164,10 +168,11 @@ def _row_adjustment(
             )
     if params.allowed_token_ids is not None:
         allowed_ids = torch.tensor(params.allowed_token_ids, dtype=torch.int64, device=device)
-    if params.bad_words and bad_words is not None:
-        banned = _banned(bad_words.sequences(tuple(params.bad_words)), history)
-        if banned:
-            banned_ids = torch.tensor(banned, dtype=torch.int64, device=device)
+    banned = list(suppressed)
+    if history is not None and params.bad_words and bad_words is not None:
+        banned += banned_tokens(bad_words.sequences(tuple(params.bad_words)), history)
+    if banned:
+        banned_ids = torch.tensor(banned, dtype=torch.int64, device=device)
     return RowAdjustment(
         row,
         bias_ids,
@@ -186,8 +191,9 @@ def _int64_tensor(values: array, device: torch.device | str) -> torch.Tensor:
     return torch.frombuffer(values, dtype=torch.int32).to(device=device, dtype=torch.int64)
 
 
-def _banned(sequences: Sequence[tuple[int, ...]], history: TokenHistory) -> list[int]:
-    """The last token of each sequence whose other tokens end the row's output."""
+def banned_tokens(sequences: Sequence[tuple[int, ...]], history: TokenHistory) -> list[int]:
+    """The last token of each bad word's sequence whose other tokens end the row's output: what
+    the row may not sample now."""
     output = history.tokens[history.prompt_len :]
     banned = []
     for sequence in sequences:

@@ -66,10 +66,11 @@ class SamplingBatch:
         histories: Sequence[TokenHistory | None] = (),
         bad_words: BadWordTokens | None = None,
         token_counts: Sequence[TokenCounts | None] | None = None,
+        suppressed: Sequence[list[int]] | None = None,
     ) -> SamplingBatch:
         """Gather per-row tensors and plan which rows are sampled together and how; a row
         whose params adjust its logits comes with its history (None for the others), and
-        `bad_words` and `token_counts` are `LogitAdjustments.build`'s."""
+        `bad_words`, `token_counts` and `suppressed` are `LogitAdjustments.build`'s."""
         if len(params) != len(generators):
             raise ValueError(f"{len(params)} params but {len(generators)} generators")
         greedy = [p.is_greedy for p in params]
@@ -98,9 +99,9 @@ class SamplingBatch:
             if len(asking) == len(params)
             else torch.tensor(asking, dtype=torch.int64, device=device),
             max_num_logprobs=max((params[i].logprobs or 0 for i in asking), default=-1),
-            adjustments=LogitAdjustments.build(params, histories, device, bad_words, token_counts)
-            if any(histories)
-            else None,
+            adjustments=LogitAdjustments.build(
+                params, histories, device, bad_words, token_counts, suppressed
+            ),
         )
 
 

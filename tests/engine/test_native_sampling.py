@@ -8,6 +8,9 @@ step to the eager path's tokens."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,12 +21,16 @@ from helpers.decode_steps import CountingStep
 from helpers.sampling import FILTER_CASES, SMALL_LOGITS, reference_distribution
 
 from baton import LLM
-from baton.engine.forward_batch import TokenHistory
-from baton.engine.logit_adjustments import LogitAdjustments
+from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
+from baton.engine.forward_batch import ForwardBatch, TokenHistory
+from baton.engine.logit_adjustments import BadWordTokens, LogitAdjustments
 from baton.engine.native.library import NativeKernels, RowSampling
+from baton.engine.native_choice import NativeChoice
 from baton.engine.sampler import Sampler, SamplingBatch, make_generator
 from baton.engine.token_counts import TokenCounts
 from baton.sampling_params import SamplingParams
+
+BYTE_BAD_WORDS = BadWordTokens(build_byte_tokenizer(), 300)
 
 # The torch sampler's cases, and a top-k past the vocabulary (no filter, best first).
 CASES = [*FILTER_CASES, SamplingParams(top_k=100)]
@@ -195,12 +202,7 @@ def test_penalized_rows_decode_in_the_native_step_as_on_the_eager_path(
 
 def test_settings_go_to_the_batch_rows_that_sample() -> None:
     """A row that samples nothing (a prefill chunk's) may come first: every setting still goes
-    to its own batch row."""
-    import random
-
-    from baton.engine.batch_sampling import GREEDY_ROW, row_sampling
-    from baton.engine.forward_batch import ForwardBatch
-
+    to its own batch row, and a plain greedy row takes the argmax."""
     hot = SamplingParams(temperature=0.9, top_k=7, seed=2)
     batch = ForwardBatch(
         input_ids=[5, 6, 7],
@@ -211,11 +213,117 @@ def test_settings_go_to_the_batch_rows_that_sample() -> None:
         sample_rows=[1, 2],
         sampling_params=[hot, SamplingParams(temperature=0)],
         generators=[make_generator(2, "cpu"), None],
+        suppressed_token_ids=[[], []],
     )
-    settings = row_sampling(batch, random.Random(0))
+    settings = NativeChoice(batch, random.Random(0), None, None, BYTE_BAD_WORDS).settings
     assert settings is not None and len(settings) == 3
-    assert settings[0] is GREEDY_ROW and settings[2] is GREEDY_ROW
+    assert settings[0].temperature == settings[2].temperature == 0.0
     assert (settings[1].temperature, settings[1].top_k) == (pytest.approx(0.9), 7)
     assert settings[1].uniform == pytest.approx(
         float(torch.rand(1, generator=make_generator(2, "cpu")))
     )
+    plain = dataclasses.replace(batch, sampling_params=[SamplingParams(temperature=0)] * 2)
+    assert NativeChoice(plain, random.Random(0), None, None, BYTE_BAD_WORDS).settings is None
+
+
+def one_row_batch(params: SamplingParams, suppressed: list[int]) -> ForwardBatch:
+    return ForwardBatch(
+        input_ids=[5],
+        kv_starts=[8],
+        q_lens=[1],
+        page_tables=[[0]],
+        slots=[0],
+        sample_rows=[0],
+        sampling_params=[params],
+        generators=[make_generator(params.seed, "cpu")],
+        suppressed_token_ids=[suppressed],
+    )
+
+
+ADJUSTED = [
+    SamplingParams(temperature=0, logit_bias={3: 4.0, 7: -100.0}, repetition_penalty=1.3),
+    SamplingParams(temperature=0, bad_words=["\x09\x05", "\x07"], frequency_penalty=0.5),
+    SamplingParams(temperature=0, presence_penalty=0.7, logprobs=5),
+    SamplingParams(temperature=0.8, seed=9, logit_bias={2: 1.5}, logprobs=0),
+    SamplingParams(temperature=1.1, top_k=6, seed=4, repetition_penalty=1.2, logprobs=3),
+]
+
+
+@pytest.mark.parametrize("params", ADJUSTED, ids=describe)
+@pytest.mark.parametrize("suppressed", [[], [1, 4]], ids=["free", "min_tokens"])
+def test_adjusted_rows_and_their_logprobs_are_the_torch_samplers(
+    native: NativeKernels, params: SamplingParams, suppressed: list[int]
+) -> None:
+    """Bias, penalties, bad words and suppressed stop tokens change the logits before the
+    choice, as the torch sampler's adjustments do; the logprobs stay the raw logits'."""
+    history = TokenHistory([1, 3, 3, 5, 2, 2, 2, 9], prompt_len=4)  # the output ends with 9
+    logits = torch.randn(1, 12, generator=torch.Generator().manual_seed(3)) * 2
+    counts = [TokenCounts.of(history)] if params.penalizes else None
+    choice = NativeChoice(
+        one_row_batch(params, suppressed), random.Random(0), [history], counts, BYTE_BAD_WORDS
+    )
+    got = choice.output(
+        one_row_batch(params, suppressed), native.sample_rows(logits.clone(), choice.settings)
+    )
+    sampling = SamplingBatch.from_params(
+        [params],
+        [make_generator(params.seed, "cpu")],
+        "cpu",
+        [history],
+        BYTE_BAD_WORDS,
+        suppressed=[suppressed],
+    )
+    want = Sampler().sample(logits.clone(), sampling)
+    assert got.token_ids == [want.token_ids.tolist()] and not got.failed_rows
+    if params.logprobs is None:
+        assert got.logprobs is None
+        return
+    assert got.logprobs[0][0] == pytest.approx(want.logprobs[0].item(), abs=1e-5)
+    top = got.top_logprobs[0][0]
+    assert [token for token, _ in top] == want.top_logprob_ids[0].tolist()
+    assert [value for _, value in top] == pytest.approx(want.top_logprobs[0].tolist(), abs=1e-5)
+    raw = torch.log_softmax(logits[0], dim=-1)
+    assert got.logprobs[0][0] == pytest.approx(raw[got.token_ids[0][0]].item(), abs=1e-5)
+
+
+def test_a_row_that_is_no_distribution_reports_no_logprobs(native: NativeKernels) -> None:
+    params = SamplingParams(temperature=0.7, logprobs=2)
+    batch = one_row_batch(params, [])
+    choice = NativeChoice(batch, random.Random(0), None, None, BYTE_BAD_WORDS)
+    got = choice.output(
+        batch, native.sample_rows(torch.full((1, 8), float("nan")), choice.settings)
+    )
+    assert got.failed_rows == [0] and got.token_ids == [[0]]
+    assert math.isnan(got.logprobs[0][0])
+    assert [token for token, _ in got.top_logprobs[0][0]] == [-1, -1]
+
+
+def test_rows_with_logprobs_bias_bad_words_and_min_tokens_decode_natively(
+    native: NativeKernels, tiny_model_factory: Callable[..., Path]
+) -> None:
+    """Every decode step of such a batch chooses its tokens in the native step, and tokens and
+    logprobs are the eager path's."""
+    model_dir = tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)
+    prompts = [[4, 4, 5, 4, 7], [5, 4, 5, 4, 8], [6, 4, 5, 4, 9], [7, 4, 5, 4]]
+    common = {"max_tokens": 10, "ignore_eos": True}
+    params = [
+        SamplingParams(temperature=0, logprobs=3, **common),
+        SamplingParams(temperature=0.8, seed=2, logprobs=0, repetition_penalty=1.4, **common),
+        SamplingParams(temperature=0, logit_bias={67: 5.0, 115: -100.0}, **common),
+        SamplingParams(temperature=0, bad_words=["C"], min_tokens=4, max_tokens=10),
+    ]
+    llm = LLM(str(model_dir), dtype="float32")
+    counting = llm.engine.decode_step = CountingStep(llm.engine.decode_step)
+    eager = LLM(str(model_dir), dtype="float32", enforce_eager=True)
+    got = llm.generate(prompts, params)
+    want = eager.generate(prompts, params)
+    assert counting.batches == counting.chosen == 9
+    for got_output, want_output in zip(got, want, strict=True):
+        assert got_output.token_ids == want_output.token_ids
+        if got_output.logprobs is not None:
+            assert [step.logprob for step in got_output.logprobs] == pytest.approx(
+                [step.logprob for step in want_output.logprobs], abs=1e-5
+            )
+            assert [[token for token, _ in step.top] for step in got_output.logprobs] == [
+                [token for token, _ in step.top] for step in want_output.logprobs
+            ]

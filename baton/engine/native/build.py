@@ -26,6 +26,7 @@ SOURCES = tuple(
         "compact_gemv.c",
         "decode_attention.c",
         "decode_layer.c",
+        "logit_adjustments.c",
         "sampling.c",
         "thread_pool.c",
     )

@@ -80,9 +80,10 @@ class DecodeModelArgs(ctypes.Structure):
 
 
 class RowSampling(ctypes.Structure):
-    """How one decode row is sampled in the native step, and its penalties (sampling.h's
-    RowSampling; `num_seen` 0, the default, is no penalty). The arrays `seen_ids` and
-    `output_counts` point to must outlive the call that reads them."""
+    """How the native step chooses one decode row's token, the adjustments it makes to the
+    row's logits first and the raw logprobs it reports (sampling.h's RowSampling; a zero count
+    or NULL pointer, the defaults, turns each off). The arrays its pointers point to must
+    outlive the call that reads them."""
 
     _fields_ = (
         ("temperature", ctypes.c_float),
@@ -96,6 +97,14 @@ class RowSampling(ctypes.Structure):
         ("num_seen", _i64),
         ("seen_ids", _ptr),
         ("output_counts", _ptr),
+        ("num_bias", _i64),
+        ("bias_ids", _ptr),
+        ("bias_values", _ptr),
+        ("num_banned", _i64),
+        ("banned_ids", _ptr),
+        ("logprobs", _ptr),
+        ("top_ids", _ptr),
+        ("num_top", _i64),
     )
 
 

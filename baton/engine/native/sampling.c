@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "sampling.h"
 #include "thread_pool.h"
@@ -157,21 +158,6 @@ static int64_t sample_row(const float *logits, int64_t vocab_size, const RowSamp
     return index < 0 ? -1 : candidates[index].id;
 }
 
-/* The row's penalties, in place (sampling.h). Its tokens were checked against the vocabulary
- * when its request came in; the check here only keeps a bad id from writing past the row. */
-static void penalize(float *logits, int64_t vocab_size, const RowSampling *s) {
-    const float repetition = s->repetition_penalty;
-    for (int64_t i = 0; i < s->num_seen; i++) {
-        const int32_t id = s->seen_ids[i];
-        if (id < 0 || id >= vocab_size) continue;
-        float x = logits[id];
-        if (repetition != 1.0f) x = x > 0.0f ? x / repetition : x * repetition;
-        const int32_t count = s->output_counts[i];
-        if (count > 0) x -= s->frequency_penalty * (float)count + s->presence_penalty;
-        logits[id] = x;
-    }
-}
-
 typedef struct {
     float *logits;
     int64_t vocab_size;
@@ -179,10 +165,12 @@ typedef struct {
     int64_t *tokens;
 } SampleLoop;
 
-/* Each thread's scratch for its rows: vocab_size weights and candidates, grown on demand and
- * kept for the next step (the pool's threads live as long as the process). */
+/* Each thread's scratch for its rows: vocab_size weights and candidates, and a copy of a row
+ * adjusted while its raw logits are still needed (for its logprobs), grown on demand and kept
+ * for the next step (the pool's threads live as long as the process). */
 static _Thread_local float *scratch_weights;
 static _Thread_local Candidate *scratch_candidates;
+static _Thread_local float *scratch_row;
 static _Thread_local int64_t scratch_size;
 
 static int reserve_scratch(int64_t vocab_size) {
@@ -191,23 +179,53 @@ static int reserve_scratch(int64_t vocab_size) {
     if (weights) scratch_weights = weights;
     Candidate *candidates = realloc(scratch_candidates, sizeof(Candidate) * (size_t)vocab_size);
     if (candidates) scratch_candidates = candidates;
-    if (!weights || !candidates) return 0;
+    float *row = realloc(scratch_row, sizeof(float) * (size_t)vocab_size);
+    if (row) scratch_row = row;
+    if (!weights || !candidates || !row) return 0;
     scratch_size = vocab_size;
     return 1;
+}
+
+/* The row's num_top likeliest tokens and their raw log-probabilities (sampling.h), from its
+ * largest logit `top` and log normalizer; NaN and -1 where the logits are no distribution. */
+static void write_top_logprobs(const float *raw, int64_t vocab_size, const RowSampling *s,
+                               float top, float normalizer) {
+    const int64_t k = s->num_top < vocab_size ? s->num_top : vocab_size;
+    if (k > 0 && isfinite(top) && isfinite(normalizer)) best_k(raw, vocab_size, k, scratch_candidates);
+    for (int64_t j = 0; j < s->num_top; j++) {
+        const int valid = j < k && isfinite(top) && isfinite(normalizer);
+        s->top_ids[j] = valid ? scratch_candidates[j].id : -1;
+        s->logprobs[1 + j] = valid ? (scratch_candidates[j].logit - top) - normalizer : NAN;
+    }
 }
 
 static void sample_task(const void *arg, int64_t row) {
     const SampleLoop *a = arg;
     const RowSampling *s = &a->rows[row];
-    float *logits = a->logits + row * a->vocab_size;
-    if (s->num_seen > 0) penalize(logits, a->vocab_size, s);
-    if (s->temperature <= 0.0f)
-        a->tokens[row] = baton_argmax_row(logits, a->vocab_size);
-    else if (!reserve_scratch(a->vocab_size))
+    const int64_t vocab_size = a->vocab_size;
+    float *raw = a->logits + row * vocab_size, *logits = raw;
+    const int needs_scratch = s->temperature > 0.0f || s->logprobs;
+    if (needs_scratch && !reserve_scratch(vocab_size)) {
         a->tokens[row] = -1;
-    else
-        a->tokens[row] =
-            sample_row(logits, a->vocab_size, s, scratch_weights, scratch_candidates);
+        return;
+    }
+    float top = NAN, normalizer = NAN;
+    if (s->logprobs) {
+        top = raw[baton_argmax_row(raw, vocab_size)];
+        if (isfinite(top)) normalizer = baton_log_normalizer(raw, vocab_size, top);
+        write_top_logprobs(raw, vocab_size, s, top, normalizer);
+        if (s->num_bias || s->num_seen || s->num_banned) { /* adjust a copy: raw is still read */
+            memcpy(scratch_row, raw, sizeof(float) * (size_t)vocab_size);
+            logits = scratch_row;
+        }
+    }
+    baton_adjust_row(logits, vocab_size, s);
+    const int64_t token = s->temperature <= 0.0f
+                              ? baton_argmax_row(logits, vocab_size)
+                              : sample_row(logits, vocab_size, s, scratch_weights,
+                                           scratch_candidates);
+    a->tokens[row] = token;
+    if (s->logprobs) s->logprobs[0] = token >= 0 ? (raw[token] - top) - normalizer : NAN;
 }
 
 void baton_sample_rows(float *logits, int64_t rows, int64_t vocab_size,

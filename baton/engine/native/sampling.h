@@ -4,12 +4,18 @@
 
 #include <stdint.h>
 
-/* How one row is sampled (sampling_params.py's meaning): temperature 0 takes the argmax; top_k
- * <= 0, top_p >= 1 and min_p <= 0 are off; uniform is the row's draw in [0, 1). Its penalties
- * (logit_adjustments.py's rules) apply to its logits first, in place: each of its num_seen
- * distinct tokens (prompt and output) is divided by repetition_penalty where positive,
- * multiplied where not, then loses frequency_penalty per time it occurs in the output and
- * presence_penalty once if it does. num_seen 0: no penalty. */
+/* How one row's token is chosen (sampling_params.py's meaning): temperature 0 takes the argmax;
+ * top_k <= 0, top_p >= 1 and min_p <= 0 are off; uniform is the row's draw in [0, 1).
+ *
+ * Its logits are adjusted first, in place, in vLLM's order (logit_adjustments.c): the bias is
+ * added to its num_bias tokens; each of its num_seen distinct tokens (prompt and output) is
+ * divided by repetition_penalty where positive, multiplied where not, then loses
+ * frequency_penalty per time it occurs in the output and presence_penalty once if it does; its
+ * num_banned tokens become -inf. A zero count turns each off.
+ *
+ * Where logprobs is not NULL, the row's raw log-probabilities (of its logits as they came,
+ * before any adjustment: vLLM's default) are written there: the chosen token's, then its
+ * num_top likeliest tokens', best first, whose ids go to top_ids. */
 typedef struct {
     float temperature;
     float top_p;
@@ -22,7 +28,22 @@ typedef struct {
     int64_t num_seen;
     const int32_t *seen_ids;
     const int32_t *output_counts; /* per seen token: how often it occurs in the output */
+    int64_t num_bias;
+    const int32_t *bias_ids;
+    const float *bias_values;
+    int64_t num_banned;
+    const int32_t *banned_ids;
+    float *logprobs; /* 1 + num_top floats, or NULL */
+    int32_t *top_ids; /* num_top ids */
+    int64_t num_top;
 } RowSampling;
+
+/* The row's adjustments (bias, penalties, banned tokens), in place. */
+void baton_adjust_row(float *logits, int64_t vocab_size, const RowSampling *s);
+
+/* log(sum(exp(logits - top))) for the row's largest logit `top` (finite): a raw
+ * log-probability is (logit - top) minus this, as torch.log_softmax computes it. */
+float baton_log_normalizer(const float *logits, int64_t vocab_size, float top);
 
 /* The index of the row's largest logit (its first NaN, if it has one). */
 int64_t baton_argmax_row(const float *x, int64_t n);

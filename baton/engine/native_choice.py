@@ -1,0 +1,142 @@
+"""How the native decode step chooses each row's token (native/sampling.c): which batches it
+can serve, each row's settings (its draw, the adjustments made to its logits first, the raw
+logprobs it reports), and the step's result in ForwardOutput's layout. It follows the torch
+sampler's rules (sampler.py, logit_adjustments.py), which serve the other batches.
+
+Nothing here creates a torch tensor (see decode_step.py): a row's arrays are Python `array`s
+and ctypes buffers, which its settings point into.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+from array import array
+from collections.abc import Sequence
+
+import torch
+
+from baton.engine.forward_batch import ForwardBatch, ForwardOutput, TokenHistory
+from baton.engine.logit_adjustments import BadWordTokens, banned_tokens
+from baton.engine.native.library import RowSampling
+from baton.engine.token_counts import TokenCounts
+from baton.sampling_params import SamplingParams
+
+# One row's reported logprobs: [chosen, top...] and the top ids.
+LogprobBuffers = tuple[ctypes.Array, ctypes.Array]
+
+
+def sampled_in_native_step(batch: ForwardBatch) -> bool:
+    """Whether the native step can choose every sampled row's token: no row is limited to
+    allowed tokens or constrained by a grammar, and no prompt is scored."""
+    return (
+        not batch.prompt_scoring
+        and all(p.allowed_token_ids is None for p in batch.sampling_params)
+        and not any(batch.grammars)
+    )
+
+
+class NativeChoice:
+    """One step's settings, one per batch row (None: every row takes its raw argmax), and the
+    buffers they point into, kept alive here until the step's result is read."""
+
+    def __init__(
+        self,
+        batch: ForwardBatch,
+        unseeded: random.Random,
+        histories: Sequence[TokenHistory | None] | None,
+        token_counts: Sequence[TokenCounts | None] | None,
+        bad_words: BadWordTokens,
+    ) -> None:
+        """`histories` and `token_counts` are the sampled rows' (completed, placeholders
+        resolved: BatchRunner's), None where no row adjusts its logits or penalizes. A seeded
+        row draws its uniform from its own generator, as the torch sampler does (one draw a
+        step), so its tokens do not depend on the path or the batch; the others draw from
+        `unseeded`, a Python generator, since a torch op here waits to retake the GIL."""
+        self._arrays: list[array] = []
+        # Per sampled row: its logprob buffers and how many top ones it asked for.
+        self._logprobs: list[tuple[LogprobBuffers, int] | None] = []
+        settings: list[RowSampling | None] = [None] * batch.num_rows
+        for index, (row, params) in enumerate(zip(batch.sample_rows, batch.sampling_params)):
+            banned = list(batch.suppressed_token_ids[index]) if batch.suppressed_token_ids else []
+            if params.bad_words and histories is not None:
+                words = bad_words.sequences(tuple(params.bad_words))
+                banned += banned_tokens(words, histories[index])
+            counts = token_counts[index] if token_counts is not None else None
+            settings[row] = self._row(params, batch.generators[index], unseeded, counts, banned)
+        if any(setting is not None for setting in settings):
+            self.settings: list[RowSampling] | None = [
+                setting if setting is not None else RowSampling() for setting in settings
+            ]
+        else:
+            self.settings = None
+
+    def _row(
+        self,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        unseeded: random.Random,
+        counts: TokenCounts | None,
+        banned: list[int],
+    ) -> RowSampling | None:
+        """One sampled row's settings; None for a plain greedy row (its raw argmax)."""
+        self._logprobs.append(None)
+        if params.is_greedy and not (
+            counts is not None or params.logit_bias or banned or params.logprobs is not None
+        ):
+            return None
+        setting = RowSampling()  # temperature 0: the argmax
+        if not params.is_greedy:
+            if generator is None:
+                uniform = unseeded.random()
+            else:
+                uniform = float(torch.rand(1, generator=generator))
+            setting = RowSampling(
+                params.temperature, params.top_p, params.min_p, uniform, params.top_k
+            )
+        if counts is not None:
+            setting.repetition_penalty = params.repetition_penalty
+            setting.frequency_penalty = params.frequency_penalty
+            setting.presence_penalty = params.presence_penalty
+            setting.num_seen = len(counts.ids)
+            setting.seen_ids = counts.ids.buffer_info()[0]
+            setting.output_counts = counts.output_counts.buffer_info()[0]
+        if params.logit_bias:
+            setting.num_bias = len(params.logit_bias)
+            setting.bias_ids = self._keep(array("i", params.logit_bias))
+            setting.bias_values = self._keep(array("f", params.logit_bias.values()))
+        if banned:
+            setting.num_banned = len(banned)
+            setting.banned_ids = self._keep(array("i", banned))
+        if params.logprobs is not None:
+            values = (ctypes.c_float * (1 + params.logprobs))()
+            ids = (ctypes.c_int32 * max(params.logprobs, 1))()
+            setting.logprobs, setting.top_ids = ctypes.addressof(values), ctypes.addressof(ids)
+            setting.num_top = params.logprobs
+            self._logprobs[-1] = ((values, ids), params.logprobs)
+        return setting
+
+    def _keep(self, values: array) -> int:
+        self._arrays.append(values)
+        return values.buffer_info()[0]
+
+    def output(self, batch: ForwardBatch, tokens: list[int]) -> ForwardOutput:
+        """The step's result: each sampled row's token, logprobs where any row asked (NaN and
+        none for the others, as the torch sampler reports them), and the rows whose logits
+        were no distribution (token -1), which fail alone with token 0."""
+        chosen = [tokens[row] for row in batch.sample_rows]
+        failed = [index for index, token in enumerate(chosen) if token < 0]
+        logprobs = top_logprobs = None
+        if any(entry is not None for entry in self._logprobs):
+            logprobs, top_logprobs = [], []
+            for entry in self._logprobs:
+                if entry is None:
+                    logprobs.append([float("nan")])
+                    top_logprobs.append([[]])
+                    continue
+                (values, ids), num_top = entry
+                logprobs.append([values[0]])
+                top_logprobs.append([list(zip(ids[:num_top], values[1 : 1 + num_top]))])
+        return ForwardOutput(
+            [[max(token, 0)] for token in chosen], logprobs, top_logprobs, failed_rows=failed
+        )
