@@ -32,7 +32,8 @@ from baton.engine.kv_pool import KVPool
 from baton.engine.logit_adjustments import BadWordTokens
 from baton.engine.model import CausalLM
 from baton.engine.native_choice import NativeChoice, sampled_in_native_step
-from baton.engine.sampler import Sampler, SamplingBatch
+from baton.engine.sampler import Sampler
+from baton.engine.sampling_batch import SamplingBatch
 from baton.engine.speculation.speculator import Speculator
 from baton.engine.token_counts import SlotTokenCounts, TokenCounts
 

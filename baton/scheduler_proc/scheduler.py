@@ -22,7 +22,7 @@ from baton.checkpoint.load import Checkpoint
 from baton.config import BatonConfig
 from baton.engine.engine import Engine
 from baton.engine.forward_batch import ForwardBatch, ForwardOutput
-from baton.engine.sampler import make_generator
+from baton.engine.sampling_batch import make_generator
 from baton.messages import FinishReason
 from baton.process_messages import StepOutput
 from baton.sampling_params import SamplingParams

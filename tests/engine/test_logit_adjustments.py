@@ -10,7 +10,8 @@ from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
 from baton.checkpoint.tokenizer import Tokenizer
 from baton.engine.forward_batch import TokenHistory
 from baton.engine.logit_adjustments import BadWordTokens, LogitAdjustments
-from baton.engine.sampler import Sampler, SamplingBatch
+from baton.engine.sampler import Sampler
+from baton.engine.sampling_batch import SamplingBatch
 from baton.sampling_params import SamplingParams
 
 VOCAB = 12

@@ -26,7 +26,8 @@ from baton.engine.forward_batch import ForwardBatch, TokenHistory
 from baton.engine.logit_adjustments import BadWordTokens, LogitAdjustments
 from baton.engine.native.library import NativeKernels, RowSampling
 from baton.engine.native_choice import NativeChoice
-from baton.engine.sampler import Sampler, SamplingBatch, make_generator
+from baton.engine.sampler import Sampler
+from baton.engine.sampling_batch import SamplingBatch, make_generator
 from baton.engine.token_counts import TokenCounts
 from baton.sampling_params import SamplingParams
 

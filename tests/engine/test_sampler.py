@@ -10,7 +10,8 @@ import torch
 from helpers.sampling import FILTER_CASES, SMALL_LOGITS, reference_distribution
 
 from baton.engine.argmax import greedy_argmax
-from baton.engine.sampler import Sampler, SamplingBatch, make_generator
+from baton.engine.sampler import Sampler
+from baton.engine.sampling_batch import SamplingBatch, make_generator
 from baton.sampling_params import SamplingParams
 
 

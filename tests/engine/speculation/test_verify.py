@@ -15,7 +15,8 @@ import pytest
 import torch
 from helpers.sampling import reference_distribution
 
-from baton.engine.sampler import Sampler, SamplingBatch
+from baton.engine.sampler import Sampler
+from baton.engine.sampling_batch import SamplingBatch
 from baton.engine.speculation.verify import target_probs, verify_greedy, verify_sampled
 from baton.sampling_params import SamplingParams
 
