@@ -9,15 +9,18 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from baton import LLM, SamplingParams
 from baton.config import BatonConfig
 from baton.scheduler_proc.scheduler import Scheduler
 from baton.structured_outputs import StructuredOutputsParams
 from baton.validation import RequestError
+from tests.helpers.decode_steps import CountingStep
 from tests.helpers.hf_reference import hf_logits
 from tests.helpers.tiny_models import EOS_ID, EXTRA_EOS_ID
 
@@ -136,6 +139,44 @@ def test_json_object_opens_an_object_and_logprobs_come_from_the_masked_distribut
         assert output.logprobs[0].logprob == pytest.approx(0.0, abs=1e-6)
         if output.finish_reason == "stop":
             assert isinstance(json.loads(output.text), dict)
+
+
+def test_constrained_rows_decode_in_the_native_step(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """A model with compact weights (bf16 stored, float32 computed): each decode step masks its
+    constrained rows and chooses every token natively. Greedy rows take transformers' argmax
+    among the allowed bytes, sampled ones match their constraint, a plain neighbour is
+    untouched, and logprobs come from the masked distribution."""
+    model_dir = tiny_model_factory("llama", weights_dtype=torch.bfloat16)
+    llm = LLM(str(model_dir), dtype="float32")
+    if llm.engine.decode_step is None:
+        pytest.skip("no native decode step on this machine (it needs AVX2 and a C compiler)")
+    counting = llm.engine.decode_step = CountingStep(llm.engine.decode_step)
+    batch = prompts(4)
+    params = [
+        constrained(regex="[abc]{24}"),
+        SamplingParams(temperature=0, max_tokens=24),
+        constrained(temperature=1.0, seed=3, regex=r"(cat|dog)-[0-9]{2,4}"),
+        SamplingParams(
+            temperature=0.8,
+            seed=1,
+            max_tokens=60,
+            logprobs=2,
+            structured_outputs=StructuredOutputsParams(json_object=True),
+        ),
+    ]
+    outputs = llm.generate(batch, params)
+    assert counting.batches == counting.chosen > 0
+    *letters, stop = outputs[0].token_ids
+    assert len(letters) == 24 and stop in (EOS_ID, EXTRA_EOS_ID)
+    logits = hf_logits(model_dir, batch[0] + letters)[len(batch[0]) - 1 :]
+    for step, token in enumerate(letters):
+        assert token == ABC[int(logits[step, ABC].argmax())], f"step {step}"
+    assert outputs[1].token_ids == llm.generate(batch[1], params[1])[0].token_ids
+    assert re.fullmatch(r"(cat|dog)-[0-9]{2,4}", outputs[2].text)
+    assert outputs[3].text.startswith("{")
+    assert outputs[3].logprobs[0].logprob == pytest.approx(0.0, abs=1e-6)
 
 
 def test_a_complete_grammar_ends_the_output_despite_min_tokens(tiny_llama_dir: Path) -> None:

@@ -58,6 +58,7 @@ class BatchRunner:
     unseeded_draws: random.Random
     speculator: Speculator | None
     _last_sampled: list[int]
+    vocab_size: int  # the logits' width
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
@@ -71,7 +72,13 @@ class BatchRunner:
         native = self.decode_step is not None and self.decode_step.handles(batch.q_lens)
         if native and sampled_in_native_step(batch):  # the step chooses: nothing left to do
             choice = NativeChoice(
-                batch, self.unseeded_draws, histories, token_counts, self.bad_words
+                batch,
+                self.unseeded_draws,
+                histories,
+                token_counts,
+                self.bad_words,
+                self.grammar_masks,
+                self.vocab_size,
             )
             _, tokens = self.decode_step(
                 input_ids, batch.kv_starts, batch.page_tables, True, choice.settings

@@ -16,6 +16,7 @@ ends the reasoning, as vLLM's structured outputs do.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 from collections import OrderedDict
@@ -123,6 +124,18 @@ class GrammarCompiler:
         return self._llguidance_tokenizer
 
 
+@dataclass(frozen=True)
+class StepMasks:
+    """One step's grammar masks: for each `rows` entry (an index into the step's sampled rows)
+    `words` int32 words of `bits`, bit t of word t // 32 set where token t may come; and the
+    sampled rows whose matcher cannot go on (their requests end with an error)."""
+
+    rows: list[int]
+    bits: ctypes.Array  # len(rows) * words int32, row after row
+    words: int
+    failed: list[int]
+
+
 class GrammarMasks:
     """Masks a step's constrained rows: the tokens their grammars forbid become impossible."""
 
@@ -130,12 +143,12 @@ class GrammarMasks:
         self._executor = LLExecutor()  # computes several rows' masks in parallel
         self._shifts = torch.arange(BITS_PER_WORD, dtype=torch.int32)
 
-    def apply(self, logits: torch.Tensor, rows: Sequence[GrammarRow | None]) -> list[int]:
-        """Mask `logits` [n, V] in place by each row's grammar (None: unconstrained); returns
-        the rows whose matcher cannot go on (its request must end with an error)."""
+    def compute(self, rows: Sequence[GrammarRow | None], vocab_size: int) -> StepMasks:
+        """The masks of the sampled rows `rows` (None: unconstrained), over `vocab_size`
+        logits. A plain ctypes buffer, no tensor: the native step reads it as it is."""
         failed: list[int] = []
         constrained: list[tuple[LLMatcher, int]] = []  # (matcher, its row of the bitmask)
-        indices: list[int] = []  # their rows of `logits`
+        indices: list[int] = []
         for index, row in enumerate(rows):
             if row is None:
                 continue
@@ -147,21 +160,29 @@ class GrammarMasks:
             else:
                 _log_failure(row, "cannot sample")
                 failed.append(index)
-        if not constrained:
-            return failed
-        vocab_size = logits.shape[-1]
         words = -(-vocab_size // BITS_PER_WORD)
-        bitmask = torch.empty((len(constrained), words), dtype=torch.int32)
-        self._executor.unsafe_compute_mask_ptr(
-            constrained, bitmask.data_ptr(), words * bitmask.element_size(), len(constrained)
-        )
+        bits = (ctypes.c_int32 * (len(constrained) * words))()
+        if constrained:
+            self._executor.unsafe_compute_mask_ptr(
+                constrained, ctypes.addressof(bits), words * 4, len(constrained)
+            )
+        return StepMasks(indices, bits, words, failed)
+
+    def apply(self, logits: torch.Tensor, rows: Sequence[GrammarRow | None]) -> list[int]:
+        """Mask `logits` [n, V] in place by each row's grammar (None: unconstrained); returns
+        the rows whose matcher cannot go on (its request must end with an error)."""
+        vocab_size = logits.shape[-1]
+        masks = self.compute(rows, vocab_size)
+        if not masks.rows:
+            return masks.failed
+        bitmask = torch.frombuffer(masks.bits, dtype=torch.int32).view(len(masks.rows), -1)
         bits = (bitmask.unsqueeze(-1) >> self._shifts) & 1
-        forbidden = (bits == 0).view(len(constrained), -1)[:, :vocab_size]
-        index_tensor = torch.tensor(indices, dtype=torch.long, device=logits.device)
+        forbidden = (bits == 0).view(len(masks.rows), -1)[:, :vocab_size]
+        index_tensor = torch.tensor(masks.rows, dtype=torch.long, device=logits.device)
         masked = logits.index_select(0, index_tensor)
         masked.masked_fill_(forbidden.to(logits.device), float("-inf"))
         logits.index_copy_(0, index_tensor, masked)
-        return failed
+        return masks.failed
 
     @staticmethod
     def yield_to_grammars(

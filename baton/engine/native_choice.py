@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from baton.engine.forward_batch import ForwardBatch, ForwardOutput, TokenHistory
+from baton.engine.grammar import GrammarMasks
 from baton.engine.logit_adjustments import BadWordTokens, banned_tokens
 from baton.engine.native.library import RowSampling
 from baton.engine.token_counts import TokenCounts
@@ -28,11 +29,16 @@ LogprobBuffers = tuple[ctypes.Array, ctypes.Array]
 
 def sampled_in_native_step(batch: ForwardBatch) -> bool:
     """Whether the native step can choose every sampled row's token: no row is limited to
-    allowed tokens or constrained by a grammar, and no prompt is scored."""
+    allowed tokens, or constrained by a grammar while min_tokens holds its stop tokens back
+    (a complete grammar's end must then overrule them: GrammarMasks.yield_to_grammars), and no
+    prompt is scored."""
     return (
         not batch.prompt_scoring
         and all(p.allowed_token_ids is None for p in batch.sampling_params)
-        and not any(batch.grammars)
+        and not any(
+            grammar is not None and suppressed
+            for grammar, suppressed in zip(batch.grammars, batch.suppressed_token_ids)
+        )
     )
 
 
@@ -47,13 +53,20 @@ class NativeChoice:
         histories: Sequence[TokenHistory | None] | None,
         token_counts: Sequence[TokenCounts | None] | None,
         bad_words: BadWordTokens,
+        grammar_masks: GrammarMasks,
+        vocab_size: int,
     ) -> None:
         """`histories` and `token_counts` are the sampled rows' (completed, placeholders
         resolved: BatchRunner's), None where no row adjusts its logits or penalizes. A seeded
         row draws its uniform from its own generator, as the torch sampler does (one draw a
         step), so its tokens do not depend on the path or the batch; the others draw from
-        `unseeded`, a Python generator, since a torch op here waits to retake the GIL."""
+        `unseeded`, a Python generator, since a torch op here waits to retake the GIL. A
+        constrained row's mask comes from `grammar_masks`, over `vocab_size` logits."""
         self._arrays: list[array] = []
+        self._grammars = batch.grammars if any(batch.grammars) else None
+        self._masks = grammar_masks.compute(self._grammars, vocab_size) if self._grammars else None
+        # Sampled row -> its row of the step's grammar masks.
+        masked = {} if self._masks is None else {row: k for k, row in enumerate(self._masks.rows)}
         # Per sampled row: its logprob buffers and how many top ones it asked for.
         self._logprobs: list[tuple[LogprobBuffers, int] | None] = []
         settings: list[RowSampling | None] = [None] * batch.num_rows
@@ -63,7 +76,9 @@ class NativeChoice:
                 words = bad_words.sequences(tuple(params.bad_words))
                 banned += banned_tokens(words, histories[index])
             counts = token_counts[index] if token_counts is not None else None
-            settings[row] = self._row(params, batch.generators[index], unseeded, counts, banned)
+            settings[row] = self._row(
+                params, batch.generators[index], unseeded, counts, banned, masked.get(index)
+            )
         if any(setting is not None for setting in settings):
             self.settings: list[RowSampling] | None = [
                 setting if setting is not None else RowSampling() for setting in settings
@@ -78,11 +93,17 @@ class NativeChoice:
         unseeded: random.Random,
         counts: TokenCounts | None,
         banned: list[int],
+        mask: int | None,
     ) -> RowSampling | None:
-        """One sampled row's settings; None for a plain greedy row (its raw argmax)."""
+        """One sampled row's settings, `mask` its row of the step's grammar masks; None for a
+        plain greedy row (its raw argmax)."""
         self._logprobs.append(None)
         if params.is_greedy and not (
-            counts is not None or params.logit_bias or banned or params.logprobs is not None
+            counts is not None
+            or params.logit_bias
+            or banned
+            or params.logprobs is not None
+            or mask is not None
         ):
             return None
         setting = RowSampling()  # temperature 0: the argmax
@@ -114,6 +135,9 @@ class NativeChoice:
             setting.logprobs, setting.top_ids = ctypes.addressof(values), ctypes.addressof(ids)
             setting.num_top = params.logprobs
             self._logprobs[-1] = ((values, ids), params.logprobs)
+        if mask is not None:
+            masks = self._masks
+            setting.allowed_bits = ctypes.addressof(masks.bits) + mask * masks.words * 4
         return setting
 
     def _keep(self, values: array) -> int:
@@ -123,9 +147,17 @@ class NativeChoice:
     def output(self, batch: ForwardBatch, tokens: list[int]) -> ForwardOutput:
         """The step's result: each sampled row's token, logprobs where any row asked (NaN and
         none for the others, as the torch sampler reports them), and the rows whose logits
-        were no distribution (token -1), which fail alone with token 0."""
+        were no distribution (token -1), which fail alone with token 0, as do those whose
+        grammar could not go on or refused the token. Constrained rows' matchers advance past
+        their tokens."""
         chosen = [tokens[row] for row in batch.sample_rows]
         failed = [index for index, token in enumerate(chosen) if token < 0]
+        if self._grammars is not None:
+            grammar_failed = self._masks.failed
+            refused = GrammarMasks.advance(
+                self._grammars, [max(token, 0) for token in chosen], grammar_failed
+            )
+            failed = sorted({*failed, *grammar_failed, *refused})
         logprobs = top_logprobs = None
         if any(entry is not None for entry in self._logprobs):
             logprobs, top_logprobs = [], []

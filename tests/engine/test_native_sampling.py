@@ -8,6 +8,7 @@ step to the eager path's tokens."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import random
@@ -23,6 +24,7 @@ from helpers.sampling import FILTER_CASES, SMALL_LOGITS, reference_distribution
 from baton import LLM
 from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
 from baton.engine.forward_batch import ForwardBatch, TokenHistory
+from baton.engine.grammar import GrammarMasks
 from baton.engine.logit_adjustments import BadWordTokens, LogitAdjustments
 from baton.engine.native.library import NativeKernels, RowSampling
 from baton.engine.native_choice import NativeChoice
@@ -32,6 +34,18 @@ from baton.engine.token_counts import TokenCounts
 from baton.sampling_params import SamplingParams
 
 BYTE_BAD_WORDS = BadWordTokens(build_byte_tokenizer(), 300)
+
+
+def choose(
+    batch: ForwardBatch,
+    histories: list[TokenHistory] | None = None,
+    counts: list[TokenCounts] | None = None,
+    vocab_size: int = 300,
+) -> NativeChoice:
+    return NativeChoice(
+        batch, random.Random(0), histories, counts, BYTE_BAD_WORDS, GrammarMasks(), vocab_size
+    )
+
 
 # The torch sampler's cases, and a top-k past the vocabulary (no filter, best first).
 CASES = [*FILTER_CASES, SamplingParams(top_k=100)]
@@ -216,7 +230,7 @@ def test_settings_go_to_the_batch_rows_that_sample() -> None:
         generators=[make_generator(2, "cpu"), None],
         suppressed_token_ids=[[], []],
     )
-    settings = NativeChoice(batch, random.Random(0), None, None, BYTE_BAD_WORDS).settings
+    settings = choose(batch).settings
     assert settings is not None and len(settings) == 3
     assert settings[0].temperature == settings[2].temperature == 0.0
     assert (settings[1].temperature, settings[1].top_k) == (pytest.approx(0.9), 7)
@@ -224,7 +238,7 @@ def test_settings_go_to_the_batch_rows_that_sample() -> None:
         float(torch.rand(1, generator=make_generator(2, "cpu")))
     )
     plain = dataclasses.replace(batch, sampling_params=[SamplingParams(temperature=0)] * 2)
-    assert NativeChoice(plain, random.Random(0), None, None, BYTE_BAD_WORDS).settings is None
+    assert choose(plain).settings is None
 
 
 def one_row_batch(params: SamplingParams, suppressed: list[int]) -> ForwardBatch:
@@ -260,9 +274,7 @@ def test_adjusted_rows_and_their_logprobs_are_the_torch_samplers(
     history = TokenHistory([1, 3, 3, 5, 2, 2, 2, 9], prompt_len=4)  # the output ends with 9
     logits = torch.randn(1, 12, generator=torch.Generator().manual_seed(3)) * 2
     counts = [TokenCounts.of(history)] if params.penalizes else None
-    choice = NativeChoice(
-        one_row_batch(params, suppressed), random.Random(0), [history], counts, BYTE_BAD_WORDS
-    )
+    choice = choose(one_row_batch(params, suppressed), [history], counts)
     got = choice.output(
         one_row_batch(params, suppressed), native.sample_rows(logits.clone(), choice.settings)
     )
@@ -290,7 +302,7 @@ def test_adjusted_rows_and_their_logprobs_are_the_torch_samplers(
 def test_a_row_that_is_no_distribution_reports_no_logprobs(native: NativeKernels) -> None:
     params = SamplingParams(temperature=0.7, logprobs=2)
     batch = one_row_batch(params, [])
-    choice = NativeChoice(batch, random.Random(0), None, None, BYTE_BAD_WORDS)
+    choice = choose(batch)
     got = choice.output(
         batch, native.sample_rows(torch.full((1, 8), float("nan")), choice.settings)
     )
@@ -328,3 +340,28 @@ def test_rows_with_logprobs_bias_bad_words_and_min_tokens_decode_natively(
             assert [[token for token, _ in step.top] for step in got_output.logprobs] == [
                 [token for token, _ in step.top] for step in want_output.logprobs
             ]
+
+
+def test_a_grammar_mask_leaves_only_its_tokens_and_logprobs_see_it(native: NativeKernels) -> None:
+    """70 logits: three words of bits, the last one partial. The mask applies before the
+    logprobs, as the torch path masks the logits before its sampler."""
+    allowed = [2, 33, 65]
+    bits = (ctypes.c_int32 * 3)()
+    for token in allowed:
+        bits[token // 32] |= 1 << (token % 32)
+    logits = torch.randn(1, 70, generator=torch.Generator().manual_seed(7))
+    values, ids = (ctypes.c_float * 3)(), (ctypes.c_int32 * 2)()
+    setting = RowSampling()
+    setting.allowed_bits = ctypes.addressof(bits)
+    setting.logprobs, setting.top_ids, setting.num_top = (
+        ctypes.addressof(values),
+        ctypes.addressof(ids),
+        2,
+    )
+    (token,) = native.sample_rows(logits.clone(), [setting])
+    masked = torch.full_like(logits[0], float("-inf"))
+    masked[allowed] = logits[0, allowed]
+    want = torch.log_softmax(masked, dim=-1)
+    assert token == int(masked.argmax())
+    assert values[0] == pytest.approx(want[token].item(), abs=1e-6)
+    assert list(ids) == want.topk(2).indices.tolist()

@@ -105,6 +105,7 @@ class RowSampling(ctypes.Structure):
         ("logprobs", _ptr),
         ("top_ids", _ptr),
         ("num_top", _i64),
+        ("allowed_bits", _ptr),
     )
 
 

@@ -1,10 +1,20 @@
-/* A row's logit adjustments and its raw log-probabilities' normalizer, for the native sampler
+/* A row's grammar mask, its logit adjustments and its raw log-probabilities' normalizer, for the native sampler
  * (sampling.c): the rules of engine/logit_adjustments.py and of torch.log_softmax. */
 #include <math.h>
 #include <stdint.h>
 
 #include "sampling.h"
 #include "vector_math.h"
+
+void baton_mask_row(float *logits, int64_t vocab_size, const int32_t *allowed_bits) {
+    for (int64_t word = 0; word * 32 < vocab_size; word++) {
+        const uint32_t bits = (uint32_t)allowed_bits[word];
+        if (bits == UINT32_MAX) continue; /* all 32 allowed: most words of a loose grammar */
+        const int64_t end = word * 32 + 32 < vocab_size ? word * 32 + 32 : vocab_size;
+        for (int64_t t = word * 32; t < end; t++)
+            if (!((bits >> (t - word * 32)) & 1u)) logits[t] = -INFINITY;
+    }
+}
 
 /* A row's tokens were checked against the vocabulary when its request came in; the checks
  * here only keep a bad id from writing past the row. */

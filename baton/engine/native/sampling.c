@@ -209,6 +209,7 @@ static void sample_task(const void *arg, int64_t row) {
         a->tokens[row] = -1;
         return;
     }
+    if (s->allowed_bits) baton_mask_row(raw, vocab_size, s->allowed_bits);
     float top = NAN, normalizer = NAN;
     if (s->logprobs) {
         top = raw[baton_argmax_row(raw, vocab_size)];

@@ -7,7 +7,9 @@
 /* How one row's token is chosen (sampling_params.py's meaning): temperature 0 takes the argmax;
  * top_k <= 0, top_p >= 1 and min_p <= 0 are off; uniform is the row's draw in [0, 1).
  *
- * Its logits are adjusted first, in place, in vLLM's order (logit_adjustments.c): the bias is
+ * Where allowed_bits is not NULL (a grammar's mask: bit t of word t / 32 set where token t may
+ * come), every other token's logit becomes -inf first, as the torch path masks the logits
+ * before its sampler. Its logits are then adjusted, in place, in vLLM's order (logit_adjustments.c): the bias is
  * added to its num_bias tokens; each of its num_seen distinct tokens (prompt and output) is
  * divided by repetition_penalty where positive, multiplied where not, then loses
  * frequency_penalty per time it occurs in the output and presence_penalty once if it does; its
@@ -36,7 +38,11 @@ typedef struct {
     float *logprobs; /* 1 + num_top floats, or NULL */
     int32_t *top_ids; /* num_top ids */
     int64_t num_top;
+    const int32_t *allowed_bits; /* ceil(vocab_size / 32) words, or NULL */
 } RowSampling;
+
+/* -inf for each token the row's allowed_bits leave out, in place. */
+void baton_mask_row(float *logits, int64_t vocab_size, const int32_t *allowed_bits);
 
 /* The row's adjustments (bias, penalties, banned tokens), in place. */
 void baton_adjust_row(float *logits, int64_t vocab_size, const RowSampling *s);
