@@ -120,8 +120,8 @@ class NativeChoice:
             setting.frequency_penalty = params.frequency_penalty
             setting.presence_penalty = params.presence_penalty
             setting.num_seen = len(counts.ids)
-            setting.seen_ids = counts.ids.buffer_info()[0]
-            setting.output_counts = counts.output_counts.buffer_info()[0]
+            setting.seen_ids = self._keep(counts.ids)
+            setting.output_counts = self._keep(counts.output_counts)
         if params.logit_bias:
             setting.num_bias = len(params.logit_bias)
             setting.bias_ids = self._keep(array("i", params.logit_bias))
@@ -141,6 +141,7 @@ class NativeChoice:
         return setting
 
     def _keep(self, values: array) -> int:
+        """The address of `values`, which this keeps alive until the step's result is read."""
         self._arrays.append(values)
         return values.buffer_info()[0]
 

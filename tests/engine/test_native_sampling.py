@@ -144,39 +144,22 @@ PENALTIES = [
 ]
 
 
-def penalized(params: SamplingParams, counts: TokenCounts) -> RowSampling:
-    setting = setting_of(params, 0.0)
-    setting.repetition_penalty = params.repetition_penalty
-    setting.frequency_penalty = params.frequency_penalty
-    setting.presence_penalty = params.presence_penalty
-    setting.num_seen = len(counts.ids)
-    setting.seen_ids = counts.ids.buffer_info()[0]
-    setting.output_counts = counts.output_counts.buffer_info()[0]
-    return setting
-
-
-def setting_of(params: SamplingParams, uniform: float) -> RowSampling:
-    if params.is_greedy:
-        return RowSampling(0.0, 1.0, 0.0, 0.0, 0)
-    return setting(params, uniform)
-
-
 @pytest.mark.parametrize("params", PENALTIES, ids=describe)
 def test_penalties_change_the_logits_as_the_torch_samplers_do(
     native: NativeKernels, params: SamplingParams
 ) -> None:
-    """In place, before the row's token is chosen; the next row is left alone."""
+    """In place, before the row's token is chosen."""
     greedy = msgspec.structs.replace(params, temperature=0.0)
-    logits = torch.randn(2, 64, generator=torch.Generator().manual_seed(1)) * 3
+    logits = torch.randn(1, 64, generator=torch.Generator().manual_seed(1)) * 3
     history = TokenHistory([1, 3, 3, 5, 2, 2, 2, 9], prompt_len=4)
     adjustments = LogitAdjustments.build([greedy], [history], "cpu")
     assert adjustments is not None
-    want = adjustments.apply_(logits[:1].clone())[0]
+    want = adjustments.apply_(logits.clone())[0]
     got = logits.clone()
-    counts = TokenCounts.of(history)
-    tokens = native.sample_rows(got, [penalized(greedy, counts), setting_of(greedy, 0.0)])
-    assert torch.equal(got[0], want) and torch.equal(got[1], logits[1])
-    assert tokens == [int(want.argmax()), int(logits[1].argmax())]
+    choice = choose(one_row_batch(greedy, []), [history], [TokenCounts.of(history)], 64)
+    tokens = native.sample_rows(got, choice.settings)
+    assert torch.equal(got[0], want) and not torch.equal(want, logits[0])
+    assert tokens == [int(want.argmax())]
 
 
 def test_penalized_rows_decode_in_the_native_step_as_on_the_eager_path(
