@@ -10,9 +10,10 @@ from baton.cpu_binding import AUTO, validate_setting
 from baton.engine.compute_plan import isa_rank
 from baton.speculative_config import SpeculativeConfig
 
-# --tool-call-parser's choices (baton/frontend/tools.py): "hermes" reads `<tool_call>{"name":
-# ..., "arguments": ...}</tool_call>` blocks, the format of Qwen2.5, Qwen3 and Hermes models.
-TOOL_CALL_PARSERS = ("hermes",)
+# --tool-call-parser's choices (baton/frontend/tool_parsers.py): "hermes" reads `<tool_call>
+# {"name": ..., "arguments": ...}</tool_call>` blocks (Qwen2.5, Qwen3, Hermes models),
+# "llama3_json" a reply of JSON calls (Llama 3.1-3.3).
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 # --reasoning-parser's choices (baton/reasoning.py): vLLM's names for the models that reason in
 # a `<think>...</think>` block before they answer (Qwen3; DeepSeek-R1 and its distills, QwQ).
 # Baton reads both the same way: the prompt says whether the reply opens inside the block.

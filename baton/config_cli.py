@@ -207,7 +207,8 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         "--tool-call-parser",
         choices=TOOL_CALL_PARSERS,
         default=None,
-        help="how an auto tool choice's calls are read from the reply (hermes: Qwen2.5, Qwen3)",
+        help="how an auto tool choice's calls are read from the reply (hermes: Qwen2.5, Qwen3; "
+        "llama3_json: Llama 3.1-3.3)",
     )
     group.add_argument(
         "--reasoning-parser",

@@ -14,20 +14,14 @@ say depends on `tool_choice`:
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from baton.frontend.tool_parsers import PARSERS, tool_call
 from baton.structured_outputs import StructuredOutputsParams
 
-# The tags of --tool-call-parser hermes (the one parser: baton/config.py).
-HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
-_HERMES_CALL = re.compile(
-    re.escape(HERMES_OPEN) + r"\s*(.*?)\s*(?:" + re.escape(HERMES_CLOSE) + r"|$)", re.DOTALL
-)
 AUTO_NEEDS_FLAGS = (
     '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set'
 )
@@ -155,17 +149,18 @@ class ToolPlan:
         """A finished reply's content (None when it was only calls) and its tool calls, in
         OpenAI's format; a reply that does not parse stays content."""
         if self.mode == "named":
-            return None, [_call(self.function or "", text)]
+            return None, [tool_call(self.function or "", text)]
         if self.mode == "required":
             try:
                 calls = [
-                    _call(call["name"], json.dumps(call["parameters"])) for call in json.loads(text)
+                    tool_call(call["name"], json.dumps(call["parameters"]))
+                    for call in json.loads(text)
                 ]
             except (ValueError, TypeError, KeyError):
                 return text, []
             return None, calls
-        if self.mode == "auto" and self.parser == "hermes" and HERMES_OPEN in text:
-            return _read_hermes(text)
+        if self.mode == "auto" and self.parser is not None:
+            return PARSERS[self.parser].read(text)
         return text, []
 
 
@@ -175,26 +170,6 @@ NO_TOOLS = ToolPlan("none")
 
 def _parameters(tool: ToolParam) -> dict[str, Any]:
     return tool.function.parameters or {"type": "object"}
-
-
-def _call(name: str, arguments: str) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
-
-
-def _read_hermes(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    calls = []
-    for match in _HERMES_CALL.finditer(text):
-        try:
-            call = json.loads(match.group(1))
-            calls.append(_call(call["name"], json.dumps(call.get("arguments", {}))))
-        except (ValueError, TypeError, KeyError):
-            return text, []  # vLLM's rule: a reply whose calls do not parse is content
-    content = text[: text.index(HERMES_OPEN)].rstrip()
-    return content or None, calls
 
 
 class ToolCallStream:
@@ -213,28 +188,13 @@ class ToolCallStream:
             return ""
         end = len(self._text)
         if self.plan.mode == "auto":
-            tag = self._text.find(HERMES_OPEN)
-            end = _safe_end(self._text if tag < 0 else self._text[:tag], self._sent)
+            end = PARSERS[self.plan.parser or ""].content_end(self._text, self._sent)
         sent, self._sent = self._sent, max(self._sent, end)
         return self._text[sent : self._sent]
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         """The content not sent yet, and the reply's calls."""
-        _, calls = self.plan.read(self._text)
+        content, calls = self.plan.read(self._text)
         if not calls:
             return self._text[self._sent :], []
-        if self.plan.mode == "auto":  # the text before the first call
-            return self._text[self._sent : self._text.index(HERMES_OPEN)].rstrip(), calls
-        return "", calls
-
-
-def _safe_end(text: str, sent: int) -> int:
-    """Where content surely ends in `text` (the reply, or its part before the opening tag):
-    before the longest unsent tail that may be the tag's start, and the whitespace before it
-    (a reply's content ends where its first call begins, trimmed)."""
-    end = len(text)
-    for length in range(min(len(HERMES_OPEN) - 1, len(text) - sent), 0, -1):
-        if HERMES_OPEN.startswith(text[-length:]):
-            end = len(text) - length
-            break
-    return max(sent, len(text[:end].rstrip()))
+        return (content or "")[self._sent :], calls

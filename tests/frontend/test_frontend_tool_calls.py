@@ -1,6 +1,6 @@
 """Tool calls over HTTP through the official client: forced calls ("required", a named
 function) on stories260K, read back into `tool_calls`, streamed and not; "auto" refused without
-the server's flags, and read by the hermes parser on a server that has them."""
+the server's flags, and read by the hermes and llama3_json parsers on servers that have them."""
 
 from __future__ import annotations
 
@@ -152,6 +152,50 @@ def test_auto_calls_are_read_by_the_hermes_parser(auto_tools: openai.OpenAI, str
             response.choices[0].finish_reason,
         )
     assert content == "Checking."
+    (call,) = calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+    assert finish_reason == "tool_calls"
+
+
+@pytest.fixture(scope="module")
+def llama3_tools() -> Iterator[openai.OpenAI]:
+    """The built-in model with --enable-auto-tool-choice --tool-call-parser llama3_json."""
+    for config in run_frontend(
+        max_model_len=512, enable_auto_tool_choice=True, tool_call_parser="llama3_json"
+    ):
+        yield openai.OpenAI(base_url=_v1(config), api_key="unused", max_retries=0)
+
+
+# Llama 3's format: the reply is the call, as JSON.
+LLAMA3_REPLY = r'\{"name": "get_weather", "parameters": \{"city": "(Paris|Oslo)"\}\}'
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_auto_calls_are_read_by_the_llama3_json_parser(
+    llama3_tools: openai.OpenAI, stream: bool
+) -> None:
+    served = llama3_tools.models.list().data[0].id
+    response = llama3_tools.chat.completions.create(
+        model=served,
+        messages=ASK,
+        tools=[WEATHER],
+        max_tokens=120,
+        temperature=0,
+        stream=stream,
+        extra_body={"structured_outputs": {"regex": LLAMA3_REPLY}},
+    )
+    if stream:
+        chunks = [chunk.choices[0] for chunk in response if chunk.choices]
+        content = "".join(choice.delta.content or "" for choice in chunks)
+        calls = [call for choice in chunks for call in choice.delta.tool_calls or ()]
+        finish_reason = chunks[-1].finish_reason
+    else:
+        message = response.choices[0].message
+        assert message.content is None
+        content, calls = "", message.tool_calls
+        finish_reason = response.choices[0].finish_reason
+    assert content == ""
     (call,) = calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
