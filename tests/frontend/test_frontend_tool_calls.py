@@ -102,37 +102,46 @@ def test_auto_needs_the_servers_flags(client: openai.OpenAI) -> None:
     assert response.choices[0].message.tool_calls is None
 
 
-@pytest.fixture(scope="module")
-def auto_tools() -> Iterator[openai.OpenAI]:
-    """The built-in model with --enable-auto-tool-choice --tool-call-parser hermes."""
+# Replies shaped by a regex (a random model says nothing of its own accord), in each parser's
+# format: hermes, text then a call; llama3_json, the call alone as JSON. With the content each
+# leaves (None: only calls).
+REPLIES = {
+    "hermes": (
+        r'Checking\. <tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo)"\}\}'
+        r"</tool_call>",
+        "Checking.",
+    ),
+    "llama3_json": (r'\{"name": "get_weather", "parameters": \{"city": "(Paris|Oslo)"\}\}', None),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(REPLIES))
+def auto_tools(request: pytest.FixtureRequest) -> Iterator[tuple[openai.OpenAI, str]]:
+    """The built-in model with --enable-auto-tool-choice and each --tool-call-parser."""
     for config in run_frontend(
-        max_model_len=512, enable_auto_tool_choice=True, tool_call_parser="hermes"
+        max_model_len=512, enable_auto_tool_choice=True, tool_call_parser=request.param
     ):
-        yield openai.OpenAI(base_url=_v1(config), api_key="unused", max_retries=0)
+        yield openai.OpenAI(base_url=_v1(config), api_key="unused", max_retries=0), request.param
 
 
 def _v1(config: BatonConfig) -> str:
     return f"http://{config.host}:{config.port}/v1"
 
 
-# A reply shaped by a regex (a random model says nothing of its own accord): text, then a call.
-HERMES_REPLY = (
-    r'Checking\. <tool_call>\{"name": "get_weather", "arguments": \{"city": "(Paris|Oslo)"\}\}'
-    r"</tool_call>"
-)
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_auto_calls_are_read_by_the_hermes_parser(auto_tools: openai.OpenAI, stream: bool) -> None:
-    served = auto_tools.models.list().data[0].id
-    response = auto_tools.chat.completions.create(
-        model=served,
+def test_auto_calls_are_read_by_the_servers_parser(
+    auto_tools: tuple[openai.OpenAI, str], stream: bool
+) -> None:
+    client, parser = auto_tools
+    regex, want_content = REPLIES[parser]
+    response = client.chat.completions.create(
+        model=client.models.list().data[0].id,
         messages=ASK,
         tools=[WEATHER],
         max_tokens=120,
         temperature=0,
         stream=stream,
-        extra_body={"structured_outputs": {"regex": HERMES_REPLY}},
+        extra_body={"structured_outputs": {"regex": regex}},
     )
     if stream:
         chunks = [chunk.choices[0] for chunk in response if chunk.choices]
@@ -141,7 +150,7 @@ def test_auto_calls_are_read_by_the_hermes_parser(auto_tools: openai.OpenAI, str
             choice.delta.role or choice.delta.content or choice.delta.tool_calls
             for choice in chunks[:-1]
         )
-        content = "".join(choice.delta.content or "" for choice in chunks)
+        content = "".join(choice.delta.content or "" for choice in chunks) or None
         calls = [call for choice in chunks for call in choice.delta.tool_calls or ()]
         finish_reason = chunks[-1].finish_reason
     else:
@@ -151,51 +160,7 @@ def test_auto_calls_are_read_by_the_hermes_parser(auto_tools: openai.OpenAI, str
             message.tool_calls,
             response.choices[0].finish_reason,
         )
-    assert content == "Checking."
-    (call,) = calls
-    assert call.function.name == "get_weather"
-    assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
-    assert finish_reason == "tool_calls"
-
-
-@pytest.fixture(scope="module")
-def llama3_tools() -> Iterator[openai.OpenAI]:
-    """The built-in model with --enable-auto-tool-choice --tool-call-parser llama3_json."""
-    for config in run_frontend(
-        max_model_len=512, enable_auto_tool_choice=True, tool_call_parser="llama3_json"
-    ):
-        yield openai.OpenAI(base_url=_v1(config), api_key="unused", max_retries=0)
-
-
-# Llama 3's format: the reply is the call, as JSON.
-LLAMA3_REPLY = r'\{"name": "get_weather", "parameters": \{"city": "(Paris|Oslo)"\}\}'
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_auto_calls_are_read_by_the_llama3_json_parser(
-    llama3_tools: openai.OpenAI, stream: bool
-) -> None:
-    served = llama3_tools.models.list().data[0].id
-    response = llama3_tools.chat.completions.create(
-        model=served,
-        messages=ASK,
-        tools=[WEATHER],
-        max_tokens=120,
-        temperature=0,
-        stream=stream,
-        extra_body={"structured_outputs": {"regex": LLAMA3_REPLY}},
-    )
-    if stream:
-        chunks = [chunk.choices[0] for chunk in response if chunk.choices]
-        content = "".join(choice.delta.content or "" for choice in chunks)
-        calls = [call for choice in chunks for call in choice.delta.tool_calls or ()]
-        finish_reason = chunks[-1].finish_reason
-    else:
-        message = response.choices[0].message
-        assert message.content is None
-        content, calls = "", message.tool_calls
-        finish_reason = response.choices[0].finish_reason
-    assert content == ""
+    assert content == want_content
     (call,) = calls
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
