@@ -15,8 +15,9 @@ from baton.checkpoint.model_config import CheckpointError
 from baton.cli import build_parser
 from baton.config import BatonConfig
 from baton.config_cli import config_from_args
+from baton.frontend.chat_protocol import ChatCompletionRequest
 from baton.frontend.params import chat_choices, completion_choices
-from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from baton.frontend.protocol import CompletionRequest
 from baton.generation_defaults import SamplingDefaults, load_sampling_defaults
 
 QWEN_LIKE = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}

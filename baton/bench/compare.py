@@ -31,7 +31,7 @@ from typing import Any
 from baton.bench.compare_report import level_runs, print_tables
 from baton.bench.gguf_export import cached_gguf
 from baton.bench.machine import describe_machine, machine_line
-from baton.bench.offline import Workload, run_transformers
+from baton.bench.offline_workload import Workload
 from baton.bench.output import write_report
 from baton.bench.peers import (
     ServerCommand,
@@ -49,6 +49,7 @@ from baton.bench.serving import (
     workload_from_args,
 )
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
+from baton.bench.transformers_run import run_transformers
 from baton.checkpoint.load import load_checkpoint
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.checkpoint.source import GGUF_SUFFIX, default_model, load_model_config

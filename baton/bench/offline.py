@@ -13,20 +13,18 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import math
-import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import torch
 
+from baton.bench.offline_workload import EngineResult, Workload, make_workload, warmup_workload
 from baton.bench.output import write_report
 from baton.bench.shapes import DEFAULT_CACHE_DIR, SHAPES, materialize_shape
+from baton.bench.transformers_run import run_transformers
 from baton.checkpoint.load import load_checkpoint
-from baton.checkpoint.source import GGUF_SUFFIX
 from baton.config import BatonConfig
 from baton.config_cli import add_config_args, config_from_args
 from baton.llm import LLM
@@ -35,81 +33,11 @@ from baton.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Workload:
-    """The requests: prompt token ids and the exact number of tokens each must generate."""
-
-    prompts: list[list[int]]
-    output_lens: list[int]
-
-    @property
-    def input_tokens(self) -> int:
-        return sum(len(prompt) for prompt in self.prompts)
-
-    @property
-    def output_tokens(self) -> int:
-        return sum(self.output_lens)
-
-
-@dataclass
-class EngineResult:
-    """One engine's timed run over a workload."""
-
-    engine: str
-    elapsed_s: float
-    num_requests: int
-    input_tokens: int
-    output_tokens: int  # generated tokens that count: each request's own length
-    details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def output_throughput(self) -> float:
-        return self.output_tokens / self.elapsed_s
-
-    @property
-    def total_throughput(self) -> float:
-        return (self.input_tokens + self.output_tokens) / self.elapsed_s
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, throughputs included."""
-        return {
-            **asdict(self),
-            "output_throughput": self.output_throughput,
-            "total_throughput": self.total_throughput,
-            "requests_per_s": self.num_requests / self.elapsed_s,
-        }
-
-
-def sample_lengths(mean: int, range_ratio: float, count: int, rng: random.Random) -> list[int]:
-    """`count` lengths uniform in [floor(mean*(1-r)), ceil(mean*(1+r))], never below 1."""
-    low = max(1, math.floor(mean * (1 - range_ratio)))
-    high = max(low, math.ceil(mean * (1 + range_ratio)))
-    return [rng.randint(low, high) for _ in range(count)]
-
-
-def make_workload(
-    num_prompts: int,
-    input_len: int,
-    output_len: int,
-    range_ratio: float,
-    vocab_size: int,
-    seed: int,
-) -> Workload:
-    """Seeded random prompts (ids uniform over the model's vocabulary) and output lengths."""
-    if not 0 <= range_ratio < 1:
-        raise ValueError(f"--random-range-ratio must be in [0, 1), got {range_ratio}")
-    rng = random.Random(seed)
-    input_lens = sample_lengths(input_len, range_ratio, num_prompts, rng)
-    output_lens = sample_lengths(output_len, range_ratio, num_prompts, rng)
-    prompts = [[rng.randrange(vocab_size) for _ in range(n)] for n in input_lens]
-    return Workload(prompts, output_lens)
-
-
 def run_baton(config: BatonConfig, workload: Workload) -> EngineResult:
     """Time `LLM.generate` over the whole workload; the engine is shut down before returning."""
     llm = LLM(**asdict(config))
     try:
-        warmup = _warmup_workload(llm.engine.vocab_size)
+        warmup = warmup_workload(llm.engine.vocab_size)
         llm.generate(warmup.prompts, _greedy_params(warmup.output_lens))
         params = _greedy_params(workload.output_lens)
         start = time.perf_counter()
@@ -134,75 +62,8 @@ def run_baton(config: BatonConfig, workload: Workload) -> EngineResult:
     )
 
 
-def _warmup_workload(vocab_size: int) -> Workload:
-    """Untimed: enough to run prefill, decode and sampling once (seeded apart from the run)."""
-    return make_workload(2, 16, 4, 0, vocab_size, seed=-1)
-
-
 def _greedy_params(output_lens: list[int]) -> list[SamplingParams]:
     return [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in output_lens]
-
-
-def run_transformers(
-    model: str, dtype: str, workload: Workload, batch_size: int, num_threads: int
-) -> EngineResult:
-    """Time transformers' greedy `generate` in static, left-padded batches on `num_threads`.
-
-    Requests are sorted by output length (longest first) before batching, so each batch's rows
-    need nearly the same number of steps: static batching's best case. A batch generates its
-    longest request's length (`min_new_tokens` = `max_new_tokens` rules out early EOS), and
-    only each request's own length counts as output; the rest is reported as wasted tokens.
-    """
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(num_threads)
-    path = Path(model)
-    if path.suffix == GGUF_SUFFIX:  # transformers dequantizes a GGUF, as Baton does
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype)
-        )
-    else:
-        hf_model = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
-    hf_model.eval()
-    pad_id = hf_model.generation_config.pad_token_id or 0
-    order = sorted(range(len(workload.prompts)), key=lambda i: -workload.output_lens[i])
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    warmup = _warmup_workload(hf_model.config.vocab_size)
-    _hf_generate(hf_model, warmup.prompts, warmup.output_lens[0], pad_id)
-    computed = 0
-    start = time.perf_counter()
-    for batch in batches:
-        longest = max(workload.output_lens[i] for i in batch)
-        _hf_generate(hf_model, [workload.prompts[i] for i in batch], longest, pad_id)
-        computed += longest * len(batch)
-    elapsed = time.perf_counter() - start
-    details = {
-        "dtype": dtype,
-        "batch_size": batch_size,
-        "num_threads": torch.get_num_threads(),
-        "wasted_tokens": computed - workload.output_tokens,
-    }
-    counts = (len(order), workload.input_tokens, workload.output_tokens)
-    return EngineResult("transformers", elapsed, *counts, details)
-
-
-@torch.inference_mode()
-def _hf_generate(
-    hf_model: torch.nn.Module, prompts: list[list[int]], new_tokens: int, pad_id: int
-) -> None:
-    width = max(len(prompt) for prompt in prompts)
-    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    output = hf_model.generate(
-        input_ids=input_ids,
-        attention_mask=mask,
-        do_sample=False,
-        max_new_tokens=new_tokens,
-        min_new_tokens=new_tokens,
-        pad_token_id=pad_id,
-    )
-    if output.shape[1] - width != new_tokens:
-        raise RuntimeError(f"transformers generated {output.shape[1] - width}, not {new_tokens}")
 
 
 def build_parser() -> argparse.ArgumentParser:

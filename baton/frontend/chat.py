@@ -19,11 +19,11 @@ from typing import Literal
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from baton.frontend.chat_protocol import ChatCompletionRequest
 from baton.frontend.choices_response import respond_with_choices, response_body, response_envelope
 from baton.frontend.generation import ChoiceOutput
 from baton.frontend.logprobs import ChoiceLogprobs, vllm_prompt_logprobs
 from baton.frontend.params import ChoiceRequest, chat_choices, tool_plan
-from baton.frontend.protocol import ChatCompletionRequest
 from baton.frontend.state import frontend_state
 from baton.frontend.streaming import ChunkWriterBase
 from baton.frontend.tools import NO_TOOLS, ToolCallStream, ToolPlan

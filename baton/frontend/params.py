@@ -5,14 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from baton.chat_options import ChatOptions, InvalidChatOption
+from baton.frontend.chat_protocol import ChatCompletionRequest, ChatTemplateRequest
 from baton.frontend.echo import EchoMode
 from baton.frontend.errors import OpenAIError
-from baton.frontend.protocol import (
-    ChatCompletionRequest,
-    ChatTemplateRequest,
-    CompletionRequest,
-    SamplingRequest,
-)
+from baton.frontend.protocol import CompletionRequest, SamplingRequest
 from baton.frontend.response_format import structured_outputs
 from baton.frontend.tools import NO_TOOLS, ToolPlan
 from baton.generation_defaults import SamplingDefaults

@@ -17,14 +17,9 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from baton.chat_options import ReasoningEffort
+from baton.frontend.chat_protocol import ChatCompletionRequest
 from baton.frontend.errors import OpenAIError, from_validation_error
-from baton.frontend.protocol import (
-    ChatCompletionRequest,
-    LogprobCount,
-    NullMeansDefault,
-    PositiveInt,
-    StrictModel,
-)
+from baton.frontend.protocol import LogprobCount, NullMeansDefault, PositiveInt, StrictModel
 from baton.frontend.responses_input import Input, chat_turns
 
 # Chat fields a Responses request may set under the same name (vLLM's sampling extensions and

@@ -10,9 +10,10 @@ from fastapi import APIRouter, Request, Response
 from pydantic import field_validator
 
 from baton.client import BatonClient
+from baton.frontend.chat_protocol import ChatTemplateRequest
 from baton.frontend.errors import json_response
 from baton.frontend.params import chat_messages, chat_options
-from baton.frontend.protocol import ChatTemplateRequest, NullMeansDefault, TokenId
+from baton.frontend.protocol import NullMeansDefault, TokenId
 from baton.frontend.state import frontend_state
 from baton.messages import TokenizeReply
 

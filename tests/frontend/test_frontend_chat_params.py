@@ -10,10 +10,10 @@ from pydantic import ValidationError
 
 from baton.chat_options import ChatOptions
 from baton.frontend.chat import ChatChunkWriter, chat_body
+from baton.frontend.chat_protocol import ChatCompletionRequest
 from baton.frontend.errors import OpenAIError, from_validation_error
 from baton.frontend.generation import ChoiceOutput
 from baton.frontend.params import chat_choices
-from baton.frontend.protocol import ChatCompletionRequest
 from baton.messages import ChatMessage, GenerateDelta, Usage
 
 

@@ -21,10 +21,11 @@ from baton.config import BatonConfig
 from baton.config_cli import config_from_args
 from baton.frontend.app import create_app, served_model_name
 from baton.frontend.body_limit import default_body_limit
+from baton.frontend.chat_protocol import ChatCompletionRequest
 from baton.frontend.errors import OpenAIError, from_server_error, from_validation_error
 from baton.frontend.metrics import FrontendMetrics
 from baton.frontend.params import NO_DEFAULTS, chat_choices, completion_choices
-from baton.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from baton.frontend.protocol import CompletionRequest
 from baton.frontend.tools import NO_TOOLS
 from baton.messages import GenerateDelta
 from baton.scheduler_stats import AggregateStats

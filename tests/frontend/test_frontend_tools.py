@@ -9,9 +9,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from baton.frontend.chat_protocol import ChatCompletionRequest
 from baton.frontend.errors import OpenAIError, from_validation_error
 from baton.frontend.params import chat_choices, chat_messages, tool_plan
-from baton.frontend.protocol import ChatCompletionRequest
 from baton.frontend.tools import AUTO_NEEDS_FLAGS, NamedToolChoice, ToolCallStream, ToolPlan
 from baton.messages import ChatMessage
 
