@@ -27,12 +27,12 @@ from baton.engine.compact_weights import COMPACT_MAX_ROWS
 from baton.engine.kv_pool import KVPool
 from baton.engine.layers import Linear
 from baton.engine.model import CausalLM
-from baton.engine.native.library import (
+from baton.engine.native.library import NativeKernels
+from baton.engine.native.structs import (
     DecodeModelArgs,
     DecoderLayerArgs,
     DecodeStepArgs,
     Matrix,
-    NativeKernels,
     RowSampling,
 )
 

@@ -19,7 +19,7 @@ import torch
 from baton.engine.forward_batch import ForwardBatch, ForwardOutput, TokenHistory
 from baton.engine.grammar import GrammarMasks
 from baton.engine.logit_adjustments import BadWordTokens, banned_tokens
-from baton.engine.native.library import RowSampling
+from baton.engine.native.structs import RowSampling
 from baton.engine.token_counts import TokenCounts
 from baton.sampling_params import SamplingParams
 

@@ -26,7 +26,8 @@ from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
 from baton.engine.forward_batch import ForwardBatch, TokenHistory
 from baton.engine.grammar import GrammarMasks
 from baton.engine.logit_adjustments import BadWordTokens, LogitAdjustments
-from baton.engine.native.library import NativeKernels, RowSampling
+from baton.engine.native.library import NativeKernels
+from baton.engine.native.structs import RowSampling
 from baton.engine.native_choice import NativeChoice
 from baton.engine.sampler import Sampler
 from baton.engine.sampling_batch import SamplingBatch, make_generator

@@ -1,5 +1,5 @@
 """Baton's native CPU kernels as torch-facing functions: the library `build.py` compiles, loaded
-with ctypes, and the argument structures its decoder layer reads.
+with ctypes (the argument structures it reads are structs.py's).
 """
 
 from __future__ import annotations
@@ -13,120 +13,14 @@ import torch
 
 from baton.engine.compact_weights import FORMATS, CompactWeight
 from baton.engine.native.build import NativeBuildError, build_library, native_cache_root
+from baton.engine.native.structs import (
+    DecodeModelArgs,
+    DecoderLayerArgs,
+    DecodeStepArgs,
+    RowSampling,
+)
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
-
-
-class Matrix(ctypes.Structure):
-    """A compact weight and its bias, as decode_layer.c reads them."""
-
-    _fields_ = (
-        ("format", _i64),
-        ("in_features", _i64),
-        ("out_features", _i64),
-        ("row_bytes", _i64),
-        ("data", _ptr),
-        ("bias", _ptr),
-    )
-
-    @staticmethod
-    def of(weight: CompactWeight, bias: torch.Tensor | None) -> Matrix:
-        """Pointers into `weight` and `bias`: the caller keeps both alive."""
-        return Matrix(
-            FORMATS[weight.format].kernel_id,
-            weight.in_features,
-            weight.out_features,
-            weight.data.shape[1],
-            weight.data.data_ptr(),
-            None if bias is None else bias.data_ptr(),
-        )
-
-
-class DecoderLayerArgs(ctypes.Structure):
-    """One decoder layer's weights, caches and shape (decode_layer.c's DecoderLayer)."""
-
-    _fields_ = (
-        ("qkv", Matrix),
-        ("o", Matrix),
-        ("gate_up", Matrix),
-        ("down", Matrix),
-        ("input_norm", _ptr),
-        ("post_norm", _ptr),
-        ("qk_norm", _ptr),
-        ("k_cache", _ptr),
-        ("v_cache", _ptr),
-        ("q_heads", _i64),
-        ("kv_heads", _i64),
-        ("head_dim", _i64),
-        ("page_size", _i64),
-        ("eps", ctypes.c_float),
-        ("scale", ctypes.c_float),
-    )
-
-
-class DecodeModelArgs(ctypes.Structure):
-    """The model around its decoder layers, and the step's buffers (decode_layer.c's
-    DecodeModel)."""
-
-    _fields_ = (
-        ("embeddings", _ptr),
-        ("final_norm", _ptr),
-        ("lm_head", Matrix),
-        ("hidden", _ptr),
-        ("normed", _ptr),
-        ("logits", _ptr),
-        ("eps", ctypes.c_float),
-    )
-
-
-class RowSampling(ctypes.Structure):
-    """How the native step chooses one decode row's token, the adjustments it makes to the
-    row's logits first and the raw logprobs it reports (sampling.h's RowSampling; a zero count
-    or NULL pointer, the defaults, turns each off). The arrays its pointers point to must
-    outlive the call that reads them."""
-
-    _fields_ = (
-        ("temperature", ctypes.c_float),
-        ("top_p", ctypes.c_float),
-        ("min_p", ctypes.c_float),
-        ("uniform", ctypes.c_float),
-        ("top_k", _i64),
-        ("repetition_penalty", ctypes.c_float),
-        ("frequency_penalty", ctypes.c_float),
-        ("presence_penalty", ctypes.c_float),
-        ("num_seen", _i64),
-        ("seen_ids", _ptr),
-        ("output_counts", _ptr),
-        ("num_bias", _i64),
-        ("bias_ids", _ptr),
-        ("bias_values", _ptr),
-        ("num_banned", _i64),
-        ("banned_ids", _ptr),
-        ("logprobs", _ptr),
-        ("top_ids", _ptr),
-        ("num_top", _i64),
-        ("allowed_bits", _ptr),
-    )
-
-
-class DecodeStepArgs(ctypes.Structure):
-    """One decode step's rows, shared by every layer (decode_layer.c's DecodeStep)."""
-
-    _fields_ = (
-        ("rows", _i64),
-        ("input_ids", _ptr),
-        ("tokens", _ptr),
-        ("sampling", _ptr),
-        ("positions", _ptr),
-        ("slots", _ptr),
-        ("batch_rows", _ptr),
-        ("kv_indptr", _ptr),
-        ("kv_indices", _ptr),
-        ("kv_lens", _ptr),
-        ("cos_table", _ptr),
-        ("sin_table", _ptr),
-        ("scratch", _ptr),
-    )
 
 
 class NativeKernels:
