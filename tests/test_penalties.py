@@ -108,24 +108,20 @@ def test_penalized_greedy_matches_transformers(tiny_llama_dir: Path, config: dic
         assert_penalized_greedy(tiny_llama_dir, prompt, output.token_ids, p)
 
 
-def test_penalized_greedy_in_the_native_step_matches_transformers(
+def test_adjusted_greedy_in_the_native_step_matches_transformers(
     tiny_model_factory: Callable[..., Path],
 ) -> None:
-    """Rows whose only adjustments are penalties keep the native decode step, which applies
-    them before its argmax (a model with compact weights: bf16 stored, float32 computed)."""
+    """Every adjustment keeps the native decode step, which applies it before its argmax (a
+    model with compact weights: bf16 stored, float32 computed)."""
     model_dir = tiny_model_factory("llama", weights_dtype=torch.bfloat16)
     llm = LLM(str(model_dir), dtype="float32")
     if llm.engine.decode_step is None:
         pytest.skip("no native decode step on this machine (it needs AVX2 and a C compiler)")
     counting = llm.engine.decode_step = CountingStep(llm.engine.decode_step)
-    params = [
-        p for p in PARAMS if not (p.logit_bias or p.allowed_token_ids is not None or p.bad_words)
-    ]
-    assert len(params) == 4
-    batch = prompts(len(params))
-    outputs = llm.generate(batch, params)
+    batch = prompts(len(PARAMS))
+    outputs = llm.generate(batch, PARAMS)
     assert counting.chosen == MAX_TOKENS - 1  # every decode step chose its tokens natively
-    for prompt, output, p in zip(batch, outputs, params, strict=True):
+    for prompt, output, p in zip(batch, outputs, PARAMS, strict=True):
         assert_penalized_greedy(model_dir, prompt, output.token_ids, p)
 
 

@@ -28,17 +28,12 @@ LogprobBuffers = tuple[ctypes.Array, ctypes.Array]
 
 
 def sampled_in_native_step(batch: ForwardBatch) -> bool:
-    """Whether the native step can choose every sampled row's token: no row is limited to
-    allowed tokens, or constrained by a grammar while min_tokens holds its stop tokens back
-    (a complete grammar's end must then overrule them: GrammarMasks.yield_to_grammars), and no
-    prompt is scored."""
-    return (
-        not batch.prompt_scoring
-        and all(p.allowed_token_ids is None for p in batch.sampling_params)
-        and not any(
-            grammar is not None and suppressed
-            for grammar, suppressed in zip(batch.grammars, batch.suppressed_token_ids)
-        )
+    """Whether the native step can choose every sampled row's token: no row is constrained by
+    a grammar while min_tokens holds its stop tokens back (a complete grammar's end must then
+    overrule them: GrammarMasks.yield_to_grammars), and no prompt is scored."""
+    return not batch.prompt_scoring and not any(
+        grammar is not None and suppressed
+        for grammar, suppressed in zip(batch.grammars, batch.suppressed_token_ids)
     )
 
 
@@ -103,6 +98,7 @@ class NativeChoice:
             or params.logit_bias
             or banned
             or params.logprobs is not None
+            or params.allowed_token_ids is not None
             or mask is not None
         ):
             return None
@@ -126,6 +122,9 @@ class NativeChoice:
             setting.num_bias = len(params.logit_bias)
             setting.bias_ids = self._keep(array("i", params.logit_bias))
             setting.bias_values = self._keep(array("f", params.logit_bias.values()))
+        if params.allowed_token_ids is not None:
+            setting.num_allowed = len(params.allowed_token_ids)
+            setting.allowed_ids = self._keep(array("i", params.allowed_token_ids))
         if banned:
             setting.num_banned = len(banned)
             setting.banned_ids = self._keep(array("i", banned))

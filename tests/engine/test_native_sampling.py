@@ -245,6 +245,8 @@ ADJUSTED = [
     SamplingParams(temperature=0, presence_penalty=0.7, logprobs=5),
     SamplingParams(temperature=0.8, seed=9, logit_bias={2: 1.5}, logprobs=0),
     SamplingParams(temperature=1.1, top_k=6, seed=4, repetition_penalty=1.2, logprobs=3),
+    SamplingParams(temperature=0, allowed_token_ids=[2, 6, 9, 11], logit_bias={6: 2.0}),
+    SamplingParams(temperature=0.9, seed=5, allowed_token_ids=[0, 4, 7], logprobs=2),
 ]
 
 
@@ -295,19 +297,20 @@ def test_a_row_that_is_no_distribution_reports_no_logprobs(native: NativeKernels
     assert [token for token, _ in got.top_logprobs[0][0]] == [-1, -1]
 
 
-def test_rows_with_logprobs_bias_bad_words_and_min_tokens_decode_natively(
+def test_rows_with_logprobs_bias_bad_words_allowed_tokens_and_min_tokens_decode_natively(
     native: NativeKernels, tiny_model_factory: Callable[..., Path]
 ) -> None:
     """Every decode step of such a batch chooses its tokens in the native step, and tokens and
     logprobs are the eager path's."""
     model_dir = tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)
-    prompts = [[4, 4, 5, 4, 7], [5, 4, 5, 4, 8], [6, 4, 5, 4, 9], [7, 4, 5, 4]]
+    prompts = [[4, 4, 5, 4, 7], [5, 4, 5, 4, 8], [6, 4, 5, 4, 9], [7, 4, 5, 4], [8, 4]]
     common = {"max_tokens": 10, "ignore_eos": True}
     params = [
         SamplingParams(temperature=0, logprobs=3, **common),
         SamplingParams(temperature=0.8, seed=2, logprobs=0, repetition_penalty=1.4, **common),
         SamplingParams(temperature=0, logit_bias={67: 5.0, 115: -100.0}, **common),
         SamplingParams(temperature=0, bad_words=["C"], min_tokens=4, max_tokens=10),
+        SamplingParams(temperature=0.7, seed=8, allowed_token_ids=[67, 98, 99, 100], **common),
     ]
     llm = LLM(str(model_dir), dtype="float32")
     counting = llm.engine.decode_step = CountingStep(llm.engine.decode_step)
@@ -315,6 +318,7 @@ def test_rows_with_logprobs_bias_bad_words_and_min_tokens_decode_natively(
     got = llm.generate(prompts, params)
     want = eager.generate(prompts, params)
     assert counting.batches == counting.chosen == 9
+    assert set(got[4].token_ids) <= {67, 98, 99, 100}
     for got_output, want_output in zip(got, want, strict=True):
         assert got_output.token_ids == want_output.token_ids
         if got_output.logprobs is not None:

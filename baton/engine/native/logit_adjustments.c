@@ -18,7 +18,7 @@ void baton_mask_row(float *logits, int64_t vocab_size, const int32_t *allowed_bi
 
 /* A row's tokens were checked against the vocabulary when its request came in; the checks
  * here only keep a bad id from writing past the row. */
-void baton_adjust_row(float *logits, int64_t vocab_size, const RowSampling *s) {
+void baton_adjust_row(float *logits, int64_t vocab_size, const RowSampling *s, float *scratch) {
     for (int64_t i = 0; i < s->num_bias; i++) {
         const int32_t id = s->bias_ids[i];
         if (id >= 0 && id < vocab_size) logits[id] += s->bias_values[i];
@@ -32,6 +32,17 @@ void baton_adjust_row(float *logits, int64_t vocab_size, const RowSampling *s) {
         const int32_t count = s->output_counts[i];
         if (count > 0) x -= s->frequency_penalty * (float)count + s->presence_penalty;
         logits[id] = x;
+    }
+    if (s->num_allowed > 0) { /* all but the allowed: their values wait in scratch meanwhile */
+        for (int64_t i = 0; i < s->num_allowed; i++) {
+            const int32_t id = s->allowed_ids[i];
+            scratch[i] = id >= 0 && id < vocab_size ? logits[id] : -INFINITY;
+        }
+        for (int64_t t = 0; t < vocab_size; t++) logits[t] = -INFINITY;
+        for (int64_t i = 0; i < s->num_allowed; i++) {
+            const int32_t id = s->allowed_ids[i];
+            if (id >= 0 && id < vocab_size) logits[id] = scratch[i];
+        }
     }
     for (int64_t i = 0; i < s->num_banned; i++) {
         const int32_t id = s->banned_ids[i];

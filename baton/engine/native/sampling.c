@@ -204,7 +204,7 @@ static void sample_task(const void *arg, int64_t row) {
     const RowSampling *s = &a->rows[row];
     const int64_t vocab_size = a->vocab_size;
     float *raw = a->logits + row * vocab_size, *logits = raw;
-    const int needs_scratch = s->temperature > 0.0f || s->logprobs;
+    const int needs_scratch = s->temperature > 0.0f || s->logprobs || s->num_allowed;
     if (needs_scratch && !reserve_scratch(vocab_size)) {
         a->tokens[row] = -1;
         return;
@@ -215,12 +215,13 @@ static void sample_task(const void *arg, int64_t row) {
         top = raw[baton_argmax_row(raw, vocab_size)];
         if (isfinite(top)) normalizer = baton_log_normalizer(raw, vocab_size, top);
         write_top_logprobs(raw, vocab_size, s, top, normalizer);
-        if (s->num_bias || s->num_seen || s->num_banned) { /* adjust a copy: raw is still read */
+        if (s->num_bias || s->num_seen || s->num_allowed || s->num_banned) {
+            /* adjust a copy: raw is still read */
             memcpy(scratch_row, raw, sizeof(float) * (size_t)vocab_size);
             logits = scratch_row;
         }
     }
-    baton_adjust_row(logits, vocab_size, s);
+    baton_adjust_row(logits, vocab_size, s, scratch_weights);
     const int64_t token = s->temperature <= 0.0f
                               ? baton_argmax_row(logits, vocab_size)
                               : sample_row(logits, vocab_size, s, scratch_weights,

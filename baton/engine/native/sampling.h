@@ -12,8 +12,9 @@
  * before its sampler. Its logits are then adjusted, in place, in vLLM's order (logit_adjustments.c): the bias is
  * added to its num_bias tokens; each of its num_seen distinct tokens (prompt and output) is
  * divided by repetition_penalty where positive, multiplied where not, then loses
- * frequency_penalty per time it occurs in the output and presence_penalty once if it does; its
- * num_banned tokens become -inf. A zero count turns each off.
+ * frequency_penalty per time it occurs in the output and presence_penalty once if it does;
+ * every token but its num_allowed ones, then its num_banned ones, become -inf. A zero count
+ * turns each off.
  *
  * Where logprobs is not NULL, the row's raw log-probabilities (of its logits as they came,
  * before any adjustment: vLLM's default) are written there: the chosen token's, then its
@@ -33,6 +34,8 @@ typedef struct {
     int64_t num_bias;
     const int32_t *bias_ids;
     const float *bias_values;
+    int64_t num_allowed;
+    const int32_t *allowed_ids;
     int64_t num_banned;
     const int32_t *banned_ids;
     float *logprobs; /* 1 + num_top floats, or NULL */
@@ -44,8 +47,9 @@ typedef struct {
 /* -inf for each token the row's allowed_bits leave out, in place. */
 void baton_mask_row(float *logits, int64_t vocab_size, const int32_t *allowed_bits);
 
-/* The row's adjustments (bias, penalties, banned tokens), in place. */
-void baton_adjust_row(float *logits, int64_t vocab_size, const RowSampling *s);
+/* The row's adjustments (bias, penalties, allowed and banned tokens), in place; `scratch` holds
+ * num_allowed floats. */
+void baton_adjust_row(float *logits, int64_t vocab_size, const RowSampling *s, float *scratch);
 
 /* log(sum(exp(logits - top))) for the row's largest logit `top` (finite): a raw
  * log-probability is (logit - top) minus this, as torch.log_softmax computes it. */

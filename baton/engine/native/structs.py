@@ -96,6 +96,8 @@ class RowSampling(ctypes.Structure):
         ("num_bias", _i64),
         ("bias_ids", _ptr),
         ("bias_values", _ptr),
+        ("num_allowed", _i64),
+        ("allowed_ids", _ptr),
         ("num_banned", _i64),
         ("banned_ids", _ptr),
         ("logprobs", _ptr),
