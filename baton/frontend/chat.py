@@ -25,10 +25,11 @@ from baton.frontend.generation import ChoiceOutput
 from baton.frontend.logprobs import ChoiceLogprobs, vllm_prompt_logprobs
 from baton.frontend.params import ChoiceRequest, chat_choices, tool_plan
 from baton.frontend.state import frontend_state
+from baton.frontend.streamed_reply import StreamedReply
 from baton.frontend.streaming import ChunkWriterBase
-from baton.frontend.tools import NO_TOOLS, ToolCallStream, ToolPlan
+from baton.frontend.tools import NO_TOOLS, ToolPlan
 from baton.messages import GenerateDelta
-from baton.reasoning import ReasoningSplit, split_reasoning
+from baton.reasoning import split_reasoning
 
 router = APIRouter()
 
@@ -165,20 +166,14 @@ class ChatChunkWriter(ChunkWriterBase):
         self._role = role
         self._echoed = echoed
         self._plan = plan
-        self._tool_streams = (
-            {choice.index: ToolCallStream(plan) for choice in choices}
-            if plan.mode != "none"
-            else None
-        )
+        self._replies = {choice.index: StreamedReply(plan) for choice in choices}
         self._reasoning = reasoning
-        # Each choice's, from its admission delta on (None: no reasoning to split off).
-        self._reasoning_splits: dict[int, ReasoningSplit] = {}
 
     def chunks(self, index: int, delta: GenerateDelta) -> list[dict]:
         """The chunks for one delta (the opening chunks first, for a choice's first delta)."""
         if delta.admission:  # the headers go out now; the opening chunk, as vLLM's, with output
             if delta.in_reasoning and self._reasoning != "off":
-                self._reasoning_splits[index] = ReasoningSplit(in_reasoning=True)
+                self._replies[index].opens_in_reasoning()
             return []
         chunks = []
         if index not in self._opened:
@@ -191,18 +186,7 @@ class ChatChunkWriter(ChunkWriterBase):
             logprobs = self._logprobs[index].chat(delta.logprobs)
         elif not (delta.token_ids or delta.finished):
             return chunks
-        content, calls, thought = delta.text, [], ""
-        split = self._reasoning_splits.get(index)
-        if split is not None:
-            thought, content = split.feed(delta.text)
-            if delta.finished:
-                thought += split.finish()
-        if self._tool_streams is not None:
-            stream = self._tool_streams[index]
-            content = stream.content(content)
-            if delta.finished:
-                rest, calls = stream.finish()
-                content += rest
+        thought, content, calls = self._replies[index].feed(delta.text, delta.finished)
         fields: dict[str, object] = {"content": content} if content else {}
         if thought and self._reasoning == "returned":
             fields = {"reasoning": thought, **fields}

@@ -28,9 +28,9 @@ from baton.frontend.responses_output import (
     reasoning_item,
     reasoning_text,
 )
-from baton.frontend.tools import ToolCallStream, ToolPlan
+from baton.frontend.streamed_reply import StreamedReply
+from baton.frontend.tools import ToolPlan
 from baton.messages import GenerateDelta
-from baton.reasoning import ReasoningSplit
 
 _encode = msgspec.json.Encoder().encode
 
@@ -50,8 +50,7 @@ class ResponseEventWriter:
     ) -> None:
         self._shell = shell
         self._splits_reasoning = splits_reasoning
-        self._split: ReasoningSplit | None = None  # set on admission, when the reply reasons
-        self._tools = ToolCallStream(plan) if plan.mode != "none" else None
+        self._reply_text = StreamedReply(plan)
         self._logprobs = logprobs
         self._unsent_logprobs: list[dict] = []
         self._reply = ReplyOutput(
@@ -65,7 +64,7 @@ class ResponseEventWriter:
         """The events one delta makes."""
         if delta.admission:
             if delta.in_reasoning and self._splits_reasoning:
-                self._split = ReasoningSplit(in_reasoning=True)
+                self._reply_text.opens_in_reasoning()
             opening = self._shell.body("in_progress", [])
             return [
                 self._event("response.created", response=opening),
@@ -76,17 +75,7 @@ class ResponseEventWriter:
             entries = self._logprobs.chat(delta.logprobs)["content"]
             all_logprobs += entries
             self._unsent_logprobs += entries
-        thought, content = "", delta.text
-        if self._split is not None:
-            thought, content = self._split.feed(delta.text)
-            if delta.finished:
-                thought += self._split.finish()
-        calls: list[dict] = []
-        if self._tools is not None:
-            content = self._tools.content(content)
-            if delta.finished:
-                rest, calls = self._tools.finish()
-                content += rest
+        thought, content, calls = self._reply_text.feed(delta.text, delta.finished)
         events = self._reasoning_delta(thought) if thought else []
         if content:
             events += self._text_delta(content)
