@@ -1,9 +1,8 @@
 """Per-request token sampling: greedy, temperature, top-k, top-p and min-p, optionally seeded.
 
-Filters apply in vLLM v0's order: logits / temperature, then top-k, then top-p (nucleus over the
-renormalised distribution, always keeping the top token), then min-p. (vLLM's current sampler
-applies min-p before top-p; the two differ only where both are set.) Log-probabilities come from
-the raw (unscaled, unfiltered) distribution.
+Filters apply in vLLM's order: logits / temperature, then top-k, then min-p (tokens below min_p
+times the top token's probability go), then top-p over what min-p kept (the nucleus, always
+keeping the top token). Log-probabilities come from the raw (unscaled, unfiltered) distribution.
 """
 
 from __future__ import annotations
@@ -75,57 +74,70 @@ class Sampler:
             if group.needs_top_k_mask:
                 positions = torch.arange(values.shape[-1], device=values.device)
                 values = values.masked_fill(positions >= group.top_k.unsqueeze(1), float("-inf"))
-            probs = torch.softmax(values, dim=-1)
-            return _sample_sorted(probs, ids, group)
-        probs = torch.softmax(logits / group.temperatures, dim=-1)
+            probs = _min_p(torch.softmax(values, dim=-1), group)
+            return _sample_sorted(probs, ids, group, probs.sum(dim=-1, keepdim=True))
+        probs = _min_p(torch.softmax(logits / group.temperatures, dim=-1), group)
         if group.strategy == "nucleus":
             return self._sample_nucleus(probs, group)
-        if group.needs_min_p:
-            # Softmax keeps ratios, so "prob < min_p * max prob" is the same on the full vocabulary.
-            threshold = group.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
-            probs = probs.masked_fill(probs < threshold, 0.0)
         return _draw(probs, group.generator)
 
     def _sample_nucleus(self, probs: torch.Tensor, group: RowGroup) -> torch.Tensor:
-        """Top-p over the full vocabulary, sorting only rows whose nucleus overflows the prefix."""
+        """Top-p over the full vocabulary (what min-p kept of it), sorting only rows whose
+        nucleus overflows the prefix."""
+        total = probs.sum(dim=-1, keepdim=True)  # the mass top_p is a share of
         prefix = min(self.nucleus_prefix, probs.shape[-1])
         if probs.device.type != "cpu" or prefix == probs.shape[-1]:
             # Accelerators sort fast, and the coverage check below would force a host sync.
-            return _sample_sorted(*probs.sort(dim=-1, descending=True), group)
+            return _sample_sorted(*probs.sort(dim=-1, descending=True), group, total)
         top_probs, top_ids = probs.topk(prefix, dim=-1)
         # Past the prefix every token's preceding mass is >= the prefix mass, so when that reaches
         # top_p the prefix holds the whole nucleus and sampling from it is exact.
-        covered = top_probs.cumsum(dim=-1)[:, -1] >= group.top_p
+        covered = top_probs.cumsum(dim=-1)[:, -1] >= group.top_p * total.squeeze(1)
         if bool(covered.all()):
-            return _sample_sorted(top_probs, top_ids, group)
+            return _sample_sorted(top_probs, top_ids, group, total)
         if not bool(covered.any()):
-            return _sample_sorted(*probs.sort(dim=-1, descending=True), group)
+            return _sample_sorted(*probs.sort(dim=-1, descending=True), group, total)
         token_ids = torch.empty(probs.shape[0], dtype=torch.int64, device=probs.device)
         inside, overflow = covered.nonzero().squeeze(1), (~covered).nonzero().squeeze(1)
-        prefix_ids = _sample_sorted(top_probs[inside], top_ids[inside], group, inside)
+        prefix_ids = _sample_sorted(
+            top_probs[inside], top_ids[inside], group, total[inside], inside
+        )
         token_ids.index_copy_(0, inside, prefix_ids)
         sorted_probs, sorted_ids = probs[overflow].sort(dim=-1, descending=True)
         token_ids.index_copy_(
-            0, overflow, _sample_sorted(sorted_probs, sorted_ids, group, overflow)
+            0,
+            overflow,
+            _sample_sorted(sorted_probs, sorted_ids, group, total[overflow], overflow),
         )
         return token_ids
 
 
+def _min_p(probs: torch.Tensor, group: RowGroup) -> torch.Tensor:
+    """Zero the tokens below min_p times their row's largest probability (softmax keeps ratios,
+    so this is the same on a top-k prefix as on the full vocabulary)."""
+    if not group.needs_min_p:
+        return probs
+    threshold = group.min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+    return probs.masked_fill(probs < threshold, 0.0)
+
+
 def _sample_sorted(
-    probs: torch.Tensor, ids: torch.Tensor, group: RowGroup, rows: torch.Tensor | None = None
+    probs: torch.Tensor,
+    ids: torch.Tensor,
+    group: RowGroup,
+    total: torch.Tensor,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Apply top-p then min-p to descending `probs` [n, m] and draw; `ids` maps back to tokens.
+    """Apply top-p to descending `probs` [n, m] (min-p applied) and draw; `ids` maps back to
+    tokens, and top_p is a share of `total` [n, 1], what min-p kept of each row's mass.
 
     `rows` picks which of the group's rows `probs` holds (None: all of them).
     """
-    top_p = group.top_p if rows is None else group.top_p.index_select(0, rows)
-    min_p = group.min_p if rows is None else group.min_p.index_select(0, rows)
     if group.needs_top_p:
+        top_p = group.top_p if rows is None else group.top_p.index_select(0, rows)
         # A token stays while the mass strictly before it is below top_p; the first always stays.
         mass_before = probs.cumsum(dim=-1) - probs
-        probs = probs.masked_fill(mass_before >= top_p.unsqueeze(1), 0.0)
-    if group.needs_min_p:
-        probs = probs.masked_fill(probs < min_p.unsqueeze(1) * probs[:, :1], 0.0)
+        probs = probs.masked_fill(mass_before >= top_p.unsqueeze(1) * total, 0.0)
     draws = _draw(probs, group.generator)
     # A draw past the candidates (NaN weights) maps to -1, which `Sampler.sample` reports failed.
     failed = draws >= ids.shape[1]

@@ -15,17 +15,20 @@ FILTER_CASES = [
     SamplingParams(top_p=0.7),
     SamplingParams(temperature=1.3, top_k=5, top_p=0.65),
     SamplingParams(min_p=0.3),
-    # top-p keeps 5 tokens, then min-p drops one; min-p first would leave only 3.
+    # min-p keeps 4 tokens, then top-p 3 of them; top-p first would keep 4.
     SamplingParams(top_p=0.85, min_p=0.2),
     SamplingParams(temperature=0.8, top_k=4, min_p=0.25),
 ]
 
 
 def reference_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """vLLM's filtered distribution, computed independently in float64 with explicit loops."""
+    """vLLM's filtered distribution, computed independently in float64 with explicit loops:
+    temperature, top-k, min-p, then top-p over what is left (vLLM's sampler's order)."""
     probs = torch.softmax(logits.double() / params.temperature, dim=-1)
     order = sorted(range(len(probs)), key=lambda i: -probs[i].item())
     kept = order[: params.top_k] if params.top_k > 0 else order
+    top = max(probs[i].item() for i in kept)
+    kept = [i for i in kept if probs[i].item() >= params.min_p * top]
     total = sum(probs[i].item() for i in kept)
     if params.top_p < 1.0:
         nucleus, mass_before = [], 0.0
@@ -34,8 +37,6 @@ def reference_distribution(logits: torch.Tensor, params: SamplingParams) -> torc
                 nucleus.append(i)
             mass_before += probs[i].item() / total
         kept = nucleus
-    top = max(probs[i].item() for i in kept)
-    kept = [i for i in kept if probs[i].item() >= params.min_p * top]
     expected = torch.zeros_like(probs)
     for i in kept:
         expected[i] = probs[i]

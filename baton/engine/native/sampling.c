@@ -2,12 +2,13 @@
  * row costs no torch ops: the same rules as the torch sampler (engine/sampler.py), row by row.
  *
  * A row's weights are exp((logit - max) / temperature). With top_k, its candidates are its k
- * largest logits (all, if k exceeds them), best first, and top_p and min_p apply to their softmax; with top_p alone, the
- * candidates are the full vocabulary's, best first (the best NUCLEUS_PREFIX when they hold the
- * nucleus, as they usually do, else all of them sorted); with neither, the vocabulary in order.
- * top_p keeps a candidate while the mass before it is below top_p; min_p keeps one whose weight
- * is at least min_p times the largest. The draw is by inverse CDF with the row's uniform u: the
- * first kept candidate whose cumulative weight exceeds u times the kept total.
+ * largest logits (all, if k exceeds them), best first; with top_p alone, the full
+ * vocabulary's, best first (the best NUCLEUS_PREFIX when they hold the nucleus, as they usually
+ * do, else all of them sorted); with neither, the vocabulary in order. min_p keeps a candidate
+ * whose weight is at least min_p times the largest; then top_p keeps one while the kept mass
+ * before it is below top_p of all the kept mass (vLLM's order). The draw is by inverse CDF with
+ * the row's uniform u: the first kept candidate whose cumulative weight exceeds u times the
+ * kept total.
  */
 #include <math.h>
 #include <stdint.h>
@@ -127,18 +128,24 @@ static int64_t sample_row(const float *logits, int64_t vocab_size, const RowSamp
     if (isnan(top) || isinf(top)) return -1;
     const float inverse_t = 1.0f / s->temperature;
     int64_t n = 0; /* candidates, best first; none: the vocabulary in order */
-    double normalizer = 0.0; /* the mass top_p is measured against */
+    double kept = 0.0; /* the mass min-p keeps of them: top_p is a share of it */
     if (s->top_k > 0) { /* best first, as the torch sampler's top-k, even past the vocabulary */
         n = s->top_k < vocab_size ? s->top_k : vocab_size;
         best_k(logits, vocab_size, n, candidates);
-        for (int64_t i = 0; i < n; i++) normalizer += expf((candidates[i].logit - top) * inverse_t);
+        for (int64_t i = 0; i < n; i++) {
+            const float w = expf((candidates[i].logit - top) * inverse_t);
+            kept += w >= s->min_p ? w : 0.0f;
+        }
     } else if (s->top_p < 1.0f) {
-        normalizer = exponentiate(logits, vocab_size, top, inverse_t, 0.0f, weights);
+        kept = exponentiate(logits, vocab_size, top, inverse_t, s->min_p, weights);
         n = vocab_size < NUCLEUS_PREFIX ? vocab_size : NUCLEUS_PREFIX;
         best_k(logits, vocab_size, n, candidates);
         double prefix_mass = 0.0;
-        for (int64_t i = 0; i < n; i++) prefix_mass += expf((candidates[i].logit - top) * inverse_t);
-        if (prefix_mass < s->top_p * normalizer && n < vocab_size) {
+        for (int64_t i = 0; i < n; i++) {
+            const float w = expf((candidates[i].logit - top) * inverse_t);
+            prefix_mass += w >= s->min_p ? w : 0.0f;
+        }
+        if (prefix_mass < s->top_p * kept && n < vocab_size) {
             n = vocab_size;
             best_k(logits, vocab_size, n, candidates);
         }
@@ -147,12 +154,13 @@ static int64_t sample_row(const float *logits, int64_t vocab_size, const RowSamp
         exponentiate(logits, vocab_size, top, inverse_t, s->min_p, weights);
         return draw(weights, vocab_size, s->uniform);
     }
-    double before = 0.0;
+    double before = 0.0; /* the kept mass of the better candidates */
     for (int64_t i = 0; i < n; i++) {
         const float w = expf((candidates[i].logit - top) * inverse_t);
-        const int in_nucleus = s->top_p >= 1.0f || before < s->top_p * normalizer;
-        weights[i] = in_nucleus && w >= s->min_p ? w : 0.0f;
-        before += w;
+        const int above_min_p = w >= s->min_p;
+        const int in_nucleus = s->top_p >= 1.0f || before < s->top_p * kept;
+        weights[i] = above_min_p && in_nucleus ? w : 0.0f;
+        before += above_min_p ? w : 0.0f;
     }
     const int64_t index = draw(weights, n, s->uniform);
     return index < 0 ? -1 : candidates[index].id;

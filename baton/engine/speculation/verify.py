@@ -31,8 +31,8 @@ from baton.sampling_params import SamplingParams
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[n, V] float32 logits -> [n, V] float32 probabilities of the distribution that
-    baton.engine.sampler.Sampler draws from for `params` (temperature, then top-k, then top-p
-    over the renormalised distribution always keeping the top token, then min-p), row by row.
+    baton.engine.sampler.Sampler draws from for `params` (temperature, then top-k, then min-p,
+    then top-p over what min-p kept, always keeping the top token), row by row.
 
     Greedy params raise ValueError (verify those rows with `verify_greedy`). NaN logits give
     NaN rows, which `verify_sampled` rejects.
@@ -52,11 +52,13 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         probs = torch.softmax(values / temperature, dim=-1)
     else:
         probs, ids = torch.softmax(logits / temperature, dim=-1).sort(dim=-1, descending=True)
-    if params.top_p < 1.0:
-        # A token stays while the mass strictly before it is below top_p; the first always stays.
-        probs = probs.masked_fill(probs.cumsum(dim=-1) - probs >= params.top_p, 0.0)
     if params.min_p > 0.0:
         probs = probs.masked_fill(probs < params.min_p * probs[:, :1], 0.0)
+    if params.top_p < 1.0:
+        # A token stays while the mass strictly before it is below top_p of what min-p kept;
+        # the first always stays.
+        total = probs.sum(dim=-1, keepdim=True)
+        probs = probs.masked_fill(probs.cumsum(dim=-1) - probs >= params.top_p * total, 0.0)
     probs = probs / probs.sum(dim=-1, keepdim=True)
     return torch.zeros_like(logits).scatter_(1, ids, probs)
 

@@ -69,7 +69,7 @@ TARGET_CASES = [
     (SamplingParams(top_k=0, top_p=0.8), 4),  # top_k 0 is off
     (SamplingParams(min_p=0.2), 4),
     (SamplingParams(temperature=1.3, top_k=5, top_p=0.65), 3),
-    (SamplingParams(top_p=0.85, min_p=0.2), 4),
+    (SamplingParams(top_p=0.85, min_p=0.2), 3),  # min-p keeps 4, top-p 3 of them
     (SamplingParams(temperature=0.8, top_k=4, min_p=0.25), 3),
     (SamplingParams(temperature=1.2, top_k=20), 8),  # top_k past the vocabulary keeps all
 ]
