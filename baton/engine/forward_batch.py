@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from baton.engine.grammar import GrammarRow
+from baton.engine.seeded_uniforms import SeededUniforms
 from baton.sampling_params import SamplingParams
 
 # An input token not known when the batch was scheduled (overlap loop): the engine reads it from
@@ -46,7 +45,7 @@ class ForwardBatch:
     slots: list[int]  # per row: its row in the sampled-token buffer
     sample_rows: list[int]  # rows whose last token's logits are sampled, ascending
     sampling_params: list[SamplingParams]  # per sampled row
-    generators: list[torch.Generator | None]  # per sampled row
+    generators: list[SeededUniforms | None]  # per sampled row: its own random source
     # Per sampled row: token ids it must not sample now (EOS and stop ids before min_tokens).
     suppressed_token_ids: list[list[int]] = field(default_factory=list)
     # Speculative decoding, per row: how many drafts the engine proposes and verifies after the

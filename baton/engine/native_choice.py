@@ -14,12 +14,11 @@ import random
 from array import array
 from collections.abc import Sequence
 
-import torch
-
 from baton.engine.forward_batch import ForwardBatch, ForwardOutput, TokenHistory
 from baton.engine.grammar import GrammarMasks
 from baton.engine.logit_adjustments import BadWordTokens, banned_tokens
 from baton.engine.native.structs import RowSampling
+from baton.engine.seeded_uniforms import SeededUniforms
 from baton.engine.token_counts import TokenCounts
 from baton.sampling_params import SamplingParams
 
@@ -84,7 +83,7 @@ class NativeChoice:
     def _row(
         self,
         params: SamplingParams,
-        generator: torch.Generator | None,
+        generator: SeededUniforms | None,
         unseeded: random.Random,
         counts: TokenCounts | None,
         banned: list[int],
@@ -104,10 +103,7 @@ class NativeChoice:
             return None
         setting = RowSampling()  # temperature 0: the argmax
         if not params.is_greedy:
-            if generator is None:
-                uniform = unseeded.random()
-            else:
-                uniform = float(torch.rand(1, generator=generator))
+            uniform = unseeded.random() if generator is None else generator.take(1)[0]
             setting = RowSampling(
                 params.temperature, params.top_p, params.min_p, uniform, params.top_k
             )

@@ -13,6 +13,7 @@ import torch
 
 from baton.engine.argmax import greedy_argmax
 from baton.engine.sampling_batch import RowGroup, SamplingBatch
+from baton.engine.seeded_uniforms import SeededUniforms, uniforms
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def _sample_sorted(
     return chosen.masked_fill_(failed, -1)
 
 
-def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def _draw(weights: torch.Tensor, generator: SeededUniforms | None) -> torch.Tensor:
     """One index per row, with probability proportional to `weights` [n, m] (>= 0, unnormalised);
     m for a row whose weights are no distribution (NaN, or all zero).
 
@@ -154,7 +155,7 @@ def _draw(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Ten
     """
     cdf = weights.cumsum(dim=-1)
     total = cdf[:, -1:]
-    uniform = torch.rand(total.shape, generator=generator, device=weights.device)
+    uniform = uniforms(generator, tuple(total.shape), weights.device)
     target = uniform * total
     # Rounding can lift the target to the total, past the last nonzero weight; the first nonzero
     # weight is as valid a pick for that ~2**-24 event and keeps filtered tokens unreachable.

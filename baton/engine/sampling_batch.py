@@ -13,6 +13,7 @@ import torch
 
 from baton.engine.forward_batch import TokenHistory
 from baton.engine.logit_adjustments import BadWordTokens, LogitAdjustments
+from baton.engine.seeded_uniforms import SeededUniforms
 from baton.engine.token_counts import TokenCounts
 from baton.sampling_params import SamplingParams
 
@@ -35,7 +36,7 @@ class RowGroup:
     needs_top_k_mask: bool  # some row keeps fewer than max_top_k tokens
     needs_top_p: bool
     needs_min_p: bool
-    generator: torch.Generator | None
+    generator: SeededUniforms | None
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class SamplingBatch:
     def from_params(
         cls,
         params: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None],
+        generators: Sequence[SeededUniforms | None],
         device: torch.device | str,
         histories: Sequence[TokenHistory | None] = (),
         bad_words: BadWordTokens | None = None,
@@ -101,15 +102,6 @@ class SamplingBatch:
         )
 
 
-def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
-    """A request's own random source (created once per request), or None when it has no seed."""
-    if seed is None:
-        return None
-    generator = torch.Generator(device=torch.device(device))
-    generator.manual_seed(seed)
-    return generator
-
-
 def _strategy(params: SamplingParams) -> Strategy:
     """The cheapest way to find a sampled row's candidate tokens."""
     if params.top_k > 0:
@@ -120,7 +112,7 @@ def _strategy(params: SamplingParams) -> Strategy:
 def _make_group(
     rows: list[int],
     params: Sequence[SamplingParams],
-    generator: torch.Generator | None,
+    generator: SeededUniforms | None,
     device: torch.device | str,
     batch_size: int,
 ) -> RowGroup:

@@ -22,7 +22,7 @@ from baton.checkpoint.load import Checkpoint
 from baton.config import BatonConfig
 from baton.engine.engine import Engine
 from baton.engine.forward_batch import ForwardBatch, ForwardOutput
-from baton.engine.sampling_batch import make_generator
+from baton.engine.seeded_uniforms import seeded_uniforms
 from baton.messages import FinishReason
 from baton.process_messages import StepOutput
 from baton.sampling_params import SamplingParams
@@ -110,7 +110,7 @@ class Scheduler(RequestQueues):
             max_tokens,
             self.kv.page_size,
             max_in_flight=2 if self.overlap else 1,
-            generator=make_generator(params.seed, self.engine.device),
+            generator=seeded_uniforms(params.seed, self.engine.device),
             arrival_time=arrival_time,
             priority=priority,
             deadline_ms=deadline_ms,

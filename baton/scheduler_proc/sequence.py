@@ -20,9 +20,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import torch
-
 from baton.engine.grammar import GrammarMatcher
+from baton.engine.seeded_uniforms import SeededUniforms
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.errors import (
     AcceptedExceedsScheduled,
@@ -54,7 +53,7 @@ class Sequence(SequencePages):
         max_tokens: int,
         page_size: int,
         max_in_flight: int = 1,
-        generator: torch.Generator | None = None,
+        generator: SeededUniforms | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
         deadline_ms: float | None = None,

@@ -30,7 +30,8 @@ from baton.engine.native.library import NativeKernels
 from baton.engine.native.structs import RowSampling
 from baton.engine.native_choice import NativeChoice
 from baton.engine.sampler import Sampler
-from baton.engine.sampling_batch import SamplingBatch, make_generator
+from baton.engine.sampling_batch import SamplingBatch
+from baton.engine.seeded_uniforms import seeded_uniforms
 from baton.engine.token_counts import TokenCounts
 from baton.sampling_params import SamplingParams
 
@@ -85,10 +86,10 @@ def test_the_uniform_a_seeded_generator_draws_picks_the_torch_samplers_token(
     seeds = range(200 if vocab == 8 else 20)
     seeded = [msgspec.structs.replace(params, seed=seed) for seed in seeds]
     batch = SamplingBatch.from_params(
-        seeded, [make_generator(p.seed, "cpu") for p in seeded], "cpu"
+        seeded, [seeded_uniforms(p.seed, "cpu") for p in seeded], "cpu"
     )
     want = Sampler().sample(logits.repeat(len(seeded), 1), batch).token_ids.tolist()
-    uniforms = [float(torch.rand(1, generator=make_generator(p.seed, "cpu"))) for p in seeded]
+    uniforms = [seeded_uniforms(p.seed, "cpu").take(1)[0] for p in seeded]
     got = native.sample_rows(logits.repeat(len(seeded), 1), [setting(params, u) for u in uniforms])
     assert got == want
 
@@ -211,7 +212,7 @@ def test_settings_go_to_the_batch_rows_that_sample() -> None:
         slots=[0, 1, 2],
         sample_rows=[1, 2],
         sampling_params=[hot, SamplingParams(temperature=0)],
-        generators=[make_generator(2, "cpu"), None],
+        generators=[seeded_uniforms(2, "cpu"), None],
         suppressed_token_ids=[[], []],
     )
     settings = choose(batch).settings
@@ -219,7 +220,7 @@ def test_settings_go_to_the_batch_rows_that_sample() -> None:
     assert settings[0].temperature == settings[2].temperature == 0.0
     assert (settings[1].temperature, settings[1].top_k) == (pytest.approx(0.9), 7)
     assert settings[1].uniform == pytest.approx(
-        float(torch.rand(1, generator=make_generator(2, "cpu")))
+        float(torch.rand(1, generator=torch.Generator().manual_seed(2)))
     )
     plain = dataclasses.replace(batch, sampling_params=[SamplingParams(temperature=0)] * 2)
     assert choose(plain).settings is None
@@ -234,7 +235,7 @@ def one_row_batch(params: SamplingParams, suppressed: list[int]) -> ForwardBatch
         slots=[0],
         sample_rows=[0],
         sampling_params=[params],
-        generators=[make_generator(params.seed, "cpu")],
+        generators=[seeded_uniforms(params.seed, "cpu")],
         suppressed_token_ids=[suppressed],
     )
 
@@ -266,7 +267,7 @@ def test_adjusted_rows_and_their_logprobs_are_the_torch_samplers(
     )
     sampling = SamplingBatch.from_params(
         [params],
-        [make_generator(params.seed, "cpu")],
+        [seeded_uniforms(params.seed, "cpu")],
         "cpu",
         [history],
         BYTE_BAD_WORDS,

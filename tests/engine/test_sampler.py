@@ -11,7 +11,8 @@ from helpers.sampling import FILTER_CASES, SMALL_LOGITS, reference_distribution
 
 from baton.engine.argmax import greedy_argmax
 from baton.engine.sampler import Sampler
-from baton.engine.sampling_batch import SamplingBatch, make_generator
+from baton.engine.sampling_batch import SamplingBatch
+from baton.engine.seeded_uniforms import SeededUniforms, seeded_uniforms
 from baton.sampling_params import SamplingParams
 
 
@@ -22,7 +23,7 @@ def _fixed_global_seed() -> None:
 
 def make_batch(params: list[SamplingParams]) -> SamplingBatch:
     """A batch whose generators come from each request's seed, as the engine builds it."""
-    generators = [make_generator(p.seed, "cpu") for p in params]
+    generators = [seeded_uniforms(p.seed, "cpu") for p in params]
     return SamplingBatch.from_params(params, generators, "cpu")
 
 
@@ -187,12 +188,11 @@ def test_seeded_row_is_independent_of_its_batch(target: SamplingParams) -> None:
 
 
 def test_greedy_rows_leave_their_generator_untouched() -> None:
-    generator = make_generator(9, "cpu")
-    state = generator.get_state()
+    generator = seeded_uniforms(9, "cpu")
     params = [SamplingParams(temperature=0.0, seed=9), SamplingParams(top_p=0.5)]
     batch = SamplingBatch.from_params(params, [generator, None], "cpu")
     Sampler().sample(torch.randn(2, 50), batch)
-    assert torch.equal(generator.get_state(), state)
+    assert generator.take(3) == SeededUniforms(9, "cpu").take(3)  # no draw was taken
 
 
 def test_logprobs_come_from_raw_distribution() -> None:
@@ -249,7 +249,7 @@ def test_a_nan_row_fails_alone(params: SamplingParams) -> None:
     logits = SMALL_LOGITS.repeat(3, 1)
     logits[1] = float("nan")
     rows = [SamplingParams(temperature=0), params, SamplingParams(temperature=0, logprobs=2)]
-    generators = [None, make_generator(params.seed, "cpu"), None]
+    generators = [None, seeded_uniforms(params.seed, "cpu"), None]
     out = Sampler().sample(logits, SamplingBatch.from_params(rows, generators, "cpu"))
     assert out.failed.tolist() == [False, True, False]
     assert out.token_ids.tolist() == [1, 0, 1]  # the failed row's id is made valid

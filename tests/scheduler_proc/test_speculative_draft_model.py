@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from baton import LLM, SamplingParams
 from baton.engine.sampler import _draw
+from baton.engine.seeded_uniforms import uniforms
 from baton.engine.speculation import speculator
 
 OVERLAP = pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "plain"])
@@ -127,7 +128,7 @@ def buggy_verify_sampled(probs, drafts, draft_probs, generator):
     not from the residual max(0, p - q)."""
     for index, token in enumerate(drafts):
         p, q = float(probs[index, token]), float(draft_probs[index, token])
-        if torch.rand(1, generator=generator).item() * q >= p:
+        if uniforms(generator, (1,), probs.device).item() * q >= p:
             return [*drafts[:index], int(_draw(probs[index : index + 1], generator)[0])]
     return [*drafts, int(_draw(probs[len(drafts) :], generator)[0])]
 

@@ -7,6 +7,7 @@ from typing import Protocol
 
 import torch
 
+from baton.engine.seeded_uniforms import SeededUniforms
 from baton.engine.speculation.ngram import NgramProposer
 from baton.sampling_params import SamplingParams
 
@@ -22,7 +23,7 @@ class DraftRequest:
     num_drafts: int
     page_table: list[int]
     params: SamplingParams
-    generator: torch.Generator | None
+    generator: SeededUniforms | None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from baton.engine.sampler import _draw
+from baton.engine.seeded_uniforms import SeededUniforms, uniforms
 from baton.sampling_params import SamplingParams
 
 
@@ -79,7 +80,7 @@ def verify_sampled(
     probs: torch.Tensor,
     drafts: list[int],
     draft_probs: torch.Tensor | None,
-    generator: torch.Generator | None,
+    generator: SeededUniforms | None,
 ) -> list[int]:
     """probs: [1+m, V] target probabilities (target_probs output) at the verified positions;
     draft_probs: [m, V] the draft model's probabilities, or None for deterministic drafts
@@ -105,7 +106,7 @@ def verify_sampled(
     if m:
         ids = torch.tensor(drafts, dtype=torch.int64, device=probs.device).unsqueeze(1)
         p = probs[:m].gather(1, ids).squeeze(1)
-        uniform = torch.rand(m, generator=generator, device=probs.device)
+        uniform = uniforms(generator, (m,), probs.device)
         # u < p/q without dividing: q(d) = 0 (a draft q never proposes) accepts iff p(d) > 0,
         # and p(d) = 0 (a token the filters removed) is never accepted.
         q = None if draft_probs is None else draft_probs.gather(1, ids).squeeze(1)

@@ -15,8 +15,9 @@ import pytest
 import torch
 from helpers.sampling import reference_distribution
 
-from baton.engine.sampler import Sampler
+from baton.engine.sampler import Sampler, _draw
 from baton.engine.sampling_batch import SamplingBatch
+from baton.engine.seeded_uniforms import SeededUniforms
 from baton.engine.speculation.verify import target_probs, verify_greedy, verify_sampled
 from baton.sampling_params import SamplingParams
 
@@ -146,7 +147,7 @@ def run_trials(
     verify, probs: torch.Tensor, drafts: list[int] | None, draft_probs: torch.Tensor | None
 ) -> list[list[int]]:
     """TRIALS seeded verifications; drafts None: drawn from `draft_probs` anew for each trial."""
-    generator = torch.Generator().manual_seed(2024)
+    generator = SeededUniforms(2024, "cpu")
     if drafts is None:
         assert draft_probs is not None
         draft_generator = torch.Generator().manual_seed(7)
@@ -207,11 +208,11 @@ def resample_from_p(
 ) -> list[int]:
     """The common bug: accept as speculative sampling does, but on rejection draw from p_k."""
     q = torch.ones(len(drafts)) if draft_probs is None else draft_probs[range(len(drafts)), drafts]
-    uniform = torch.rand(len(drafts), generator=generator)
+    uniform = generator.rand((len(drafts),), torch.device("cpu"))
     for k, draft in enumerate(drafts):
         if uniform[k] * q[k] >= probs[k, draft]:
-            return [*drafts[:k], int(torch.multinomial(probs[k], 1, generator=generator))]
-    return [*drafts, int(torch.multinomial(probs[-1], 1, generator=generator))]
+            return [*drafts[:k], int(_draw(probs[k : k + 1], generator)[0])]
+    return [*drafts, int(_draw(probs[-1:], generator)[0])]
 
 
 @pytest.mark.parametrize("sampled_drafts", [False, True], ids=["deterministic", "draft-model"])
@@ -230,10 +231,10 @@ def test_the_check_catches_resampling_from_p(sampled_drafts: bool) -> None:
 
 
 def test_seeded_verification_is_reproducible() -> None:
-    def run(generator: torch.Generator | None) -> list[list[int]]:
+    def run(generator: SeededUniforms | None) -> list[list[int]]:
         return [verify_sampled(P, [1, 2, 3], Q, generator) for _ in range(50)]
 
-    assert run(torch.Generator().manual_seed(3)) == run(torch.Generator().manual_seed(3))
+    assert run(SeededUniforms(3, "cpu")) == run(SeededUniforms(3, "cpu"))
     torch.manual_seed(3)
     unseeded = run(None)
     torch.manual_seed(3)
@@ -241,7 +242,7 @@ def test_seeded_verification_is_reproducible() -> None:
 
 
 def test_no_drafts_with_an_empty_draft_distribution() -> None:
-    generator = torch.Generator().manual_seed(0)
+    generator = SeededUniforms(0, "cpu")
     out = verify_sampled(P[:1], [], torch.empty(0, 5), generator)
     assert len(out) == 1 and 0 <= out[0] < 5
 
@@ -250,7 +251,7 @@ def test_rejecting_a_token_the_filters_removed() -> None:
     # A filtered token (p = 0) is never accepted, and the residual never yields it.
     probs = target_probs(SMALL_LOGITS.repeat(2, 1), SamplingParams(top_k=3))
     filtered = int(SMALL_LOGITS.argmin())
-    generator = torch.Generator().manual_seed(0)
+    generator = SeededUniforms(0, "cpu")
     for _ in range(200):
         out = verify_sampled(probs, [filtered], None, generator)
         assert len(out) == 1 and probs[0, out[0]] > 0
@@ -262,7 +263,7 @@ def test_empty_residual_falls_back_to_p() -> None:
     probs = torch.tensor([[0.25, 0.25, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5]])
     draft_probs = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
     one_hot_case = torch.tensor([[0.0, 0.5, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5]])
-    generator = torch.Generator().manual_seed(0)
+    generator = SeededUniforms(0, "cpu")
     rejected = 0
     for _ in range(200):
         out = verify_sampled(probs, [0], draft_probs, generator)
@@ -278,7 +279,7 @@ def test_nan_probabilities_raise() -> None:
     nan_logits[3] = float("nan")
     probs = target_probs(torch.stack([SMALL_LOGITS, nan_logits]), SamplingParams(top_p=0.9))
     assert not probs[0].isnan().any()
-    generator = torch.Generator().manual_seed(0)
+    generator = SeededUniforms(0, "cpu")
     with pytest.raises(ValueError, match="NaN"):
         verify_sampled(probs, [1], None, generator)
     bad_q = torch.full((1, 8), float("nan"))
