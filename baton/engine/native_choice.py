@@ -65,7 +65,7 @@ class NativeChoice:
         self._logprobs: list[tuple[LogprobBuffers, int] | None] = []
         settings: list[RowSampling | None] = [None] * batch.num_rows
         for index, (row, params) in enumerate(zip(batch.sample_rows, batch.sampling_params)):
-            banned = list(batch.suppressed_token_ids[index]) if batch.suppressed_token_ids else []
+            banned = list(batch.suppressed_token_ids[index])
             if params.bad_words and histories is not None:
                 words = bad_words.sequences(tuple(params.bad_words))
                 banned += banned_tokens(words, histories[index])
