@@ -56,7 +56,7 @@ def profile_decode(engine: Engine, eager: Engine, rows: int, context: int, repea
         "eager_step_ms": _ms(lambda: eager.forward(batch), repeats),
     }
     linears = [m for m in eager.model.modules() if isinstance(m, Linear)]
-    inputs = [torch.randn(rows, m.weight.shape[1]) for m in linears]
+    inputs = [torch.randn(rows, m.weight.shape[1], dtype=eager.dtype) for m in linears]
     figures["linear_layers_ms"] = _ms(
         lambda: [linear(x) for linear, x in zip(linears, inputs)], repeats
     )

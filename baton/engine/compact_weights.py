@@ -45,11 +45,14 @@ _TORCH_FORMATS = {torch.bfloat16: "bf16", torch.float16: "f16"}
 @dataclass(frozen=True)
 class CompactWeight:
     """A [out_features, in_features] weight in a compact format: `data` is uint8
-    [out_features, row_bytes], each row its in_features / block blocks in order."""
+    [out_features, row_bytes], each row its in_features / block blocks in order. `tiles`, on AMX
+    CPUs only, holds a bf16 weight once more in the tile unit's order (native/amx_gemm.c), which
+    batches of two rows or more multiply instead."""
 
     format: str
     data: torch.Tensor
     in_features: int
+    tiles: torch.Tensor | None = None
 
     @property
     def out_features(self) -> int:

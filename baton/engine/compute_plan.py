@@ -84,13 +84,18 @@ class ComputePlan(msgspec.Struct, frozen=True, kw_only=True):
     # checkpoint computes in float32 (so the native decode step serves small batches) while
     # larger ones cast their rows to bf16 for the hardware's bf16 GEMM. None: `dtype`.
     gemm_dtype: str | None = None
+    # On AMX, the compact bf16 weights are held once more in the tile unit's order, and decode
+    # batches of two rows or more multiply those on it (native/amx_gemm.c): bound by the bytes
+    # read up to 32 rows, where the compact kernel's float32 FMAs bind from a few rows.
+    amx_small_batches: bool = False
 
     def summary(self) -> str:
         """One line for logs and reports."""
         gemms = f" with {self.gemm_dtype} GEMMs" if self.gemm_dtype else ""
         packed = ", packed weights" if self.pack_weights else ""
         compact = ", small batches read the stored weights" if self.compact_small_batches else ""
-        return f"{self.dtype}{gemms}{packed}{compact}, because {self.reason}"
+        amx = " (from 2 rows in AMX tiles)" if self.amx_small_batches else ""
+        return f"{self.dtype}{gemms}{packed}{compact}{amx}, because {self.reason}"
 
 
 def choose_compute_plan(
@@ -133,6 +138,7 @@ def choose_compute_plan(
                 gemm_dtype="bfloat16",
                 pack_weights=True,
                 compact_small_batches=True,
+                amx_small_batches=caps.isa == "amx",
                 reason=(
                     f"{checkpoint_dtype} checkpoint, native bf16 ({caps.isa}): decode steps of a "
                     "few rows read the stored weights in the native step, larger batches "

@@ -181,6 +181,16 @@ class CausalLM(nn.Module):
                 attached += 1
         return attached
 
+    def tile_compact_weights(self, native: NativeKernels) -> int:
+        """Give every linear layer with bf16 compact weights their tile-ordered copy, which
+        batches of two rows or more multiply on AMX (`native.amx`); returns how many got one."""
+        tiled = 0
+        for module in self.modules():
+            if isinstance(module, Linear) and module.compact and module.compact.format == "bf16":
+                module.compact = native.with_tiles(module.compact)
+                tiled += 1
+        return tiled
+
     def limit_compact_rows(self, max_rows: int) -> None:
         """Let the decoder layers multiply their compact weights in batches of up to `max_rows`
         rows only (0: never); larger ones take their GEMMs. At most COMPACT_MAX_ROWS, the native

@@ -240,6 +240,12 @@ def test_native_bf16_with_the_native_kernels_computes_float32_with_bf16_gemms(
     assert plan.pack_weights and plan.compact_small_batches
     assert caps.isa in plan.reason and checkpoint_dtype in plan.reason
     assert plan.summary().startswith("float32 with bfloat16 GEMMs, packed weights")
+    # Only AMX multiplies decode batches of 2+ rows in tiles; capped below it, none does.
+    assert plan.amx_small_batches == (caps.isa == "amx")
+    assert ("AMX tiles" in plan.summary()) == plan.amx_small_batches
+    capped = replace(caps, isa="avx512_bf16", limited_by="--max-cpu-isa")
+    plan = choose_compute_plan("auto", checkpoint_dtype, "cpu", capped, stored_compactly=True)
+    assert plan.compact_small_batches and not plan.amx_small_batches
     # Without the native kernels (no C compiler) the whole model computes in bf16, as it did.
     alone = choose_compute_plan("auto", checkpoint_dtype, "cpu", caps)
     assert (alone.dtype, alone.gemm_dtype) == ("bfloat16", None)

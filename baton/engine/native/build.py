@@ -23,6 +23,7 @@ _HERE = Path(__file__).parent
 SOURCES = tuple(
     _HERE / name
     for name in (
+        "amx_gemm.c",
         "compact_gemv.c",
         "decode_attention.c",
         "decode_layer.c",
@@ -31,7 +32,9 @@ SOURCES = tuple(
         "thread_pool.c",
     )
 )
-HEADERS = (_HERE / "vector_math.h", _HERE / "thread_pool.h", _HERE / "sampling.h")
+HEADERS = tuple(
+    _HERE / name for name in ("linear.h", "sampling.h", "thread_pool.h", "vector_math.h")
+)
 LIBRARY_NAME = "libbaton_native.so"
 # -fopenmp links libgomp by soname: loaded after torch, the library shares torch's OpenMP runtime
 # (one thread team, sized by torch.set_num_threads on the calling thread). -ffp-contract=off: a

@@ -16,6 +16,7 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "linear.h"
 #include "thread_pool.h"
 #include "vector_math.h"
 
@@ -216,4 +217,18 @@ int baton_dequantize(int fmt, const uint8_t *w, int64_t n_dim, int64_t k_dim, in
     case FMT_Q4_1: dequantize_q4_1(w, n_dim, k_dim, row_bytes, out); return 0;
     default: return -1;
     }
+}
+
+/* Rows from which a layer with tile-ordered weights multiplies them on AMX (amx_gemm.c) rather
+ * than widening its compact weights: one row stays exact float32 arithmetic, as transformers'
+ * float32 reference computes it, at the same bytes read. */
+#define AMX_MIN_ROWS 2
+
+int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
+    if (m->tiles && rows >= AMX_MIN_ROWS)
+        return baton_amx_gemm(x, rows, m->in_features, m->tiles, m->out_features, m->bias, y)
+                   ? -1
+                   : 0;
+    return baton_compact_gemv((int)m->format, x, rows, m->in_features, m->data, m->out_features,
+                              m->row_bytes, m->bias, y);
 }

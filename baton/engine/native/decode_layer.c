@@ -9,12 +9,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "linear.h"
 #include "sampling.h"
 #include "thread_pool.h"
 #include "vector_math.h"
 
-int baton_compact_gemv(int fmt, const float *x, int64_t m_dim, int64_t k_dim, const uint8_t *w,
-                       int64_t n_dim, int64_t row_bytes, const float *bias, float *y);
 void baton_rms_norm(const float *x, int64_t rows, int64_t dim, const float *weight, float eps,
                     float *out);
 void baton_rope_and_store(float *qk, int64_t qk_stride, const float *v, int64_t v_stride,
@@ -27,13 +26,6 @@ int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows
                            const int32_t *kv_indices, const int32_t *kv_lens, int64_t q_heads,
                            int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale,
                            float *out);
-
-/* A linear layer's compact weight (compact_weights.CompactWeight) and its bias (or NULL). */
-typedef struct {
-    int64_t format, in_features, out_features, row_bytes;
-    const uint8_t *data;
-    const float *bias;
-} Matrix;
 
 /* Mirrored by ctypes Structures in decode_step.py: keep the field order in step. */
 typedef struct {
@@ -65,11 +57,6 @@ typedef struct {
     float *scratch; /* rows * (2 * hidden + qkv + q_size + 3 * intermediate) floats */
 } DecodeStep;
 
-static void linear(const Matrix *m, const float *x, int64_t rows, float *y) {
-    baton_compact_gemv((int)m->format, x, rows, m->in_features, m->data, m->out_features,
-                       m->row_bytes, m->bias, y);
-}
-
 /* hidden [rows, hidden_size] += attention(norm(hidden)); hidden += mlp(norm(hidden)).
  * Returns 0, or -1 if memory ran out. */
 static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float *hidden) {
@@ -81,7 +68,7 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
     float *activated = gate_up + rows * 2 * inter, *projected = activated + rows * inter;
 
     baton_rms_norm(hidden, rows, hidden_size, layer->input_norm, layer->eps, normed);
-    linear(&layer->qkv, normed, rows, qkv);
+    if (baton_linear(&layer->qkv, normed, rows, qkv)) return -1;
     if (layer->qk_norm) { /* Qwen3: each q and k head normalised by its own weights */
         const int64_t heads = layer->q_heads + layer->kv_heads;
         for (int64_t r = 0; r < rows; r++)
@@ -99,11 +86,11 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
                                layer->q_heads, layer->kv_heads, head_dim, layer->page_size,
                                layer->scale, attended))
         return -1;
-    linear(&layer->o, attended, rows, projected);
+    if (baton_linear(&layer->o, attended, rows, projected)) return -1;
     for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] = projected[i] + hidden[i];
 
     baton_rms_norm(hidden, rows, hidden_size, layer->post_norm, layer->eps, normed);
-    linear(&layer->gate_up, normed, rows, gate_up);
+    if (baton_linear(&layer->gate_up, normed, rows, gate_up)) return -1;
     for (int64_t r = 0; r < rows; r++) {
         const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
         float *act = activated + r * inter;
@@ -113,7 +100,7 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
                                                     _mm256_loadu_ps(up + i)));
         for (; i < inter; i++) act[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
     }
-    linear(&layer->down, activated, rows, projected);
+    if (baton_linear(&layer->down, activated, rows, projected)) return -1;
     for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] = projected[i] + hidden[i];
     return 0;
 }
@@ -179,7 +166,7 @@ int baton_decode_step(const DecoderLayer *layers, int64_t num_layers, const Deco
         if (decode_layer(&layers[i], step, model->hidden)) return -2;
     baton_rms_norm(model->hidden, rows, hidden_size, model->final_norm, model->eps,
                    model->normed);
-    linear(&model->lm_head, model->normed, rows, model->logits);
+    if (baton_linear(&model->lm_head, model->normed, rows, model->logits)) return -2;
     if (step->tokens && step->sampling) {
         baton_sample_rows(model->logits, rows, vocab_size, step->sampling, step->tokens);
     } else if (step->tokens) {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from baton.engine.native.structs import (
     DecodeModelArgs,
     DecoderLayerArgs,
     DecodeStepArgs,
+    Matrix,
     RowSampling,
 )
 
@@ -31,11 +33,16 @@ class NativeKernels:
         self._dequantize = _declare(
             library.baton_dequantize, ctypes.c_int, [ctypes.c_int, _ptr, _i64, _i64, _i64, _ptr]
         )
-        self._gemv = _declare(
-            library.baton_compact_gemv,
-            ctypes.c_int,
-            [ctypes.c_int, _ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr],
+        self._linear = _declare(
+            library.baton_linear, ctypes.c_int, [ctypes.POINTER(Matrix), _ptr, _i64, _ptr]
         )
+        self._tiles_bytes = _declare(library.baton_bf16_tiles_bytes, _i64, [_i64, _i64])
+        self._pack_tiles = _declare(
+            library.baton_pack_bf16_tiles, None, [_ptr, _i64, _i64, _i64, _ptr]
+        )
+        # Whether this CPU multiplies tiles (AMX-BF16) and Linux let this process use them:
+        # asked once, before any thread runs a tile instruction.
+        self.amx = bool(_declare(library.baton_amx_enable, ctypes.c_int, [])())
         self._rope = _declare(
             library.baton_rope_and_store, None, [_ptr, _i64, _ptr, _i64, *[_i64] * 4, *[_ptr] * 6]
         )
@@ -64,24 +71,27 @@ class NativeKernels:
     def gemv(
         self, x: torch.Tensor, weight: CompactWeight, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        """`x @ W^T (+ bias)`: float32 x [rows, in_features] -> [rows, out_features]."""
+        """`x @ W^T (+ bias)`: float32 x [rows, in_features] -> [rows, out_features], as the
+        native decode step multiplies (linear.h: the tiles, where given, from two rows)."""
         x = x.contiguous()
-        rows, out_features = x.shape[0], weight.out_features
-        y = torch.empty(rows, out_features, dtype=torch.float32)
-        data = weight.data
+        y = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
         # ctypes releases the GIL for each call: the scheduler thread runs meanwhile.
-        self._gemv(
-            FORMATS[weight.format].kernel_id,
-            x.data_ptr(),
-            rows,
-            weight.in_features,
-            data.data_ptr(),
-            out_features,
-            data.shape[1],
-            None if bias is None else bias.data_ptr(),
-            y.data_ptr(),
+        status = self._linear(
+            ctypes.byref(Matrix.of(weight, bias)), x.data_ptr(), x.shape[0], y.data_ptr()
         )
+        if status:
+            raise MemoryError("the native linear layer could not allocate its rows")
         return y
+
+    def with_tiles(self, weight: CompactWeight) -> CompactWeight:
+        """A bf16 weight with its tile-ordered copy (amx_gemm.c), for AMX CPUs (`self.amx`)."""
+        if weight.format != "bf16":
+            raise ValueError(f"only bf16 weights are multiplied in tiles, not {weight.format}")
+        n, k = weight.out_features, weight.in_features
+        tiles = torch.empty(self._tiles_bytes(n, k) // 2, dtype=torch.int16)
+        data = weight.data.contiguous()
+        self._pack_tiles(data.data_ptr(), n, k, data.shape[1], tiles.data_ptr())
+        return replace(weight, tiles=tiles)
 
     def sample_rows(self, logits: torch.Tensor, sampling: Sequence[RowSampling]) -> list[int]:
         """Each row's token from float32 `logits` [rows, vocab] (contiguous ones penalized in

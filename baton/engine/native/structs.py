@@ -14,7 +14,7 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
 class Matrix(ctypes.Structure):
-    """A compact weight and its bias, as decode_layer.c reads them."""
+    """A compact weight, its bias and its tile-ordered copy, as linear.h declares them."""
 
     _fields_ = (
         ("format", _i64),
@@ -23,6 +23,7 @@ class Matrix(ctypes.Structure):
         ("row_bytes", _i64),
         ("data", _ptr),
         ("bias", _ptr),
+        ("tiles", _ptr),
     )
 
     @staticmethod
@@ -35,6 +36,7 @@ class Matrix(ctypes.Structure):
             weight.data.shape[1],
             weight.data.data_ptr(),
             None if bias is None else bias.data_ptr(),
+            None if weight.tiles is None else weight.tiles.data_ptr(),
         )
 
 

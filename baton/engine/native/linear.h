@@ -1,0 +1,24 @@
+/* A linear layer's weights as the native kernels read them, and its product for a few rows. */
+#ifndef BATON_LINEAR_H
+#define BATON_LINEAR_H
+
+#include <stdint.h>
+
+/* A linear layer's compact weight (compact_weights.CompactWeight), its bias (or NULL) and, on
+ * AMX CPUs, the same bf16 weight in tile order (amx_gemm.c; NULL where there is none). Mirrored
+ * by structs.py's Matrix: keep the field order in step. */
+typedef struct {
+    int64_t format, in_features, out_features, row_bytes;
+    const uint8_t *data;
+    const float *bias;
+    const uint16_t *tiles;
+} Matrix;
+
+/* y [rows, out_features] = x [rows, in_features] @ W^T (+ bias). Returns 0, or -1 if memory ran
+ * out or the format is unknown. */
+int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y);
+
+int baton_amx_gemm(const float *x, int64_t rows, int64_t k_dim, const uint16_t *tiles,
+                   int64_t n_dim, const float *bias, float *y);
+
+#endif

@@ -1,0 +1,105 @@
+"""Decode batches of 2-32 rows multiplied in AMX tiles (native/amx_gemm.c), on CPUs with AMX
+only: the product against a float64 reference of the same bf16 operands, the rows' rounding
+against torch's, and a served model's tokens against its op-by-op path and transformers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import assert_greedy_matches_hf
+from helpers.decode_steps import CountingStep
+
+import baton.engine.engine as engine_module
+from baton import LLM, SamplingParams
+from baton.engine.compact_weights import CompactWeight
+from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS
+from baton.engine.native.library import NativeKernels
+
+# Rows rounded to bf16 move these models' logits by up to ~0.2 each (test_llm's tolerance).
+BF16_TIE_TOLERANCE = 0.5
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def amx(native: NativeKernels) -> NativeKernels:
+    if not native.amx:
+        pytest.skip("needs a CPU with AMX-BF16 (and a kernel that lends its tiles)")
+    return native
+
+
+def _tiled(amx: NativeKernels, weight: torch.Tensor) -> CompactWeight:
+    compact = CompactWeight.from_tensor(weight.to(torch.bfloat16))
+    assert compact is not None
+    return amx.with_tiles(compact)
+
+
+# (out_features, in_features): one pair of tiles; n padded; the 0.5B shape's widest layers.
+@pytest.mark.parametrize(("n", "k"), [(32, 32), (40, 96), (1152, 896), (896, 4864)])
+@pytest.mark.parametrize("rows", [2, 3, 16, 17, 32])
+def test_tiles_multiply_the_rows_rounded_to_bf16(
+    amx: NativeKernels, n: int, k: int, rows: int
+) -> None:
+    generator = torch.Generator().manual_seed(rows * n + k)
+    weight = torch.randn(n, k, generator=generator).to(torch.bfloat16)
+    x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
+    got = amx.gemv(x, _tiled(amx, weight), bias)
+    want = x.to(torch.bfloat16).double() @ weight.double().T + bias.double()
+    # Exact products, float32 sums of k terms: far inside this bound.
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5 * k**0.5)
+
+
+def test_one_row_reads_the_compact_weights_in_float32(amx: NativeKernels) -> None:
+    """One row keeps the exact float32 products of the compact kernel (transformers' float32
+    arithmetic): the tiles serve two rows or more."""
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(64, 96, generator=generator).to(torch.bfloat16)
+    x = torch.randn(1, 96, generator=generator)
+    compact = CompactWeight.from_tensor(weight)
+    assert torch.equal(amx.gemv(x, _tiled(amx, weight), None), amx.gemv(x, compact, None))
+
+
+def test_rows_round_to_bf16_as_torch_rounds_them(amx: NativeKernels) -> None:
+    """Through an identity weight each output is its input rounded to bf16: halfway cases go to
+    the even neighbour, as torch's conversion does (AMX itself flushes subnormals, so none)."""
+    k = 64
+    x = torch.randn(4, k, generator=torch.Generator().manual_seed(2)) * 1000
+    bits = x.view(torch.int32)
+    bits[0, :16] = (bits[0, :16] & ~0xFFFF) | 0x8000  # exactly halfway, odd and even
+    bits[1, :16] = (bits[1, :16] & ~0xFFFF) | 0x7FFF  # just below halfway
+    got = amx.gemv(x, _tiled(amx, torch.eye(k)), None)
+    assert torch.equal(got, x.to(torch.bfloat16).float())
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "qwen3"])
+def test_served_batches_keep_the_op_by_op_tokens_and_transformers_ones(
+    amx: NativeKernels,
+    tiny_model_factory: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    variant: str,
+) -> None:
+    """This machine's own plan on a bf16 checkpoint: every layer holds tiles; decode batches of
+    1 to 32 rows run natively (one row from the compact weights, more from the tiles), with the
+    tokens of the same plan op by op, and up to bf16's near-ties those of transformers."""
+
+    def no_crossover_timing(engine, max_batch_rows: int) -> int:  # the native step keeps all
+        return engine.model.compact_max_rows
+
+    monkeypatch.setattr(engine_module, "compact_crossover", no_crossover_timing)
+    path = tiny_model_factory(variant, weights_dtype=torch.bfloat16)
+    native, eager = LLM(str(path)), LLM(str(path), enforce_eager=True)
+    assert native.engine.plan.amx_small_batches
+    assert native.engine.model.layers[0].mlp.down_proj.compact.tiles is not None
+    assert native.engine.model.lm_head.compact.tiles is not None
+    counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
+    for batch in (1, 2, 17, NATIVE_STEP_MAX_ROWS):
+        prompts = [[(7 * i + j) % 250 for j in range(3 + i % 5)] for i in range(batch)]
+        before = counting.batches
+        outputs = native.generate(prompts, GREEDY)
+        got = [output.token_ids for output in outputs]
+        assert got == [output.token_ids for output in eager.generate(prompts, GREEDY)], batch
+        assert counting.batches - before == GREEDY.max_tokens - 1
+        for prompt, tokens in zip(prompts[:3], got, strict=False):
+            assert_greedy_matches_hf(path, prompt, tokens, BF16_TIE_TOLERANCE)
