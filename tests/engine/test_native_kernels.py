@@ -42,14 +42,14 @@ def test_rope_and_store_equals_apply_rope_and_the_pool_write_bit_for_bit(
     assert torch.equal(pool.v_cache(0), expected_pool.v_cache(0))
 
 
-def _native_against_torch_attention(
-    native: NativeKernels, kv_lens: list[int], page_size: int, seed: int
+def _native_against_reference_attention(
+    native: NativeKernels, kv_lens: list[int], page_size: int, seed: int, head_dim: int = 16
 ) -> None:
     """One decode query per row over its own shuffled pages; scores large enough that the max
     subtraction matters."""
     generator = torch.Generator().manual_seed(seed)
     pages_per_row = [-(-kv_len // page_size) for kv_len in kv_lens]
-    pool = KVPool(1, sum(pages_per_row) + 1, page_size, 2, 16, torch.float32, "cpu")
+    pool = KVPool(1, sum(pages_per_row) + 1, page_size, 2, head_dim, torch.float32, "cpu")
     pool.k_cache(0).normal_(generator=generator).mul_(4)
     pool.v_cache(0).normal_(generator=generator)
     order = torch.randperm(sum(pages_per_row), generator=generator).tolist()
@@ -58,11 +58,16 @@ def _native_against_torch_attention(
     meta = build_attention_metadata(
         [kv_len - 1 for kv_len in kv_lens], [1] * len(kv_lens), tables, page_size
     )
-    q = torch.randn(len(kv_lens), 6, 16, generator=generator)
-    args = (q, pool.k_cache(0), pool.v_cache(0), meta, 0.25)
-    out = TorchPagedAttention(6, 2, native=native).forward(*args)
-    expected = TorchPagedAttention(6, 2).forward(*args)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    q = torch.randn(len(kv_lens), 6, head_dim, generator=generator)
+    out = TorchPagedAttention(6, 2, native=native).forward(
+        q, pool.k_cache(0), pool.v_cache(0), meta, 0.25
+    )
+    # Against the same attention in float64: float32's own rounding (torch's float32 path
+    # differs from float64 by up to ~1e-6 here, summing in another order than the kernel).
+    expected = TorchPagedAttention(6, 2).forward(
+        q.double(), pool.k_cache(0).double(), pool.v_cache(0).double(), meta, 0.25
+    )
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.parametrize("kv_len", [1, 7, 8, 9, 16, 33, 300])
@@ -70,7 +75,15 @@ def test_decode_attention_matches_torch_at_every_softmax_length(
     native: NativeKernels, kv_len: int
 ) -> None:
     """Lengths around the kernel's 8-wide exp loop and its scalar tail, one key, many pages."""
-    _native_against_torch_attention(native, [kv_len] * 3, 4, kv_len)
+    _native_against_reference_attention(native, [kv_len] * 3, 4, kv_len)
+
+
+@pytest.mark.parametrize("head_dim", [8, 24, 56, 64, 72, 128])
+def test_decode_attention_matches_torch_at_every_head_width(
+    native: NativeKernels, head_dim: int
+) -> None:
+    """Each width the kernel sums V in (slices of 64, 32, 16 and 8 values) and their mixes."""
+    _native_against_reference_attention(native, [40, 3], 16, head_dim, head_dim)
 
 
 @pytest.mark.parametrize("threads", [2, 3, 8])
@@ -84,7 +97,7 @@ def test_decode_attention_split_across_threads_matches_torch(
     torch.set_num_threads(threads)  # the kernel splits for the calling thread's team size
     try:
         for page_size in (1, 16):
-            _native_against_torch_attention(native, kv_lens, page_size, sum(kv_lens) + threads)
+            _native_against_reference_attention(native, kv_lens, page_size, sum(kv_lens) + threads)
     finally:
         torch.set_num_threads(before)
 

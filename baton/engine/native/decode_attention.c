@@ -131,11 +131,36 @@ void baton_rope_and_store(float *qk, int64_t qk_stride, const float *v, int64_t 
     }
 }
 
+/* out[0 .. 8 * vectors) = sum over the tokens t in [begin, end) of p[t - begin] * V[t], V[t]
+ * read at `values` (one head's slice) in token t's slot; `vectors` is a constant where it is
+ * inlined, so the sums stay in registers. */
+static inline __attribute__((always_inline)) void weigh_values(
+    int vectors, const float *values, const int32_t *pages, int64_t begin, int64_t end,
+    int64_t token_stride, int64_t page_size, const float *p, float *out) {
+    __m256 acc[8];
+    for (int v = 0; v < vectors; v++) acc[v] = _mm256_setzero_ps();
+    for (int64_t t = begin; t < end;) {
+        const int64_t offset = t % page_size, run = end - t < page_size - offset
+                                                        ? end - t : page_size - offset;
+        const float *value = values + ((int64_t)pages[t / page_size] * page_size + offset) *
+                                          token_stride;
+        const float *weights = p + (t - begin);
+        for (int64_t o = 0; o < run; o++, value += token_stride) {
+            const __m256 weight = _mm256_set1_ps(weights[o]);
+            for (int v = 0; v < vectors; v++)
+                acc[v] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * v), acc[v]);
+        }
+        t += run;
+    }
+    for (int v = 0; v < vectors; v++) _mm256_storeu_ps(out + 8 * v, acc[v]);
+}
+
 /* One row's attention over its cached tokens [begin, end), left unnormalized: for query head
  * j, top[j] = its largest score,
  * total[j] = sum of e^(score - top[j]) and out[j] = sum of e^(score - top[j]) * V. Tokens are
- * walked page by page (no division per key) and, within a page, token by token across the
- * heads, so each token's K and V (all heads side by side) are read front to back. */
+ * walked page by page (no division per key); the scores token by token across the heads, so
+ * each token's K (all heads side by side) is read front to back, and the weighted V query by
+ * query (weigh_values), the group's queries re-reading their head's V from the cache. */
 static int attend_range(const float *q, const float *k_cache, const float *v_cache,
                         const int32_t *pages, int64_t begin, int64_t end, int64_t group,
                         int64_t kv_heads, int64_t head_dim, int64_t page_size,
@@ -165,28 +190,31 @@ static int attend_range(const float *q, const float *k_cache, const float *v_cac
                             head_dim) * scale;
         t += run;
     }
-    for (int64_t j = 0; j < queries; j++) {
+    for (int64_t j = 0; j < queries; j++)
         exponentiate(scores + j * len, len, &top[j], &total[j]);
-        for (int64_t d = 0; d < head_dim; d++) out[j * head_dim + d] = 0.0f;
-    }
-    for (int64_t t = begin; t < end;) {
-        const int64_t offset = t % page_size, run = end - t < page_size - offset
-                                                        ? end - t : page_size - offset;
-        const float *values = v_cache + ((int64_t)pages[t / page_size] * page_size + offset) *
-                                            token_stride;
-        for (int64_t o = 0; o < run; o++)
-            for (int64_t h = 0; h < kv_heads; h++) {
-                const float *value = values + o * token_stride + h * head_dim;
-                for (int64_t g = 0; g < group; g++) {
-                    const int64_t j = h * group + g;
-                    __m256 p = _mm256_set1_ps(scores[j * len + t - begin + o]);
-                    float *out_j = out + j * head_dim;
-                    for (int64_t d = 0; d < head_dim; d += 8)
-                        _mm256_storeu_ps(out_j + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(value + d),
-                                                                    _mm256_loadu_ps(out_j + d)));
-                }
+    /* Each query's output, a slice of head_dim at a time, accumulates in registers over every
+     * token (in token order, as torch's weighted sum runs): one FMA per 8 values, where
+     * accumulating in memory cost a load and a store each. */
+    for (int64_t j = 0; j < queries; j++) {
+        const float *v_head = v_cache + (j / group) * head_dim;
+        for (int64_t d = 0; d < head_dim;) {
+            const int64_t left = head_dim - d;
+            float *out_slice = out + j * head_dim + d;
+            const float *p = scores + j * len;
+            if (left >= 64) {
+                weigh_values(8, v_head + d, pages, begin, end, token_stride, page_size, p, out_slice);
+                d += 64;
+            } else if (left >= 32) {
+                weigh_values(4, v_head + d, pages, begin, end, token_stride, page_size, p, out_slice);
+                d += 32;
+            } else if (left >= 16) {
+                weigh_values(2, v_head + d, pages, begin, end, token_stride, page_size, p, out_slice);
+                d += 16;
+            } else {
+                weigh_values(1, v_head + d, pages, begin, end, token_stride, page_size, p, out_slice);
+                d += 8;
             }
-        t += run;
+        }
     }
     free(scores);
     return 0;
