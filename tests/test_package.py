@@ -1,6 +1,7 @@
-"""Importing `baton` sets OpenMP's wait policy before torch loads OpenMP: passive, so torch's
-idle threads do not spin on the cores the native decode step needs; a user's own value wins,
-and the server's processes inherit it."""
+"""Importing `baton` sets its environment defaults before torch reads them (OpenMP's wait
+policy: passive, so torch's idle threads do not spin on the cores the native decode step needs;
+huge pages for torch's large allocations); a user's own value wins, and the server's processes
+inherit them."""
 
 from __future__ import annotations
 
@@ -10,15 +11,29 @@ import sys
 
 import pytest
 
-PROBE = "import baton, os; print(os.environ['OMP_WAIT_POLICY'])"
+import baton
 
 
-@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_openmp_waits_passively_unless_told_otherwise(given: str | None, expected: str) -> None:
-    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+@pytest.mark.parametrize(
+    ("name", "given", "expected"),
+    [
+        ("OMP_WAIT_POLICY", None, "PASSIVE"),
+        ("OMP_WAIT_POLICY", "ACTIVE", "ACTIVE"),
+        ("THP_MEM_ALLOC_ENABLE", None, "1"),
+        ("THP_MEM_ALLOC_ENABLE", "0", "0"),
+    ],
+)
+def test_environment_defaults_unless_told_otherwise(
+    name: str, given: str | None, expected: str
+) -> None:
+    env = {key: value for key, value in os.environ.items() if key != name}
     if given is not None:
-        env["OMP_WAIT_POLICY"] = given
-    probe = subprocess.run(
-        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True
+        env[name] = given
+    probe = (
+        f"import baton, os; print(os.environ[{name!r}], {name!r} in baton.DEFAULTED_ENVIRONMENT)"
     )
-    assert probe.stdout.strip() == expected
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == [expected, str(given is None)]
+    assert name in baton.ENVIRONMENT_DEFAULTS

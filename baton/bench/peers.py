@@ -129,8 +129,9 @@ class ServerProcess:
         """Start the server and wait until healthy; ServerStartError if it dies or times out."""
         self._log = self.log_path.open("wb")
         inherited = dict(os.environ)
-        if self.command.engine != "baton" and baton.OMP_WAIT_POLICY_DEFAULTED:
-            inherited.pop("OMP_WAIT_POLICY", None)  # Baton's default, not the user's
+        if self.command.engine != "baton":
+            for name in baton.DEFAULTED_ENVIRONMENT:  # Baton's defaults, not the user's
+                inherited.pop(name, None)
         env = {**inherited, **self.command.env}
         self._process = subprocess.Popen(
             self.command.argv,

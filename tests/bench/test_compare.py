@@ -198,20 +198,29 @@ def test_compare_sweeps_baton_and_transformers(tmp_path: Path, tiny_qwen2_dir: P
 
 @pytest.mark.parametrize(
     ("engine", "own", "seen"),
-    [("llama.cpp", {}, "None"), ("baton", {}, "PASSIVE"), ("vllm", {"OMP_WAIT_POLICY": "X"}, "X")],
+    [
+        ("llama.cpp", {}, "None None"),
+        ("baton", {}, "PASSIVE 1"),
+        ("vllm", {"OMP_WAIT_POLICY": "X"}, "X None"),
+    ],
 )
-def test_peers_start_without_batons_openmp_default(
+def test_peers_start_without_batons_environment_defaults(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     engine: str,
     own: dict[str, str],
     seen: str,
 ) -> None:
-    """Importing baton set OMP_WAIT_POLICY (the user had not): a peer engine runs as it would
-    beside no Baton, a Baton server with it; a peer command's own setting stays."""
-    monkeypatch.setattr(baton, "OMP_WAIT_POLICY_DEFAULTED", True)
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    report = "import os; print('policy', os.environ.get('OMP_WAIT_POLICY')); raise SystemExit(3)"
+    """Importing baton set OMP_WAIT_POLICY and THP_MEM_ALLOC_ENABLE (the user had not): a peer
+    engine runs as it would beside no Baton, a Baton server with them; a peer command's own
+    setting stays."""
+    monkeypatch.setattr(baton, "DEFAULTED_ENVIRONMENT", frozenset(baton.ENVIRONMENT_DEFAULTS))
+    for name, value in baton.ENVIRONMENT_DEFAULTS.items():
+        monkeypatch.setenv(name, value)
+    report = (
+        "import os; print('policy', os.environ.get('OMP_WAIT_POLICY'),"
+        " os.environ.get('THP_MEM_ALLOC_ENABLE')); raise SystemExit(3)"
+    )
     argv = [sys.executable, "-c", report]
     server = ServerProcess(ServerCommand(engine, argv, own), free_port(), tmp_path / "env.log")
     with pytest.raises(ServerStartError, match=f"policy {seen}"), server:
