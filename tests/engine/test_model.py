@@ -177,8 +177,10 @@ def test_logits_only_for_requested_rows(tiny_qwen3_dir: Path) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_linear_weights_keep_the_logits(tiny_model_dir: Path, dtype: torch.dtype) -> None:
-    """bf16: bit for bit (oneDNN serves both paths); float32: F.linear takes a BLAS whose
-    summation order differs, so rounding-level differences only."""
+    """bf16: bit for bit where oneDNN serves both paths with one kernel (AVX512_BF16); on AMX
+    the packed and the plain weights take different kernels, and float32: F.linear takes a BLAS
+    whose summation order differs, so rounding-level differences only (up to 7e-7 seen on
+    AMX)."""
     if not can_pack(dtype):
         pytest.skip(f"oneDNN cannot pack {dtype} weights on this CPU: the plan never packs them")
     checkpoint = load_checkpoint(str(tiny_model_dir))
@@ -189,7 +191,7 @@ def test_packed_linear_weights_keep_the_logits(tiny_model_dir: Path, dtype: torc
     tokens = _tokens(20, seed=5)
     for chunk in (tokens[:12], tokens[12:13], tokens[13:]):
         [ours], [reference] = packed.step({0: chunk}), plain.step({0: chunk})
-        if dtype == torch.bfloat16:
+        if dtype == torch.bfloat16 and detect_cpu_capabilities().isa != "amx":
             assert torch.equal(ours, reference)
         else:
             torch.testing.assert_close(ours, reference, rtol=0, atol=1e-5)
