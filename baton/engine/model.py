@@ -131,6 +131,7 @@ class CausalLM(nn.Module):
             layer.self_attn.native = native
             layer.input_layernorm.native = native
             layer.post_attention_layernorm.native = native
+            layer.mlp.native = native
 
     def pack_linear_weights(self) -> None:
         """Pack every linear layer's weight for oneDNN (see Linear.pack_for_cpu).

@@ -20,10 +20,12 @@ import baton.engine.engine as engine_module
 import baton.engine.speculation.setup as speculation_setup
 import baton.engine.startup_timing as startup_timing
 from baton import LLM, SamplingParams
+from baton.engine.compact_weights import COMPACT_MAX_ROWS, CompactWeight
 from baton.engine.compute_plan import ComputePlan, isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS
-from baton.engine.layers import Linear
+from baton.engine.layers import MLP_BLOCK_ROWS, GatedMLP, Linear
+from baton.engine.native.library import load_native_kernels
 from baton.engine.speculation.draft_budget import StepCost
 from baton.engine.startup_timing import CROSSOVER_ROWS, compact_crossover
 
@@ -85,6 +87,47 @@ def test_a_linear_layer_casts_its_rows_to_the_gemm_dtype_and_adds_the_bias_in_fl
     assert out.dtype == torch.float32
     want = F.linear(rows.bfloat16(), weight.bfloat16()).float() + bias
     torch.testing.assert_close(out, want)
+
+
+@needs_native
+@pytest.mark.parametrize("inter", [96, 1030])  # a vector tail; slices of 1024 and a tail
+def test_the_bf16_activation_rounds_the_float32_one_once(inter: int) -> None:
+    """silu(gate) * up from bf16 rows, computed in float32 and rounded once: torch's float32
+    value rounded to bf16, up to one bf16 step where the two float32 values straddle a
+    rounding boundary (the kernel's exp is within 2 ulp of torch's)."""
+    native = load_native_kernels()
+    gate_up = torch.randn(37, 2 * inter, generator=torch.Generator().manual_seed(inter)) * 4
+    gate_up = gate_up.to(torch.bfloat16)
+    got = native.silu_mul_bf16(gate_up)
+    gate, up = gate_up.float().split(inter, dim=-1)
+    want = (F.silu(gate) * up).to(torch.bfloat16)
+    steps = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
+    assert steps.max() <= 1 and (steps == 0).float().mean() > 0.999
+
+
+@needs_native
+def test_a_prefill_mlp_stays_bf16_between_its_gemms_block_by_block() -> None:
+    """Past the compact rows, a bias-free MLP with bf16 GEMMs keeps its activation bf16 from
+    the gate/up product to the down product, MLP_BLOCK_ROWS rows at a time: the values of the
+    float32 path, which rounds that activation to bf16 for its down GEMM."""
+    torch.manual_seed(3)
+    mlp = GatedMLP(64, 96, False, torch.float32, "cpu", torch.bfloat16)
+    with torch.no_grad():
+        mlp.gate_up_proj.weight.copy_(torch.randn(192, 64) / 8)
+        mlp.down_proj.weight.copy_(torch.randn(64, 96) / 8)
+    rows = torch.randn(MLP_BLOCK_ROWS + 77, 64)
+    float32_path = mlp(rows)
+    mlp.native = load_native_kernels()
+    assert mlp._stays_in_bf16(rows.shape[0])
+    out = mlp(rows)
+    assert out.dtype == torch.float32
+    # One bf16 step of an activation (of ~1) moves an output by a weight's size (~0.1).
+    torch.testing.assert_close(out, float32_path, rtol=0, atol=0.05)
+    assert (out - float32_path).abs().mean() < 1e-3
+    # A layer reading its compact weights at these rows keeps the float32 path.
+    mlp.gate_up_proj.compact = CompactWeight.from_tensor(mlp.gate_up_proj.weight.detach())
+    mlp.gate_up_proj.native = mlp.native
+    assert not mlp._stays_in_bf16(8) and mlp._stays_in_bf16(COMPACT_MAX_ROWS + 1)
 
 
 @needs_native

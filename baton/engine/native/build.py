@@ -27,6 +27,7 @@ SOURCES = tuple(
         "compact_gemv.c",
         "decode_attention.c",
         "decode_layer.c",
+        "gated_activation.c",
         "logit_adjustments.c",
         "sampling.c",
         "thread_pool.c",

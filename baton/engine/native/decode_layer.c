@@ -14,6 +14,7 @@
 #include "thread_pool.h"
 #include "vector_math.h"
 
+void baton_silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out);
 void baton_rms_norm(const float *x, int64_t rows, int64_t dim, const float *weight, float eps,
                     float *out);
 void baton_rope_and_store(float *qk, int64_t qk_stride, const float *v, int64_t v_stride,
@@ -91,15 +92,7 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
 
     baton_rms_norm(hidden, rows, hidden_size, layer->post_norm, layer->eps, normed);
     if (baton_linear(&layer->gate_up, normed, rows, gate_up)) return -1;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *gate = gate_up + r * 2 * inter, *up = gate + inter;
-        float *act = activated + r * inter;
-        int64_t i = 0;
-        for (; i + 8 <= inter; i += 8)
-            _mm256_storeu_ps(act + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(gate + i)),
-                                                    _mm256_loadu_ps(up + i)));
-        for (; i < inter; i++) act[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-    }
+    baton_silu_mul(gate_up, rows, inter, activated);
     if (baton_linear(&layer->down, activated, rows, projected)) return -1;
     for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] = projected[i] + hidden[i];
     return 0;

@@ -46,6 +46,7 @@ class NativeKernels:
         self._rope = _declare(
             library.baton_rope_and_store, None, [_ptr, _i64, _ptr, _i64, *[_i64] * 4, *[_ptr] * 6]
         )
+        self._silu_mul_bf16 = _declare(library.baton_silu_mul_bf16, None, [_ptr, _i64, _i64, _ptr])
         self._rms_norm = _declare(
             library.baton_rms_norm, None, [_ptr, _i64, _i64, _ptr, ctypes.c_float, _ptr]
         )
@@ -117,6 +118,15 @@ class NativeKernels:
             data.shape[1],
             out.data_ptr(),
         )
+        return out
+
+    def silu_mul_bf16(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """bf16 [rows, 2 * inter] (gate, then up) -> bf16(silu(gate) * up) [rows, inter],
+        computed in float32 as the native decode step computes it."""
+        gate_up = gate_up.contiguous()
+        rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(rows, inter, dtype=torch.bfloat16)
+        self._silu_mul_bf16(gate_up.data_ptr(), rows, inter, out.data_ptr())
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
