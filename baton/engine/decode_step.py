@@ -32,7 +32,6 @@ from baton.engine.native.structs import (
     DecodeModelArgs,
     DecoderLayerArgs,
     DecodeStepArgs,
-    Matrix,
     RowSampling,
 )
 
@@ -68,7 +67,7 @@ class NativeDecodeStep:
         self._model_args = DecodeModelArgs(
             model.embed_tokens.data_ptr(),
             model.norm.weight.data_ptr(),
-            Matrix.of(model.lm_head.compact, model.lm_head.bias),
+            native.matrix(model.lm_head.compact, model.lm_head.bias),
             self._hidden[0].data_ptr(),
             self._hidden[1].data_ptr(),
             self._logits.data_ptr(),
@@ -96,10 +95,10 @@ class NativeDecodeStep:
     def _layer_args(layer, kv_pool: KVPool, native: NativeKernels) -> DecoderLayerArgs:
         attn, mlp = layer.self_attn, layer.mlp
         return DecoderLayerArgs(
-            Matrix.of(attn.qkv_proj.compact, attn.qkv_proj.bias),
-            Matrix.of(attn.o_proj.compact, attn.o_proj.bias),
-            Matrix.of(mlp.gate_up_proj.compact, mlp.gate_up_proj.bias),
-            Matrix.of(mlp.down_proj.compact, mlp.down_proj.bias),
+            native.matrix(attn.qkv_proj.compact, attn.qkv_proj.bias),
+            native.matrix(attn.o_proj.compact, attn.o_proj.bias),
+            native.matrix(mlp.gate_up_proj.compact, mlp.gate_up_proj.bias),
+            native.matrix(mlp.down_proj.compact, mlp.down_proj.bias),
             layer.input_layernorm.weight.data_ptr(),
             layer.post_attention_layernorm.weight.data_ptr(),
             None if attn.qk_norm is None else attn.qk_norm.data_ptr(),

@@ -161,7 +161,7 @@ class Engine(BatchRunner):
         if self.device.type != "cpu" or isa_rank(self.cpu.isa) < isa_rank("avx2"):
             return None
         try:
-            return load_native_kernels()
+            return load_native_kernels(avx512=isa_rank(self.cpu.isa) >= isa_rank("avx512"))
         except NativeBuildError as error:
             logger.warning("computing with torch alone: no native kernels here: %s", error)
             return None

@@ -40,9 +40,12 @@ def private_cache(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "compact-cache"))
 
 
-@pytest.fixture
-def native() -> NativeKernels:
-    return load_native_kernels()
+@pytest.fixture(params=[False, True], ids=["avx2", "avx512"])
+def native(request: pytest.FixtureRequest) -> NativeKernels:
+    """The kernels with each vector width this CPU runs (AVX-512's from two rows)."""
+    if request.param and isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx512"):
+        pytest.skip("this CPU (or its ISA cap) has no AVX-512")
+    return load_native_kernels(avx512=request.param)
 
 
 def _stored(weight: np.ndarray, compact_format: str) -> tuple[CompactWeight, torch.Tensor]:
@@ -251,3 +254,15 @@ def test_without_a_compiler_the_engine_says_so_and_computes_with_torch_alone(
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     [output] = llm.generate([prompt], params)
     assert output.token_ids == hf_greedy_generate(model_dir, prompt, 8)
+
+
+def test_the_engine_widens_its_vectors_only_where_its_isa_allows(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """AVX-512's compact kernel only where the plan's ISA (after --max-cpu-isa and torch's and
+    oneDNN's caps) has AVX-512."""
+    path = tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)
+    capped = LLM(str(path), max_cpu_isa="avx2")
+    assert capped.engine.decode_step is not None and not capped.engine.decode_step.native.avx512
+    engine = LLM(str(path)).engine
+    assert engine.decode_step.native.avx512 == (isa_rank(engine.cpu.isa) >= isa_rank("avx512"))

@@ -190,19 +190,133 @@ DEFINE_FORMAT(q8_0, dq_q8_0, 34)
 DEFINE_FORMAT(q4_0, dq_q4_0, 18)
 DEFINE_FORMAT(q4_1, dq_q4_1, 20)
 
-/* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias). Returns 0, or -1 for an unknown format.
- * The caller guarantees contiguous float32 x and y, and k_dim a multiple of 32 (one block). */
-int baton_compact_gemv(int fmt, const float *x, int64_t m_dim, int64_t k_dim, const uint8_t *w,
-                       int64_t n_dim, int64_t row_bytes, const float *bias, float *y) {
-    static const chunk_fn chunk_fns[] = {/* indexed by FMT_* */
-                                         gemv_chunk_bf16, gemv_chunk_f16, gemv_chunk_q8_0,
-                                         gemv_chunk_q4_0, gemv_chunk_q4_1};
-    if (fmt < 0 || fmt >= (int)(sizeof chunk_fns / sizeof chunk_fns[0])) return -1;
+/* The same sweeps 16 floats a vector, for CPUs with AVX-512 (the engine asks for them where its
+ * plan's ISA allows: --max-cpu-isa, torch's and oneDNN's caps), from two rows: half the
+ * instructions per weight. SmolLM2's Q4_1 layers on the AMX Xeon (2 threads): 1.13x faster at 2
+ * rows, 1.25x at 16 and 32; no faster at one row, which reads the bytes (0.9x: it keeps 8). Each
+ * block dequantizes to the same float32 weights as above, in two vectors of 16. */
+#define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+WIDE static inline void dq16_bf16(const uint8_t *b, __m512 *w) {
+    for (int j = 0; j < 2; j++) {
+        __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + 32 * j)));
+        w[j] = _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+    }
+}
+
+WIDE static inline void dq16_f16(const uint8_t *b, __m512 *w) {
+    for (int j = 0; j < 2; j++) w[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 32 * j)));
+}
+
+WIDE static inline void dq16_q8_0(const uint8_t *b, __m512 *w) {
+    const __m512 d = _mm512_set1_ps(f16_scalar(b));
+    for (int j = 0; j < 2; j++) {
+        const __m128i q = _mm_loadu_si128((const __m128i *)(b + 2 + 16 * j));
+        w[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+    }
+}
+
+/* Weights 0-15 are the 16 bytes' low nibbles, weights 16-31 their high ones. */
+WIDE static inline void nibbles16_to_float(const uint8_t *qs, __m512 *q) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(0x0F);
+    q[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(bytes, mask)));
+    q[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask)));
+}
+
+WIDE static inline void dq16_q4_0(const uint8_t *b, __m512 *w) {
+    const __m512 d = _mm512_set1_ps(f16_scalar(b)), eight = _mm512_set1_ps(8.0f);
+    __m512 q[2];
+    nibbles16_to_float(b + 2, q);
+    for (int j = 0; j < 2; j++) w[j] = _mm512_mul_ps(d, _mm512_sub_ps(q[j], eight));
+}
+
+WIDE static inline void dq16_q4_1(const uint8_t *b, __m512 *w) {
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(*(const int32_t *)b));
+    const __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+    __m512 q[2];
+    nibbles16_to_float(b + 4, q);
+    for (int j = 0; j < 2; j++) w[j] = _mm512_fmadd_ps(d, q[j], m);
+}
+
+/* As DEFINE_SWEEP, 16 floats a vector; at least four FMA chains at any number of rows. */
+#define DEFINE_WIDE_SWEEP(FMT, DEQUANT, BLOCK_BYTES)                                             \
+    WIDE static inline __attribute__((always_inline)) void sweep16_##FMT(                        \
+        const float *x, int64_t k_dim, const uint8_t *w, int64_t row_bytes, int64_t n_begin,    \
+        int64_t n_end, int64_t n_dim, int rows, const float *bias, float *y) {                  \
+        const int chains = rows >= 4 ? 1 : 4 / rows;                                            \
+        const int64_t blocks = k_dim / 32;                                                      \
+        for (int64_t n = n_begin; n < n_end; n++) {                                             \
+            const uint8_t *row = w + n * row_bytes;                                             \
+            __m512 acc[ROWS_PER_PASS];                                                          \
+            for (int a = 0; a < ROWS_PER_PASS; a++) acc[a] = _mm512_setzero_ps();               \
+            for (int64_t blk = 0; blk < blocks; blk++) {                                        \
+                __m512 w16[2];                                                                  \
+                _mm_prefetch((const char *)row + blk * (BLOCK_BYTES) + PREFETCH_AHEAD,          \
+                             _MM_HINT_T0);                                                      \
+                DEQUANT(row + blk * (BLOCK_BYTES), w16);                                        \
+                for (int j = 0; j < 2; j++) {                                                   \
+                    const float *xk = x + blk * 32 + 16 * j;                                    \
+                    for (int r = 0; r < rows; r++) {                                            \
+                        int a = r * chains + (2 * (int)(blk & 1) + j) % chains;                 \
+                        acc[a] = _mm512_fmadd_ps(_mm512_loadu_ps(xk + r * k_dim), w16[j], acc[a]); \
+                    }                                                                           \
+                }                                                                               \
+            }                                                                                   \
+            const float add = bias ? bias[n] : 0.0f;                                            \
+            for (int r = 0; r < rows; r++) {                                                    \
+                __m512 sum = acc[r * chains];                                                   \
+                for (int c = 1; c < chains; c++) sum = _mm512_add_ps(sum, acc[r * chains + c]); \
+                y[r * n_dim + n] = _mm512_reduce_add_ps(sum) + add;                             \
+            }                                                                                   \
+        }                                                                                       \
+    }                                                                                           \
+                                                                                                \
+    WIDE static void gemv16_chunk_##FMT(const void *arg, int64_t chunk) {                       \
+        const GemvLoop *g = arg;                                                                \
+        const int64_t n_begin = chunk * g->rows_per_chunk;                                      \
+        const int64_t n_end = n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim; \
+        for (int64_t m0 = 0; m0 < g->m_dim; m0 += ROWS_PER_PASS) {                              \
+            const float *xm = g->x + m0 * g->k_dim;                                             \
+            float *ym = g->y + m0 * g->n_dim;                                                   \
+            const int rows = g->m_dim - m0 < ROWS_PER_PASS ? (int)(g->m_dim - m0) : ROWS_PER_PASS; \
+            switch (rows) {                                                                     \
+            case 1: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 1, g->bias, ym); break; \
+            case 2: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 2, g->bias, ym); break; \
+            case 3: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 3, g->bias, ym); break; \
+            case 4: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 4, g->bias, ym); break; \
+            case 5: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 5, g->bias, ym); break; \
+            case 6: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 6, g->bias, ym); break; \
+            case 7: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 7, g->bias, ym); break; \
+            default: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 8, g->bias, ym); break; \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
+DEFINE_WIDE_SWEEP(bf16, dq16_bf16, 64)
+DEFINE_WIDE_SWEEP(f16, dq16_f16, 64)
+DEFINE_WIDE_SWEEP(q8_0, dq16_q8_0, 34)
+DEFINE_WIDE_SWEEP(q4_0, dq16_q4_0, 18)
+DEFINE_WIDE_SWEEP(q4_1, dq16_q4_1, 20)
+
+/* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias), 16 floats a vector where `avx512` (the
+ * caller checked the CPU has it) and there are two rows or more, else 8. Returns 0, or -1 for an unknown format. The caller
+ * guarantees contiguous float32 x and y, and k_dim a multiple of 32 (one block). */
+int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
+                       const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
+                       float *y) {
+    static const chunk_fn chunk_fns[][5] = {/* [avx512][FMT_*] */
+                                            {gemv_chunk_bf16, gemv_chunk_f16, gemv_chunk_q8_0,
+                                             gemv_chunk_q4_0, gemv_chunk_q4_1},
+                                            {gemv16_chunk_bf16, gemv16_chunk_f16,
+                                             gemv16_chunk_q8_0, gemv16_chunk_q4_0,
+                                             gemv16_chunk_q4_1}};
+    if (fmt < 0 || fmt >= 5) return -1;
     const int64_t chunks_wanted = CHUNKS_PER_THREAD * (int64_t)omp_get_max_threads();
     int64_t rows_per_chunk = (n_dim + chunks_wanted - 1) / chunks_wanted;
     rows_per_chunk = rows_per_chunk > MIN_ROWS_PER_CHUNK ? rows_per_chunk : MIN_ROWS_PER_CHUNK;
     const GemvLoop loop = {x, bias, y, w, m_dim, k_dim, n_dim, row_bytes, rows_per_chunk};
-    baton_parallel(chunk_fns[fmt], &loop, (n_dim + rows_per_chunk - 1) / rows_per_chunk);
+    const int wide = avx512 && m_dim >= 2;
+    baton_parallel(chunk_fns[wide][fmt], &loop, (n_dim + rows_per_chunk - 1) / rows_per_chunk);
     return 0;
 }
 
@@ -229,6 +343,6 @@ int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
         return baton_amx_gemm(x, rows, m->in_features, m->tiles, m->out_features, m->bias, y)
                    ? -1
                    : 0;
-    return baton_compact_gemv((int)m->format, x, rows, m->in_features, m->data, m->out_features,
-                              m->row_bytes, m->bias, y);
+    return baton_compact_gemv((int)m->format, (int)m->avx512, x, rows, m->in_features, m->data,
+                              m->out_features, m->row_bytes, m->bias, y);
 }

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 
 from baton.engine.compact_weights import FORMATS, CompactWeight
+from baton.engine.compute_plan import isa_rank
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.native.build import NativeBuildError, build_library, native_cache_root
 from baton.engine.native.structs import (
     DecodeModelArgs,
@@ -26,9 +28,11 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
 class NativeKernels:
-    """The loaded library's kernels, each taking and returning torch tensors."""
+    """The loaded library's kernels, each taking and returning torch tensors. `avx512`: the
+    compact kernel multiplies 16 floats a vector (the CPU has AVX-512 and the plan allows it)."""
 
-    def __init__(self, library: ctypes.CDLL) -> None:
+    def __init__(self, library: ctypes.CDLL, avx512: bool) -> None:
+        self.avx512 = avx512
         # Argument types as the C signatures declare them (see the .c files).
         self._dequantize = _declare(
             library.baton_dequantize, ctypes.c_int, [ctypes.c_int, _ptr, _i64, _i64, _i64, _ptr]
@@ -78,11 +82,15 @@ class NativeKernels:
         y = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
         # ctypes releases the GIL for each call: the scheduler thread runs meanwhile.
         status = self._linear(
-            ctypes.byref(Matrix.of(weight, bias)), x.data_ptr(), x.shape[0], y.data_ptr()
+            ctypes.byref(self.matrix(weight, bias)), x.data_ptr(), x.shape[0], y.data_ptr()
         )
         if status:
             raise MemoryError("the native linear layer could not allocate its rows")
         return y
+
+    def matrix(self, weight: CompactWeight, bias: torch.Tensor | None) -> Matrix:
+        """`weight` and `bias` as the C kernels read them (the caller keeps both alive)."""
+        return Matrix.of(weight, bias, self.avx512)
 
     def with_tiles(self, weight: CompactWeight) -> CompactWeight:
         """A bf16 weight with its tile-ordered copy (amx_gemm.c), for AMX CPUs (`self.amx`)."""
@@ -216,10 +224,16 @@ def _declare(function: Any, restype: Any, argtypes: list[Any]) -> Any:
     return function
 
 
-def load_native_kernels(cache_root: Path | None = None) -> NativeKernels:
-    """The kernels, compiled on first use; NativeBuildError where that is impossible here."""
+def load_native_kernels(
+    cache_root: Path | None = None, avx512: bool | None = None
+) -> NativeKernels:
+    """The kernels, compiled on first use; NativeBuildError where that is impossible here.
+    `avx512`: whether the compact kernel may use AVX-512; by default, where this CPU's usable
+    ISA (after torch's and oneDNN's caps) has it."""
     library = build_library(cache_root or native_cache_root())
+    if avx512 is None:
+        avx512 = isa_rank(detect_cpu_capabilities().isa) >= isa_rank("avx512")
     try:
-        return NativeKernels(ctypes.CDLL(str(library)))
+        return NativeKernels(ctypes.CDLL(str(library)), avx512)
     except OSError as error:
         raise NativeBuildError(f"cannot load {library}: {error}") from error

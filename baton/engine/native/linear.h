@@ -5,13 +5,15 @@
 #include <stdint.h>
 
 /* A linear layer's compact weight (compact_weights.CompactWeight), its bias (or NULL) and, on
- * AMX CPUs, the same bf16 weight in tile order (amx_gemm.c; NULL where there is none). Mirrored
- * by structs.py's Matrix: keep the field order in step. */
+ * AMX CPUs, the same bf16 weight in tile order (amx_gemm.c; NULL where there is none); avx512:
+ * the compact kernel may use AVX-512 (the CPU has it and the plan's ISA allows it). Mirrored by
+ * structs.py's Matrix: keep the field order in step. */
 typedef struct {
     int64_t format, in_features, out_features, row_bytes;
     const uint8_t *data;
     const float *bias;
     const uint16_t *tiles;
+    int64_t avx512;
 } Matrix;
 
 /* y [rows, out_features] = x [rows, in_features] @ W^T (+ bias). Returns 0, or -1 if memory ran

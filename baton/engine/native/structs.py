@@ -14,7 +14,8 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
 class Matrix(ctypes.Structure):
-    """A compact weight, its bias and its tile-ordered copy, as linear.h declares them."""
+    """A compact weight, its bias and its tile-ordered copy, and the compact kernel's vector
+    width, as linear.h declares them."""
 
     _fields_ = (
         ("format", _i64),
@@ -24,11 +25,13 @@ class Matrix(ctypes.Structure):
         ("data", _ptr),
         ("bias", _ptr),
         ("tiles", _ptr),
+        ("avx512", _i64),
     )
 
     @staticmethod
-    def of(weight: CompactWeight, bias: torch.Tensor | None) -> Matrix:
-        """Pointers into `weight` and `bias`: the caller keeps both alive."""
+    def of(weight: CompactWeight, bias: torch.Tensor | None, avx512: bool) -> Matrix:
+        """Pointers into `weight` and `bias`: the caller keeps both alive. `avx512`: the compact
+        kernel may use AVX-512 (NativeKernels.avx512)."""
         return Matrix(
             FORMATS[weight.format].kernel_id,
             weight.in_features,
@@ -37,6 +40,7 @@ class Matrix(ctypes.Structure):
             weight.data.data_ptr(),
             None if bias is None else bias.data_ptr(),
             None if weight.tiles is None else weight.tiles.data_ptr(),
+            int(avx512),
         )
 
 
