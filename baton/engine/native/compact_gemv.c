@@ -104,6 +104,30 @@ typedef struct {
 #define CHUNKS_PER_THREAD 8
 #define MIN_ROWS_PER_CHUNK 16
 
+/* One chunk of weight rows (CHUNK), swept by SWEEP once per ROWS_PER_PASS rows of x; ATTRS:
+ * the function's target attributes, if any. */
+#define DEFINE_CHUNK(CHUNK, SWEEP, ATTRS)                                                        \
+    ATTRS static void CHUNK(const void *arg, int64_t chunk) {                                   \
+        const GemvLoop *g = arg;                                                                \
+        const int64_t n_begin = chunk * g->rows_per_chunk;                                      \
+        const int64_t n_end = n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim; \
+        for (int64_t m0 = 0; m0 < g->m_dim; m0 += ROWS_PER_PASS) {                              \
+            const float *xm = g->x + m0 * g->k_dim;                                             \
+            float *ym = g->y + m0 * g->n_dim;                                                   \
+            const int rows = g->m_dim - m0 < ROWS_PER_PASS ? (int)(g->m_dim - m0) : ROWS_PER_PASS; \
+            switch (rows) {                                                                     \
+            case 1: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 1, g->bias, ym); break; \
+            case 2: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 2, g->bias, ym); break; \
+            case 3: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 3, g->bias, ym); break; \
+            case 4: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 4, g->bias, ym); break; \
+            case 5: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 5, g->bias, ym); break; \
+            case 6: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 6, g->bias, ym); break; \
+            case 7: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 7, g->bias, ym); break; \
+            default: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 8, g->bias, ym); break; \
+            }                                                                                   \
+        }                                                                                       \
+    }
+
 /* Weight rows [n_begin, n_end) against `rows` (a compile-time constant after inlining) rows of
  * x, y[r, n] = x[r] . W[n] (+ bias[n]). A row of x gets 4 / rows accumulators, so at least four
  * FMA chains run at once: one chain would wait out the FMA latency on every vector (measured
@@ -141,27 +165,7 @@ typedef struct {
         }                                                                                       \
     }                                                                                           \
                                                                                                 \
-    /* One chunk of weight rows, swept once per ROWS_PER_PASS rows of x. */                    \
-    static void gemv_chunk_##FMT(const void *arg, int64_t chunk) {                             \
-        const GemvLoop *g = arg;                                                                \
-        const int64_t n_begin = chunk * g->rows_per_chunk;                                      \
-        const int64_t n_end = n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim; \
-        for (int64_t m0 = 0; m0 < g->m_dim; m0 += ROWS_PER_PASS) {                              \
-            const float *xm = g->x + m0 * g->k_dim;                                             \
-            float *ym = g->y + m0 * g->n_dim;                                                   \
-            const int rows = g->m_dim - m0 < ROWS_PER_PASS ? (int)(g->m_dim - m0) : ROWS_PER_PASS; \
-            switch (rows) {                                                                     \
-            case 1: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 1, g->bias, ym); break; \
-            case 2: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 2, g->bias, ym); break; \
-            case 3: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 3, g->bias, ym); break; \
-            case 4: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 4, g->bias, ym); break; \
-            case 5: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 5, g->bias, ym); break; \
-            case 6: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 6, g->bias, ym); break; \
-            case 7: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 7, g->bias, ym); break; \
-            default: sweep_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 8, g->bias, ym); break; \
-            }                                                                                   \
-        }                                                                                       \
-    }
+    DEFINE_CHUNK(gemv_chunk_##FMT, sweep_##FMT, )
 
 /* The whole matrix as float32 [n_dim, k_dim], the same exact values: what loading a checkpoint
  * needs (gguf's numpy dequantization takes seconds for a 135M-parameter model). */
@@ -271,26 +275,7 @@ WIDE static inline void dq16_q4_1(const uint8_t *b, __m512 *w) {
         }                                                                                       \
     }                                                                                           \
                                                                                                 \
-    WIDE static void gemv16_chunk_##FMT(const void *arg, int64_t chunk) {                       \
-        const GemvLoop *g = arg;                                                                \
-        const int64_t n_begin = chunk * g->rows_per_chunk;                                      \
-        const int64_t n_end = n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim; \
-        for (int64_t m0 = 0; m0 < g->m_dim; m0 += ROWS_PER_PASS) {                              \
-            const float *xm = g->x + m0 * g->k_dim;                                             \
-            float *ym = g->y + m0 * g->n_dim;                                                   \
-            const int rows = g->m_dim - m0 < ROWS_PER_PASS ? (int)(g->m_dim - m0) : ROWS_PER_PASS; \
-            switch (rows) {                                                                     \
-            case 1: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 1, g->bias, ym); break; \
-            case 2: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 2, g->bias, ym); break; \
-            case 3: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 3, g->bias, ym); break; \
-            case 4: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 4, g->bias, ym); break; \
-            case 5: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 5, g->bias, ym); break; \
-            case 6: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 6, g->bias, ym); break; \
-            case 7: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 7, g->bias, ym); break; \
-            default: sweep16_##FMT(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 8, g->bias, ym); break; \
-            }                                                                                   \
-        }                                                                                       \
-    }
+    DEFINE_CHUNK(gemv16_chunk_##FMT, sweep16_##FMT, WIDE)
 
 DEFINE_WIDE_SWEEP(bf16, dq16_bf16, 64)
 DEFINE_WIDE_SWEEP(f16, dq16_f16, 64)

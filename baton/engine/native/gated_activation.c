@@ -49,10 +49,18 @@ typedef struct {
     int64_t inter, slices;
 } ActivationLoop;
 
+/* Task `task`'s row, and its slice [*begin, *end) of the row's values. */
+static inline int64_t slice_of(const ActivationLoop *a, int64_t task, int64_t *begin,
+                               int64_t *end) {
+    *begin = task % a->slices * SLICE;
+    *end = *begin + SLICE < a->inter ? *begin + SLICE : a->inter;
+    return task / a->slices;
+}
+
 static void silu_mul_task(const void *arg, int64_t task) {
     const ActivationLoop *a = arg;
-    const int64_t r = task / a->slices, begin = task % a->slices * SLICE, inter = a->inter;
-    const int64_t end = begin + SLICE < inter ? begin + SLICE : inter;
+    int64_t begin, end;
+    const int64_t r = slice_of(a, task, &begin, &end), inter = a->inter;
     const float *gate = (const float *)a->gate_up + r * 2 * inter, *up = gate + inter;
     float *act = (float *)a->out + r * inter;
     int64_t i = begin;
@@ -64,8 +72,8 @@ static void silu_mul_task(const void *arg, int64_t task) {
 
 static void silu_mul_bf16_task(const void *arg, int64_t task) {
     const ActivationLoop *a = arg;
-    const int64_t r = task / a->slices, begin = task % a->slices * SLICE, inter = a->inter;
-    const int64_t end = begin + SLICE < inter ? begin + SLICE : inter;
+    int64_t begin, end;
+    const int64_t r = slice_of(a, task, &begin, &end), inter = a->inter;
     const uint16_t *gate = (const uint16_t *)a->gate_up + r * 2 * inter, *up = gate + inter;
     uint16_t *act = (uint16_t *)a->out + r * inter;
     int64_t i = begin;
