@@ -29,8 +29,12 @@ enum { FMT_BF16 = 0, FMT_F16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4 };
 
 /* Bytes ahead of the block being read that each block asks the cache for: the hardware
  * prefetcher alone leaves one core reading a matrix at about 9 GB/s; asking 1 KB ahead
- * measured 5-10 % faster at one row on Zen 3 (a request past the matrix's end is harmless). */
+ * measured 5-10 % faster at one row on Zen 3 (a request past the matrix's end is harmless).
+ * A second request 4 KB ahead, into L2, keeps more lines in flight: one row of the 0.5B
+ * shape's layers read at 18 GB/s with the first alone and 24 GB/s with both on the AMX Xeon
+ * (8 and 16 KB: the same). */
 #define PREFETCH_AHEAD 1024
+#define PREFETCH_FAR 4096
 
 static inline float f16_scalar(const uint8_t *p) { return _cvtsh_ss(*(const uint16_t *)p); }
 
@@ -147,6 +151,8 @@ typedef struct {
                 __m256 w8[4];                                                                   \
                 _mm_prefetch((const char *)row + blk * (BLOCK_BYTES) + PREFETCH_AHEAD,          \
                              _MM_HINT_T0);                                                      \
+                _mm_prefetch((const char *)row + blk * (BLOCK_BYTES) + PREFETCH_FAR,            \
+                             _MM_HINT_T1);                                                      \
                 DEQUANT(row + blk * (BLOCK_BYTES), w8);                                         \
                 for (int j = 0; j < 4; j++) {                                                   \
                     const float *xk = x + blk * 32 + 8 * j;                                     \
@@ -257,6 +263,8 @@ WIDE static inline void dq16_q4_1(const uint8_t *b, __m512 *w) {
                 __m512 w16[2];                                                                  \
                 _mm_prefetch((const char *)row + blk * (BLOCK_BYTES) + PREFETCH_AHEAD,          \
                              _MM_HINT_T0);                                                      \
+                _mm_prefetch((const char *)row + blk * (BLOCK_BYTES) + PREFETCH_FAR,            \
+                             _MM_HINT_T1);                                                      \
                 DEQUANT(row + blk * (BLOCK_BYTES), w16);                                        \
                 for (int j = 0; j < 2; j++) {                                                   \
                     const float *xk = x + blk * 32 + 16 * j;                                    \
