@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import TINY_VARIANTS, assert_greedy_matches_hf, hf_greedy_generate, hf_logits
+from helpers.attention_reference import dense_reference
 
 from baton import LLM, SamplingParams
 from baton.checkpoint.load import load_checkpoint
@@ -142,30 +143,6 @@ def paged_batch(
     fused = torch.randn(meta.num_tokens, q_heads + kv_heads, head_dim, generator=generator)
     q = fused.to(DEVICE, dtype)[:, :q_heads]
     return pool, meta, q, keys, values
-
-
-def dense_reference(
-    q: torch.Tensor,
-    meta: AttentionMetadata,
-    keys: list[torch.Tensor],
-    values: list[torch.Tensor],
-    scale: float,
-) -> torch.Tensor:
-    """Per-row causal softmax attention in float64 (on the GPU) over the row's own K/V."""
-    outputs = []
-    start = 0
-    for n, kv_len, k, v in zip(meta.q_lens, meta.kv_lens, keys, values, strict=True):
-        row_q = q[start : start + n].double()
-        start += n
-        group = q.shape[1] // k.shape[1]
-        k_full = k.to(q.device, torch.float64).repeat_interleave(group, dim=1)
-        v_full = v.to(q.device, torch.float64).repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", row_q, k_full) * scale
-        query_pos = torch.arange(kv_len - n, kv_len, device=q.device).unsqueeze(1)
-        key_pos = torch.arange(kv_len, device=q.device).unsqueeze(0)
-        scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
-        outputs.append(torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v_full))
-    return torch.cat(outputs)
 
 
 def attend(

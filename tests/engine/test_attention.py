@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from helpers.attention_reference import dense_reference
 
 from baton.engine.attention.metadata import AttentionMetadata, build_attention_metadata
 from baton.engine.attention.select import make_attention_backend
@@ -52,30 +53,6 @@ def _build_batch(
     return pool, meta, keys, values
 
 
-def _dense_reference(
-    q: torch.Tensor,
-    meta: AttentionMetadata,
-    keys: list[torch.Tensor],
-    values: list[torch.Tensor],
-    scale: float,
-) -> torch.Tensor:
-    """Per-row causal softmax attention in float64 over the row's contiguous K/V."""
-    outputs = []
-    start = 0
-    for n, kv_len, k, v in zip(meta.q_lens, meta.kv_lens, keys, values, strict=True):
-        row_q = q[start : start + n].double()
-        start += n
-        group = q.shape[1] // k.shape[1]
-        k_full = k.double().repeat_interleave(group, dim=1)  # [kv_len, q_heads, d]
-        v_full = v.double().repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", row_q, k_full) * scale
-        query_pos = torch.arange(kv_len - n, kv_len).unsqueeze(1)
-        key_pos = torch.arange(kv_len).unsqueeze(0)
-        scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
-        outputs.append(torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v_full))
-    return torch.cat(outputs)
-
-
 @pytest.fixture(params=["torch", "native"])
 def decode_kernels(request: pytest.FixtureRequest) -> NativeKernels | None:
     """Decode rows in torch, or in the native kernel (float32 CPU caches, AVX2)."""
@@ -104,7 +81,7 @@ def _run_case(
     backend.plan(meta)
     out = backend.forward(q, pool.k_cache(0), pool.v_cache(0), meta, scale)
     assert out.shape == q.shape and out.dtype == dtype
-    return out.double(), _dense_reference(q, meta, keys, values, scale)
+    return out.double(), dense_reference(q, meta, keys, values, scale)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -155,7 +132,7 @@ def test_prefill_rows_attend_in_the_prefill_dtype_and_decode_rows_in_the_caches(
     assert not torch.equal(mixed[prefill], outputs[None][prefill])
     rounded = [t.bfloat16().float() for t in (q, *keys, *values)]
     n_rows = len(keys)
-    expected = _dense_reference(
+    expected = dense_reference(
         rounded[0], meta, rounded[1 : 1 + n_rows], rounded[1 + n_rows :], 0.125
     )
     torch.testing.assert_close(mixed[prefill].double(), expected[prefill], atol=2e-2, rtol=2e-2)
@@ -195,7 +172,7 @@ def test_query_sliced_from_fused_qkv(
     q = qkv[:, :8]
     backend = TorchPagedAttention(8, 2, native=decode_kernels)
     out = backend.forward(q, pool.k_cache(0), pool.v_cache(0), meta, 0.2)
-    expected = _dense_reference(q, meta, keys, values, 0.2)
+    expected = dense_reference(q, meta, keys, values, 0.2)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -207,7 +184,7 @@ def test_forward_replans_for_a_new_batch() -> None:
         pool, meta, keys, values = _build_batch(rows, 16, 2, 16, torch.float32, generator)
         q = torch.randn(meta.num_tokens, 4, 16, generator=generator)
         out = backend.forward(q, pool.k_cache(0), pool.v_cache(0), meta, 0.25)
-        expected = _dense_reference(q, meta, keys, values, 0.25)
+        expected = dense_reference(q, meta, keys, values, 0.25)
         torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
 
 
@@ -270,5 +247,5 @@ def test_torch_backend_on_cuda() -> None:
     out = backend.forward(
         q.cuda(), pool.k_cache(0).cuda(), pool.v_cache(0).cuda(), cuda_meta, 0.125
     )
-    expected = _dense_reference(q, meta, keys, values, 0.125)
+    expected = dense_reference(q, meta, keys, values, 0.125)
     torch.testing.assert_close(out.cpu().double(), expected, atol=1e-4, rtol=1e-4)

@@ -117,17 +117,26 @@ def test_a_prefill_mlp_stays_bf16_between_its_gemms_block_by_block() -> None:
         mlp.down_proj.weight.copy_(torch.randn(64, 96) / 8)
     rows = torch.randn(MLP_BLOCK_ROWS + 77, 64)
     float32_path = mlp(rows)
-    mlp.native = load_native_kernels()
-    assert mlp._stays_in_bf16(rows.shape[0])
+    native = load_native_kernels()
+    blocks: list[int] = []
+
+    class CountingKernels:  # the activation of each block, counted
+        def silu_mul_bf16(self, gate_up: torch.Tensor) -> torch.Tensor:
+            blocks.append(gate_up.shape[0])
+            return native.silu_mul_bf16(gate_up)
+
+    mlp.native = CountingKernels()
     out = mlp(rows)
-    assert out.dtype == torch.float32
+    assert blocks == [MLP_BLOCK_ROWS, 77] and out.dtype == torch.float32
     # One bf16 step of an activation (of ~1) moves an output by a weight's size (~0.1).
     torch.testing.assert_close(out, float32_path, rtol=0, atol=0.05)
     assert (out - float32_path).abs().mean() < 1e-3
     # A layer reading its compact weights at these rows keeps the float32 path.
     mlp.gate_up_proj.compact = CompactWeight.from_tensor(mlp.gate_up_proj.weight.detach())
-    mlp.gate_up_proj.native = mlp.native
-    assert not mlp._stays_in_bf16(8) and mlp._stays_in_bf16(COMPACT_MAX_ROWS + 1)
+    mlp.gate_up_proj.native = native
+    mlp(rows[:8])
+    mlp(rows[: COMPACT_MAX_ROWS + 1])
+    assert blocks == [MLP_BLOCK_ROWS, 77, COMPACT_MAX_ROWS + 1]
 
 
 @needs_native

@@ -17,20 +17,19 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "linear.h"
 #include "thread_pool.h"
+#include "vector_math.h"
 
-#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 #define TILE_N 16 /* output features per tile */
 #define TILE_K 32 /* bf16 inputs per tile row */
 #define TILE_BYTES 1024
-#define MAX_ROWS 32 /* two A tiles of 16 rows */
 
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -74,29 +73,17 @@ typedef struct {
     uint8_t rows[16];
 } TileConfig;
 
-/* Float32 rows to bf16, rounded to nearest even as torch rounds them (a NaN stays a NaN), into
- * `k_pad`-wide rows whose tail past k_dim is zero. */
-AMX_TARGET static void rows_to_bf16(const float *x, int64_t rows, int64_t k_dim, int64_t k_pad,
-                                    uint16_t *out) {
-    const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7FFF);
-    const __m512i quiet_nan = _mm512_set1_epi32(0x7FC0);
+/* Float32 rows to bf16 (vector_math.h's rounding, torch's), into `k_pad`-wide rows whose tail
+ * past k_dim is zero. */
+static void rows_to_bf16(const float *x, int64_t rows, int64_t k_dim, int64_t k_pad,
+                         uint16_t *out) {
     for (int64_t r = 0; r < rows; r++) {
         const float *src = x + r * k_dim;
         uint16_t *dst = out + r * k_pad;
         int64_t i = 0;
-        for (; i + 16 <= k_dim; i += 16) {
-            const __m512 v = _mm512_loadu_ps(src + i);
-            const __m512i bits = _mm512_castps_si512(v);
-            const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
-            __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, bias), lsb), 16);
-            rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), quiet_nan);
-            _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtepi32_epi16(rounded));
-        }
-        for (; i < k_dim; i++) {
-            uint32_t bits;
-            memcpy(&bits, src + i, 4);
-            dst[i] = src[i] != src[i] ? 0x7FC0 : (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-        }
+        for (; i + 8 <= k_dim; i += 8)
+            _mm_storeu_si128((__m128i *)(dst + i), narrow_bf16(_mm256_loadu_ps(src + i)));
+        for (; i < k_dim; i++) dst[i] = bf16_of(src[i]);
         for (; i < k_pad; i++) dst[i] = 0;
     }
 }
@@ -148,7 +135,7 @@ AMX_TARGET static void amx_chunk(const void *arg, int64_t chunk) {
             _tile_dpbf16ps(1, 4, 7);
         }
     }
-    float c[MAX_ROWS][2 * TILE_N];
+    float c[AMX_MAX_ROWS][2 * TILE_N];
     _tile_stored(0, &c[0][0], sizeof c[0]);
     _tile_stored(1, &c[0][TILE_N], sizeof c[0]);
     if (high_rows) {
@@ -163,11 +150,12 @@ AMX_TARGET static void amx_chunk(const void *arg, int64_t chunk) {
             g->y[r * g->n_dim + n0 + i] = c[r][i] + (g->bias ? g->bias[n0 + i] : 0.0f);
 }
 
-/* y [rows, n_dim] = bf16(x [rows, k_dim]) @ W^T (+ bias), W in tile order; 1 <= rows <= 32 and
+/* y [rows, n_dim] = bf16(x [rows, k_dim]) @ W^T (+ bias), W in tile order; 1 <= rows <=
+ * AMX_MAX_ROWS and
  * AMX enabled (baton_amx_enable). Returns 0, -1 for too many rows, -2 if memory ran out. */
 AMX_TARGET int baton_amx_gemm(const float *x, int64_t rows, int64_t k_dim, const uint16_t *tiles,
                               int64_t n_dim, const float *bias, float *y) {
-    if (rows < 1 || rows > MAX_ROWS) return -1;
+    if (rows < 1 || rows > AMX_MAX_ROWS) return -1;
     /* The rows in bf16, in a buffer each calling thread keeps (and grows) from call to call. */
     static __thread uint16_t *x_bf16;
     static __thread int64_t capacity;

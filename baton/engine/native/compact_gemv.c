@@ -292,8 +292,9 @@ DEFINE_WIDE_SWEEP(q4_0, dq16_q4_0, 18)
 DEFINE_WIDE_SWEEP(q4_1, dq16_q4_1, 20)
 
 /* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias), 16 floats a vector where `avx512` (the
- * caller checked the CPU has it) and there are two rows or more, else 8. Returns 0, or -1 for an unknown format. The caller
- * guarantees contiguous float32 x and y, and k_dim a multiple of 32 (one block). */
+ * caller checked the CPU has it) and there are two rows or more, else 8. Returns 0, or -1 for
+ * an unknown format. The caller guarantees contiguous float32 x and y, and k_dim a multiple of
+ * 32 (one block). */
 int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
                        const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
                        float *y) {
@@ -332,7 +333,7 @@ int baton_dequantize(int fmt, const uint8_t *w, int64_t n_dim, int64_t k_dim, in
 #define AMX_MIN_ROWS 2
 
 int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
-    if (m->tiles && rows >= AMX_MIN_ROWS)
+    if (m->tiles && rows >= AMX_MIN_ROWS && rows <= AMX_MAX_ROWS)
         return baton_amx_gemm(x, rows, m->in_features, m->tiles, m->out_features, m->bias, y)
                    ? -1
                    : 0;

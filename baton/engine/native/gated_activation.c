@@ -9,35 +9,11 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "thread_pool.h"
 #include "vector_math.h"
 
 static inline float silu_mul_scalar(float gate, float up) { return gate / (1.0f + expf(-gate)) * up; }
-
-static inline __m256 widen_bf16(const uint16_t *p) {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
-
-static inline uint16_t bf16_of(float x) {
-    uint32_t bits;
-    memcpy(&bits, &x, 4);
-    return x != x ? 0x7FC0 : (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
-
-/* 8 floats rounded to nearest even bf16 (a NaN to the quiet NaN), as torch rounds. */
-static inline __m128i narrow_bf16(__m256 v) {
-    const __m256i bits = _mm256_castps_si256(v);
-    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    __m256i rounded = _mm256_srli_epi32(
-        _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb), 16);
-    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
-    const __m256i packed = _mm256_packus_epi32(rounded, rounded); /* in-lane: 0-3, 0-3 | 4-7, 4-7 */
-    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
-}
 
 /* One task: a slice of SLICE values of one row (the threads share a row's slices, so one
  * decode row is spread over them too). */
@@ -81,13 +57,8 @@ static void silu_mul_bf16_task(const void *arg, int64_t task) {
         _mm_storeu_si128((__m128i *)(act + i),
                          narrow_bf16(_mm256_mul_ps(silu8(widen_bf16(gate + i)),
                                                    widen_bf16(up + i))));
-    for (; i < end; i++) {
-        float g, u;
-        const uint32_t g_bits = (uint32_t)gate[i] << 16, u_bits = (uint32_t)up[i] << 16;
-        memcpy(&g, &g_bits, 4);
-        memcpy(&u, &u_bits, 4);
-        act[i] = bf16_of(silu_mul_scalar(g, u));
-    }
+    for (; i < end; i++)
+        act[i] = bf16_of(silu_mul_scalar(float_of_bf16(gate[i]), float_of_bf16(up[i])));
 }
 
 /* out [rows, inter] = silu(gate) * up, gate_up [rows, 2 * inter] float32. */

@@ -20,6 +20,9 @@ typedef struct {
  * out or the format is unknown. */
 int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y);
 
+/* The most rows one AMX product takes: two tiles of 16 (amx_gemm.c). */
+#define AMX_MAX_ROWS 32
+
 int baton_amx_gemm(const float *x, int64_t rows, int64_t k_dim, const uint16_t *tiles,
                    int64_t n_dim, const float *bias, float *y);
 

@@ -3,6 +3,8 @@
 #define BATON_VECTOR_MATH_H
 
 #include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
 
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -47,6 +49,37 @@ static inline __m256 silu8(__m256 x) {
     /* sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below. */
     __m256 numerator = _mm256_blendv_ps(one, e, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
     return _mm256_mul_ps(x, _mm256_div_ps(numerator, _mm256_add_ps(one, e)));
+}
+
+/* bf16 <-> float32, rounding as torch rounds: to nearest even, a NaN to the quiet NaN. */
+static inline __m256 widen_bf16(const uint16_t *p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+
+static inline float float_of_bf16(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &bits, 4);
+    return x;
+}
+
+static inline uint16_t bf16_of(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    return x != x ? 0x7FC0 : (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+/* 8 floats rounded to bf16 as bf16_of rounds each. */
+static inline __m128i narrow_bf16(__m256 v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+    const __m256i packed = _mm256_packus_epi32(rounded, rounded); /* in-lane: 0-3, 0-3 | 4-7, 4-7 */
+    return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
 #endif
