@@ -13,8 +13,6 @@ from typing import Any
 import torch
 
 from baton.engine.compact_weights import FORMATS, CompactWeight
-from baton.engine.compute_plan import isa_rank
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.native.build import NativeBuildError, build_library, native_cache_root
 from baton.engine.native.structs import (
     DecodeModelArgs,
@@ -224,15 +222,11 @@ def _declare(function: Any, restype: Any, argtypes: list[Any]) -> Any:
     return function
 
 
-def load_native_kernels(
-    cache_root: Path | None = None, avx512: bool | None = None
-) -> NativeKernels:
+def load_native_kernels(cache_root: Path | None = None, avx512: bool = False) -> NativeKernels:
     """The kernels, compiled on first use; NativeBuildError where that is impossible here.
-    `avx512`: whether the compact kernel may use AVX-512; by default, where this CPU's usable
-    ISA (after torch's and oneDNN's caps) has it."""
+    `avx512`: the compact kernel may use AVX-512 (the engine says so where its plan's ISA has
+    it); else it keeps 8 floats a vector, which every AVX2 CPU runs."""
     library = build_library(cache_root or native_cache_root())
-    if avx512 is None:
-        avx512 = isa_rank(detect_cpu_capabilities().isa) >= isa_rank("avx512")
     try:
         return NativeKernels(ctypes.CDLL(str(library)), avx512)
     except OSError as error:
