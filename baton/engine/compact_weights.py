@@ -39,6 +39,9 @@ FORMATS = {
     "q4_0": CompactFormat(3, 32, 18),  # f16 d, 16 bytes of nibbles: w = d * (q - 8)
     "q4_1": CompactFormat(4, 32, 20),  # f16 d, f16 m, 16 bytes of nibbles: w = d * q + m
 }
+# The formats whose weights are small integers times a block's scale (plus its minimum), which
+# AMX multiplies in float32 precision (native/amx_blocks.c).
+BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
 _TORCH_FORMATS = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -46,8 +49,9 @@ _TORCH_FORMATS = {torch.bfloat16: "bf16", torch.float16: "f16"}
 class CompactWeight:
     """A [out_features, in_features] weight in a compact format: `data` is uint8
     [out_features, row_bytes], each row its in_features / block blocks in order. `tiles`, on AMX
-    CPUs only, holds a bf16 weight once more in the tile unit's order (native/amx_gemm.c), which
-    batches of two rows or more multiply instead."""
+    CPUs only, holds the weight once more in the tile unit's order, which batches of two rows or
+    more multiply instead: a bf16 weight as bf16 (native/amx_gemm.c), a block format's split
+    exactly into bf16 parts (native/amx_blocks.c)."""
 
     format: str
     data: torch.Tensor
@@ -57,6 +61,11 @@ class CompactWeight:
     @property
     def out_features(self) -> int:
         return self.data.shape[0]
+
+    @property
+    def multiplies_any_rows(self) -> bool:
+        """The native kernels multiply batches of any size with it: a block format's tiles."""
+        return self.tiles is not None and self.format in BLOCK_FORMATS
 
     @staticmethod
     def from_tensor(tensor: torch.Tensor) -> CompactWeight | None:

@@ -84,17 +84,19 @@ class ComputePlan(msgspec.Struct, frozen=True, kw_only=True):
     # checkpoint computes in float32 (so the native decode step serves small batches) while
     # larger ones cast their rows to bf16 for the hardware's bf16 GEMM. None: `dtype`.
     gemm_dtype: str | None = None
-    # On AMX, the compact bf16 weights are held once more in the tile unit's order, and decode
-    # batches of two rows or more multiply those on it (native/amx_gemm.c): bound by the bytes
-    # read up to 32 rows, where the compact kernel's float32 FMAs bind from a few rows.
-    amx_small_batches: bool = False
+    # On AMX, the compact weights are held once more in the tile unit's order and batches of
+    # several rows multiply those on it, where the compact kernel's float32 FMAs bind: bf16
+    # weights from 2 rows up to 32 (native/amx_gemm.c), bound by the bytes read; a GGUF's blocks
+    # split exactly into bf16 parts from 20 rows, prefill chunks included, in float32 precision
+    # (native/amx_blocks.c).
+    amx_tiles: bool = False
 
     def summary(self) -> str:
         """One line for logs and reports."""
         gemms = f" with {self.gemm_dtype} GEMMs" if self.gemm_dtype else ""
         packed = ", packed weights" if self.pack_weights else ""
         compact = ", small batches read the stored weights" if self.compact_small_batches else ""
-        amx = " (from 2 rows in AMX tiles)" if self.amx_small_batches else ""
+        amx = " (batches of several rows in AMX tiles)" if self.amx_tiles else ""
         return f"{self.dtype}{gemms}{packed}{compact}{amx}, because {self.reason}"
 
 
@@ -138,7 +140,7 @@ def choose_compute_plan(
                 gemm_dtype="bfloat16",
                 pack_weights=True,
                 compact_small_batches=True,
-                amx_small_batches=caps.isa == "amx",
+                amx_tiles=caps.isa == "amx",
                 reason=(
                     f"{checkpoint_dtype} checkpoint, native bf16 ({caps.isa}): decode steps of a "
                     "few rows read the stored weights in the native step, larger batches "
@@ -154,7 +156,7 @@ def choose_compute_plan(
                 + EMULATED_BF16_COST
             )
     elif gguf:
-        dtype, reason = "float32", "GGUF checkpoint, computed in float32 as llama.cpp and HF do"
+        dtype, reason = "float32", "GGUF checkpoint, computed in float32 as HF does"
     else:
         dtype, reason = "float32", f"{checkpoint_dtype or 'unknown-dtype'} checkpoint"
     pack = caps.can_pack(dtype)
@@ -162,4 +164,9 @@ def choose_compute_plan(
         reason += f"; {dtype} weights not packed (oneDNN cannot pack them here)"
     if compact:
         reason += "; a decode step is bound by the bytes of weights it reads"
-    return ComputePlan(dtype=dtype, pack_weights=pack, reason=reason, compact_small_batches=compact)
+    # A GGUF's blocks multiply in AMX tiles in float32 precision (amx_blocks.c), whatever the
+    # rows: only where the plan computes float32, as it does unless told otherwise.
+    amx = compact and gguf and dtype == "float32" and caps.isa == "amx"
+    return ComputePlan(
+        dtype=dtype, pack_weights=pack, reason=reason, compact_small_batches=compact, amx_tiles=amx
+    )

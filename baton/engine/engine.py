@@ -97,11 +97,11 @@ class Engine(BatchRunner):
                 attached,
                 COMPACT_MAX_ROWS,
             )
-            if self.plan.amx_small_batches and not native.amx:
+            if self.plan.amx_tiles and not native.amx:
                 logger.warning("this CPU has AMX, but Linux refused its tiles: no AMX here")
-            elif self.plan.amx_small_batches:
+            elif self.plan.amx_tiles:
                 tiled = self.model.tile_compact_weights(native)
-                logger.info("%d linear layers multiply batches of 2+ rows in AMX tiles", tiled)
+                logger.info("%d linear layers multiply batches of several rows in AMX tiles", tiled)
         float32_kernels = self.dtype == torch.float32 and model_config.head_dim % 8 == 0
         attention_kernels = native if float32_kernels else None
         if attention_kernels is not None:

@@ -84,8 +84,12 @@ class Linear(nn.Module):
         return out if self.bias is None else out.add_(self.bias)
 
     def reads_compact(self, rows: int) -> bool:
-        """Whether a batch of `rows` rows multiplies the compact weights (else the GEMM)."""
-        return self.compact is not None and rows <= self.compact_max_rows
+        """Whether a batch of `rows` rows multiplies the compact weights (else the GEMM): a
+        GGUF block matrix with AMX tiles takes every batch (native/amx_blocks.c: several times
+        oneDNN's float32 rate at prefill sizes too), others up to `compact_max_rows`."""
+        if self.compact is None:
+            return False
+        return rows <= self.compact_max_rows or self.compact.multiplies_any_rows
 
     def gemm_in_gemm_dtype(self, x: torch.Tensor) -> torch.Tensor:
         """x [tokens, in_features] in `gemm_dtype` -> the product in `gemm_dtype`, no bias."""

@@ -17,7 +17,12 @@ from torch import nn
 from baton.checkpoint.model_config import CheckpointError, ModelConfig
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
-from baton.engine.compact_weights import COMPACT_MAX_ROWS, CompactWeight, concat_rows
+from baton.engine.compact_weights import (
+    BLOCK_FORMATS,
+    COMPACT_MAX_ROWS,
+    CompactWeight,
+    concat_rows,
+)
 from baton.engine.decoder_layer import DecoderLayer
 from baton.engine.kv_pool import KVPool
 from baton.engine.layers import (
@@ -60,6 +65,7 @@ class CausalLM(nn.Module):
         if dtype not in allowed:
             raise ValueError(f"dtype {dtype} is not supported on {device}")
         self.config = config
+        self.gemm_dtype = gemm_dtype
         embedding_shape = (config.vocab_size, config.hidden_size)
         self.embed_tokens = empty_parameter(*embedding_shape, dtype=dtype, device=device)
         self.layers = nn.ModuleList(
@@ -183,11 +189,14 @@ class CausalLM(nn.Module):
         return attached
 
     def tile_compact_weights(self, native: NativeKernels) -> int:
-        """Give every linear layer with bf16 compact weights their tile-ordered copy, which
-        batches of two rows or more multiply on AMX (`native.amx`); returns how many got one."""
+        """Give linear layers' compact weights their tile-ordered copy, which batches of several
+        rows multiply on AMX (`native.amx`); returns how many got one. Where the GEMMs round
+        their rows to bf16 (`gemm_dtype`), bf16 weights get tiles, whose products round the rows
+        the same way; else only block formats, whose tiles keep float32 precision."""
         tiled = 0
+        tileable = ("bf16",) if self.gemm_dtype == torch.bfloat16 else BLOCK_FORMATS
         for module in self.modules():
-            if isinstance(module, Linear) and module.compact and module.compact.format == "bf16":
+            if isinstance(module, Linear) and module.compact and module.compact.format in tileable:
                 module.compact = native.with_tiles(module.compact)
                 tiled += 1
         return tiled

@@ -1,12 +1,15 @@
-"""Decode batches of 2-32 rows multiplied in AMX tiles (native/amx_gemm.c), on CPUs with AMX
-only: the product against a float64 reference of the same bf16 operands, the rows' rounding
-against torch's, and a served model's tokens against its op-by-op path and transformers."""
+"""Batches multiplied in AMX tiles, on CPUs with AMX only. bf16 weights, decode batches of 2-32
+rows (native/amx_gemm.c): the product against a float64 reference of the same bf16 operands, the
+rows' rounding against torch's, and a served model's tokens against its op-by-op path and
+transformers. GGUF blocks from 20 rows (native/amx_blocks.c): float32 precision, which batches
+take the tiles, and a served GGUF's tokens."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
 from helpers import assert_greedy_matches_hf
@@ -14,10 +17,14 @@ from helpers.decode_steps import CountingStep
 
 import baton.engine.engine as engine_module
 from baton import LLM, SamplingParams
-from baton.engine.compact_weights import CompactWeight
+from baton.bench.gguf_export import export_gguf
+from baton.checkpoint.load import load_checkpoint
+from baton.engine.compact_weights import BLOCK_FORMATS, CompactWeight
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS
+from baton.engine.layers import Linear
 from baton.engine.native.library import NativeKernels
+from baton.engine.weights import iter_weights
 
 # Rows rounded to bf16 move these models' logits by up to ~0.2 each (test_llm's tolerance).
 BF16_TIE_TOLERANCE = 0.5
@@ -93,7 +100,7 @@ def test_served_batches_keep_the_op_by_op_tokens_and_transformers_ones(
     monkeypatch.setattr(engine_module, "compact_crossover", no_crossover_timing)
     path = tiny_model_factory(variant, weights_dtype=torch.bfloat16)
     native, eager = LLM(str(path)), LLM(str(path), enforce_eager=True)
-    assert native.engine.plan.amx_small_batches
+    assert native.engine.plan.amx_tiles
     assert native.engine.model.layers[0].mlp.down_proj.compact.tiles is not None
     assert native.engine.model.lm_head.compact.tiles is not None
     counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
@@ -106,3 +113,85 @@ def test_served_batches_keep_the_op_by_op_tokens_and_transformers_ones(
         assert counting.batches - before == GREEDY.max_tokens - 1
         for prompt, tokens in zip(prompts[:3], got, strict=False):
             assert_greedy_matches_hf(path, prompt, tokens, BF16_TIE_TOLERANCE)
+
+
+def _blocks(weight: torch.Tensor, block_format: str) -> tuple[CompactWeight, torch.Tensor]:
+    """`weight` in a GGUF block format, and the float32 values its blocks stand for."""
+    quant = getattr(gguf.GGMLQuantizationType, block_format.upper())
+    blocks = gguf.quants.quantize(weight.numpy(), quant)
+    values = gguf.quants.dequantize(blocks, quant).reshape(weight.shape)
+    return CompactWeight(block_format, torch.from_numpy(blocks), weight.shape[1]), torch.from_numpy(
+        values
+    )
+
+
+# (out_features, in_features): one tile, padded features, SmolLM2's down projection.
+@pytest.mark.parametrize(("n", "k"), [(32, 32), (40, 96), (576, 1536)])
+@pytest.mark.parametrize("rows", [20, 33, 300])
+@pytest.mark.parametrize("block_format", BLOCK_FORMATS)
+def test_block_tiles_multiply_in_float32_precision(
+    amx: NativeKernels, n: int, k: int, rows: int, block_format: str
+) -> None:
+    """The blocks split into bf16 parts keep float32's precision: the error against a float64
+    product of the dequantized weights is that of float32 sums, far under what rows rounded to
+    bf16 (as plain bf16 tiles compute) would give."""
+    generator = torch.Generator().manual_seed(rows * n + k)
+    compact, values = _blocks(torch.randn(n, k, generator=generator), block_format)
+    x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
+    got = amx.gemv(x, amx.with_tiles(compact), bias).double()
+    want = x.double() @ values.double().T + bias.double()
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * k**0.5)
+    bf16_rows = x.to(torch.bfloat16).double() @ values.double().T + bias.double()
+    assert (got - want).abs().max() < (bf16_rows - want).abs().max() / 20
+
+
+@pytest.mark.parametrize("block_format", BLOCK_FORMATS)
+def test_block_tiles_take_batches_of_20_rows_and_more(
+    amx: NativeKernels, block_format: str
+) -> None:
+    """Fewer rows read the blocks (fewer bytes); from 20 rows the tiles alone are read: with
+    the blocks zeroed after tiling, only the smaller batch loses its product."""
+    generator = torch.Generator().manual_seed(3)
+    compact, values = _blocks(torch.randn(64, 96, generator=generator), block_format)
+    tiled = amx.with_tiles(compact)
+    compact.data.zero_()
+    for rows, reads_tiles in [(19, False), (20, True), (64, True)]:
+        x = torch.randn(rows, 96, generator=generator)
+        got = amx.gemv(x, tiled, None)
+        assert bool(got.abs().max() > 0) == reads_tiles, rows
+        if reads_tiles:
+            torch.testing.assert_close(got, x @ values.T, rtol=1e-5, atol=1e-4)
+
+
+def test_a_served_gguf_keeps_transformers_tokens_in_block_tiles(
+    amx: NativeKernels, tiny_model_factory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """This machine's plan on a Q4_1 GGUF: every linear layer holds block tiles, which its
+    prefill and its decode batches of 20 rows or more multiply; 24 prompts at once give the
+    tokens of the op-by-op path, and teacher-forced, transformers' float32 argmax."""
+    if detect_cpu_capabilities().isa != "amx":
+        pytest.skip("the plan is capped below AMX here (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA)")
+    from transformers import AutoModelForCausalLM
+
+    plain_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    model_dir = tiny_model_factory("llama", vocab_size=300, **plain_rope)
+    path = export_gguf(model_dir, "float32", tmp_path / "tiny-q4_1.gguf", "Q4_1")
+    native, eager = LLM(str(path)), LLM(str(path), enforce_eager=True)
+    assert native.engine.plan.amx_tiles
+    assert all(
+        module.compact.multiplies_any_rows
+        for module in native.engine.model.layers.modules()
+        if isinstance(module, Linear)
+    )
+    counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
+    prompts = [[(11 * i + j) % 290 + 1 for j in range(4 + i % 7)] for i in range(24)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    got = [output.token_ids for output in native.generate(prompts, params)]
+    assert got == [output.token_ids for output in eager.generate(prompts, params)]
+    assert counting.batches == params.max_tokens - 1
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    reference.load_state_dict(dict(iter_weights(load_checkpoint(str(path)))), strict=False)
+    for prompt, tokens in zip(prompts[:6], got, strict=False):
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + tokens])).logits[0]
+        assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == tokens

@@ -220,6 +220,22 @@ def test_a_gguf_plan_says_gguf_not_float32_checkpoint(caps: CpuCapabilities) -> 
     assert "GGUF checkpoint" in plan.summary() and "float32 checkpoint" not in plan.summary()
 
 
+@pytest.mark.parametrize("caps", [ZEN3, ZEN5, SAPPHIRE_RAPIDS])
+def test_a_gguf_multiplies_its_blocks_in_tiles_on_amx_only(caps: CpuCapabilities) -> None:
+    """Its float32 plan keeps float32 precision in the tiles (amx_blocks.c); an explicit bf16
+    plan, a cap below AMX or no native kernels, none."""
+    plan = choose_compute_plan("auto", "float32", "cpu", caps, stored_compactly=True, gguf=True)
+    assert plan.amx_tiles == (caps.isa == "amx")
+    assert ("AMX tiles" in plan.summary()) == plan.amx_tiles
+    capped = replace(caps, isa="avx512_bf16", limited_by="--max-cpu-isa")
+    for plan in (
+        choose_compute_plan("bfloat16", "float32", "cpu", caps, stored_compactly=True, gguf=True),
+        choose_compute_plan("auto", "float32", "cpu", capped, stored_compactly=True, gguf=True),
+        choose_compute_plan("auto", "float32", "cpu", caps, gguf=True),
+    ):
+        assert not plan.amx_tiles
+
+
 def test_below_avx2_or_on_cuda_small_batches_read_the_computed_weights() -> None:
     below_avx2 = replace(ZEN3, isa="default", limited_by="--max-cpu-isa")
     plan = choose_compute_plan("auto", "bfloat16", "cpu", below_avx2, stored_compactly=True)
@@ -241,11 +257,11 @@ def test_native_bf16_with_the_native_kernels_computes_float32_with_bf16_gemms(
     assert caps.isa in plan.reason and checkpoint_dtype in plan.reason
     assert plan.summary().startswith("float32 with bfloat16 GEMMs, packed weights")
     # Only AMX multiplies decode batches of 2+ rows in tiles; capped below it, none does.
-    assert plan.amx_small_batches == (caps.isa == "amx")
-    assert ("AMX tiles" in plan.summary()) == plan.amx_small_batches
+    assert plan.amx_tiles == (caps.isa == "amx")
+    assert ("AMX tiles" in plan.summary()) == plan.amx_tiles
     capped = replace(caps, isa="avx512_bf16", limited_by="--max-cpu-isa")
     plan = choose_compute_plan("auto", checkpoint_dtype, "cpu", capped, stored_compactly=True)
-    assert plan.compact_small_batches and not plan.amx_small_batches
+    assert plan.compact_small_batches and not plan.amx_tiles
     # Without the native kernels (no C compiler) the whole model computes in bf16, as it did.
     alone = choose_compute_plan("auto", checkpoint_dtype, "cpu", caps)
     assert (alone.dtype, alone.gemm_dtype) == ("bfloat16", None)

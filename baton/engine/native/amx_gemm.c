@@ -20,6 +20,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "amx_tiles.h"
 #include "linear.h"
 #include "thread_pool.h"
 #include "vector_math.h"
@@ -27,11 +28,6 @@
 #define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
-#define TILE_N 16 /* output features per tile */
-#define TILE_K 32 /* bf16 inputs per tile row */
-#define TILE_BYTES 1024
-
-static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 /* 1 where this CPU has AMX-BF16 and the kernel let this process use the tile registers (Linux
  * hands out their 8 KB of state only on request), else 0. Asked once, before any thread tiles. */
@@ -56,22 +52,14 @@ void baton_pack_bf16_tiles(const uint8_t *w, int64_t n_dim, int64_t k_dim, int64
     for (int64_t nb = 0; nb < n_pad / TILE_N; nb++)
         for (int64_t kb = 0; kb < k_blocks; kb++) {
             uint16_t *tile = out + (nb * k_blocks + kb) * (TILE_BYTES / 2);
-            for (int64_t p = 0; p < TILE_K / 2; p++)
-                for (int64_t i = 0; i < TILE_N; i++)
-                    for (int64_t e = 0; e < 2; e++) {
-                        const int64_t n = nb * TILE_N + i, k = kb * TILE_K + 2 * p + e;
-                        tile[p * 2 * TILE_N + 2 * i + e] =
-                            n < n_dim && k < k_dim ? ((const uint16_t *)(w + n * row_bytes))[k] : 0;
-                    }
+            for (int64_t i = 0; i < TILE_N; i++)
+                for (int64_t j = 0; j < TILE_K; j++) {
+                    const int64_t n = nb * TILE_N + i, k = kb * TILE_K + j;
+                    tile[tile_offset(i, j)] =
+                        n < n_dim && k < k_dim ? ((const uint16_t *)(w + n * row_bytes))[k] : 0;
+                }
         }
 }
-
-/* The tile unit's configuration (ldtilecfg's 64-byte layout). */
-typedef struct {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
 
 /* Float32 rows to bf16 (vector_math.h's rounding, torch's), into `k_pad`-wide rows whose tail
  * past k_dim is zero. */

@@ -23,6 +23,7 @@ _HERE = Path(__file__).parent
 SOURCES = tuple(
     _HERE / name
     for name in (
+        "amx_blocks.c",
         "amx_gemm.c",
         "compact_gemv.c",
         "decode_attention.c",
@@ -34,7 +35,8 @@ SOURCES = tuple(
     )
 )
 HEADERS = tuple(
-    _HERE / name for name in ("linear.h", "sampling.h", "thread_pool.h", "vector_math.h")
+    _HERE / name
+    for name in ("amx_tiles.h", "linear.h", "sampling.h", "thread_pool.h", "vector_math.h")
 )
 LIBRARY_NAME = "libbaton_native.so"
 # -fopenmp links libgomp by soname: loaded after torch, the library shares torch's OpenMP runtime

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from baton.engine.compact_weights import FORMATS, CompactWeight
+from baton.engine.compact_weights import BLOCK_FORMATS, FORMATS, CompactWeight
 from baton.engine.native.build import NativeBuildError, build_library, native_cache_root
 from baton.engine.native.structs import (
     DecodeModelArgs,
@@ -41,6 +41,14 @@ class NativeKernels:
         self._tiles_bytes = _declare(library.baton_bf16_tiles_bytes, _i64, [_i64, _i64])
         self._pack_tiles = _declare(
             library.baton_pack_bf16_tiles, None, [_ptr, _i64, _i64, _i64, _ptr]
+        )
+        self._block_tiles_count = _declare(
+            library.baton_block_tiles_count, _i64, [ctypes.c_int, _i64, _i64]
+        )
+        self._pack_block_tiles = _declare(
+            library.baton_pack_block_tiles,
+            ctypes.c_int,
+            [ctypes.c_int, _ptr, _i64, _i64, _i64, _ptr],
         )
         # Whether this CPU multiplies tiles (AMX-BF16) and Linux let this process use them:
         # asked once, before any thread runs a tile instruction.
@@ -91,13 +99,19 @@ class NativeKernels:
         return Matrix.of(weight, bias, self.avx512)
 
     def with_tiles(self, weight: CompactWeight) -> CompactWeight:
-        """A bf16 weight with its tile-ordered copy (amx_gemm.c), for AMX CPUs (`self.amx`)."""
-        if weight.format != "bf16":
-            raise ValueError(f"only bf16 weights are multiplied in tiles, not {weight.format}")
+        """The weight with its tile-ordered copy, for AMX CPUs (`self.amx`): a bf16 weight's
+        (amx_gemm.c) or a block format's in bf16 parts (amx_blocks.c)."""
         n, k = weight.out_features, weight.in_features
-        tiles = torch.empty(self._tiles_bytes(n, k) // 2, dtype=torch.int16)
         data = weight.data.contiguous()
-        self._pack_tiles(data.data_ptr(), n, k, data.shape[1], tiles.data_ptr())
+        if weight.format == "bf16":
+            tiles = torch.empty(self._tiles_bytes(n, k) // 2, dtype=torch.int16)
+            self._pack_tiles(data.data_ptr(), n, k, data.shape[1], tiles.data_ptr())
+            return replace(weight, tiles=tiles)
+        if weight.format not in BLOCK_FORMATS:
+            raise ValueError(f"{weight.format} weights are not multiplied in tiles")
+        kernel_id = FORMATS[weight.format].kernel_id
+        tiles = torch.empty(self._block_tiles_count(kernel_id, n, k), dtype=torch.int16)
+        self._pack_block_tiles(kernel_id, data.data_ptr(), n, k, data.shape[1], tiles.data_ptr())
         return replace(weight, tiles=tiles)
 
     def sample_rows(self, logits: torch.Tensor, sampling: Sequence[RowSampling]) -> list[int]:
