@@ -120,10 +120,13 @@ def test_a_prefill_mlp_stays_bf16_between_its_gemms_block_by_block() -> None:
     native = load_native_kernels()
     blocks: list[int] = []
 
-    class CountingKernels:  # the activation of each block, counted
+    class CountingKernels:  # the activation of each bf16 block, counted
         def silu_mul_bf16(self, gate_up: torch.Tensor) -> torch.Tensor:
             blocks.append(gate_up.shape[0])
             return native.silu_mul_bf16(gate_up)
+
+        def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # float32 rows
+            return native.silu_mul(gate_up)
 
     mlp.native = CountingKernels()
     out = mlp(rows)

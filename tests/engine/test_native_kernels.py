@@ -1,14 +1,16 @@
-"""The native RoPE + K/V store and decode attention against the torch path they replace."""
+"""The native RoPE + K/V store, decode attention and float32 activation against the torch path
+they replace."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.torch_backend import TorchPagedAttention
 from baton.engine.kv_pool import KVPool
-from baton.engine.layers import RotaryEmbedding, apply_rope
+from baton.engine.layers import GatedMLP, RotaryEmbedding, apply_rope
 from baton.engine.native.library import NativeKernels
 
 
@@ -110,3 +112,22 @@ def test_rms_norm_matches_torch(native: NativeKernels, dim: int) -> None:
     weight = torch.randn(dim, generator=generator)
     expected = torch.nn.functional.rms_norm(x, (dim,), weight, 1e-6)
     torch.testing.assert_close(native.rms_norm(x, weight, 1e-6), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("inter", [96, 1030])  # a vector tail; slices of 1024 and a tail
+def test_the_float32_activation_matches_torch_and_serves_the_mlp(
+    native: NativeKernels, inter: int
+) -> None:
+    """silu(gate) * up over float32 rows (the native step's, and a float32 prefill's MLP): torch's
+    values within float32 rounding (its exp is within 2 ulp of torch's)."""
+    gate_up = torch.randn(37, 2 * inter, generator=torch.Generator().manual_seed(inter)) * 4
+    gate, up = gate_up.split(inter, dim=-1)
+    torch.testing.assert_close(native.silu_mul(gate_up), F.silu(gate) * up, rtol=2e-6, atol=1e-6)
+    mlp = GatedMLP(64, inter, False, torch.float32, "cpu")
+    with torch.no_grad():
+        for linear in (mlp.gate_up_proj, mlp.down_proj):
+            linear.weight.normal_(std=0.1)
+    rows = torch.randn(300, 64)
+    torch_path = mlp(rows)
+    mlp.native = native
+    torch.testing.assert_close(mlp(rows), torch_path, rtol=1e-5, atol=1e-5)

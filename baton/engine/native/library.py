@@ -56,6 +56,7 @@ class NativeKernels:
         self._rope = _declare(
             library.baton_rope_and_store, None, [_ptr, _i64, _ptr, _i64, *[_i64] * 4, *[_ptr] * 6]
         )
+        self._silu_mul = _declare(library.baton_silu_mul, None, [_ptr, _i64, _i64, _ptr])
         self._silu_mul_bf16 = _declare(library.baton_silu_mul_bf16, None, [_ptr, _i64, _i64, _ptr])
         self._rms_norm = _declare(
             library.baton_rms_norm, None, [_ptr, _i64, _i64, _ptr, ctypes.c_float, _ptr]
@@ -138,6 +139,15 @@ class NativeKernels:
             data.shape[1],
             out.data_ptr(),
         )
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """float32 [rows, 2 * inter] (gate, then up) -> silu(gate) * up [rows, inter], as the
+        native decode step computes it."""
+        gate_up = gate_up.contiguous()
+        rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(rows, inter, dtype=torch.float32)
+        self._silu_mul(gate_up.data_ptr(), rows, inter, out.data_ptr())
         return out
 
     def silu_mul_bf16(self, gate_up: torch.Tensor) -> torch.Tensor:
