@@ -329,11 +329,12 @@ int baton_dequantize(int fmt, const uint8_t *w, int64_t n_dim, int64_t k_dim, in
  * its compact weights. bf16 tiles: from 2 rows up to AMX_MAX_ROWS (the native step's batches);
  * one row stays on the compact kernel, which keeps exact float32 arithmetic, as transformers'
  * float32 reference computes it, at the same bytes read. Block formats' tiles hold 3-6x the
- * bytes of their blocks, so they pay from more rows, and then at any number: SmolLM2's Q4_1
- * layers on the AMX Xeon (2 threads) took 23.1 ms compact against 24.8 in tiles at 16 rows, 44.9
- * against 30.5 at 32, and oneDNN's float32 GEMM 359 ms against 232 at 512. */
+ * bytes of their blocks and cost the same for 1 or 16 rows of a group, so they pay from more
+ * rows, and then at any number. SmolLM2's Q4_1 layers on the AMX Xeon (2 threads), compact
+ * against tiles: 16 rows 19.3 / 22.5 ms, 20 rows 26.0 / 30.3, 24 rows 28.9 / 29.7, 32 rows
+ * 38.4 / 30.2; 512 rows oneDNN's float32 GEMM 359 ms against 211 in tiles. */
 #define AMX_MIN_ROWS 2
-#define AMX_BLOCKS_MIN_ROWS 20
+#define AMX_BLOCKS_MIN_ROWS 24
 
 int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
     if (m->tiles && m->format != FMT_BF16 && rows >= AMX_BLOCKS_MIN_ROWS)
