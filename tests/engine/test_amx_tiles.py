@@ -1,7 +1,7 @@
 """Batches multiplied in AMX tiles, on CPUs with AMX only. bf16 weights, decode batches of 2-32
 rows (native/amx_gemm.c): the product against a float64 reference of the same bf16 operands, the
 rows' rounding against torch's, and a served model's tokens against its op-by-op path and
-transformers. GGUF blocks from 24 rows (native/amx_blocks.c): float32 precision, which batches
+transformers. GGUF blocks from 26-30 rows (native/amx_blocks.c): float32 precision, which batches
 take the tiles, and a served GGUF's tokens."""
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def _blocks(weight: torch.Tensor, block_format: str) -> tuple[CompactWeight, tor
 
 # (out_features, in_features): one tile, padded features, SmolLM2's down projection.
 @pytest.mark.parametrize(("n", "k"), [(32, 32), (40, 96), (576, 1536)])
-@pytest.mark.parametrize("rows", [24, 33, 300])
+@pytest.mark.parametrize("rows", [30, 33, 300])
 @pytest.mark.parametrize("block_format", BLOCK_FORMATS)
 def test_block_tiles_multiply_in_float32_precision(
     amx: NativeKernels, n: int, k: int, rows: int, block_format: str
@@ -145,17 +145,23 @@ def test_block_tiles_multiply_in_float32_precision(
     assert (got - want).abs().max() < (bf16_rows - want).abs().max() / 20
 
 
+# The rows from which block tiles pay (compact_gemv.c's amx_blocks_min_rows): Q8_0's three
+# parts a weight from more than Q4's two.
+TILE_MIN_ROWS = {"q8_0": 30, "q4_0": 26, "q4_1": 26}
+
+
 @pytest.mark.parametrize("block_format", BLOCK_FORMATS)
-def test_block_tiles_take_batches_of_24_rows_and_more(
+def test_block_tiles_take_batches_from_where_they_pay(
     amx: NativeKernels, block_format: str
 ) -> None:
-    """Fewer rows read the blocks (fewer bytes); from 24 rows the tiles alone are read: with
-    the blocks zeroed after tiling, only the smaller batch loses its product."""
+    """Fewer rows read the blocks (fewer bytes); from TILE_MIN_ROWS the tiles alone are read:
+    with the blocks zeroed after tiling, only the smaller batch loses its product."""
     generator = torch.Generator().manual_seed(3)
     compact, values = _blocks(torch.randn(64, 96, generator=generator), block_format)
     tiled = amx.with_tiles(compact)
     compact.data.zero_()
-    for rows, reads_tiles in [(23, False), (24, True), (64, True)]:
+    least = TILE_MIN_ROWS[block_format]
+    for rows, reads_tiles in [(least - 1, False), (least, True), (64, True)]:
         x = torch.randn(rows, 96, generator=generator)
         got = amx.gemv(x, tiled, None)
         assert bool(got.abs().max() > 0) == reads_tiles, rows
@@ -167,7 +173,7 @@ def test_a_served_gguf_keeps_transformers_tokens_in_block_tiles(
     amx: NativeKernels, tiny_model_factory: Callable[..., Path], tmp_path: Path
 ) -> None:
     """This machine's plan on a Q4_1 GGUF: every linear layer holds block tiles, which its
-    prefill and its decode batches of 24 rows or more multiply; 24 prompts at once give the
+    prefill and its decode batches of 26 rows or more multiply; 32 prompts at once give the
     tokens of the op-by-op path, and teacher-forced, transformers' float32 argmax."""
     if detect_cpu_capabilities().isa != "amx":
         pytest.skip("the plan is capped below AMX here (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA)")
@@ -184,7 +190,7 @@ def test_a_served_gguf_keeps_transformers_tokens_in_block_tiles(
         if isinstance(module, Linear)
     )
     counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
-    prompts = [[(11 * i + j) % 290 + 1 for j in range(4 + i % 7)] for i in range(24)]
+    prompts = [[(11 * i + j) % 290 + 1 for j in range(4 + i % 7)] for i in range(32)]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     got = [output.token_ids for output in native.generate(prompts, params)]
     assert got == [output.token_ids for output in eager.generate(prompts, params)]

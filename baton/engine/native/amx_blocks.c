@@ -20,7 +20,7 @@
  * 5 tile products per block of Q4 (6 for Q8_0) where bf16 weights take one, and the parts are
  * 4-6 bytes a weight where the blocks are 0.6-1.1: SmolLM2's Q4_1 layers on the AMX Xeon (two
  * threads) multiply 32 rows in 30 ms against the compact kernel's 38, 512 rows in 211 ms
- * against oneDNN float32's 359 (baton_linear's AMX_BLOCKS_MIN_ROWS picks the faster).
+ * against oneDNN float32's 359 (baton_linear's amx_blocks_min_rows picks the faster).
  *
  * Layout (amx_tiles.h's tile order): a matrix of n_dim features has its features padded to
  * pairs of tiles (32) and its inputs augmented: the k_dim weights, then (Q4_1 only) the

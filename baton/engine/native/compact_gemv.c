@@ -330,14 +330,16 @@ int baton_dequantize(int fmt, const uint8_t *w, int64_t n_dim, int64_t k_dim, in
  * one row stays on the compact kernel, which keeps exact float32 arithmetic, as transformers'
  * float32 reference computes it, at the same bytes read. Block formats' tiles hold 3-6x the
  * bytes of their blocks and cost the same for 1 or 16 rows of a group, so they pay from more
- * rows, and then at any number. SmolLM2's Q4_1 layers on the AMX Xeon (2 threads), compact
- * against tiles: 16 rows 19.3 / 22.5 ms, 20 rows 26.0 / 30.3, 24 rows 28.9 / 29.7, 32 rows
- * 38.4 / 30.2; 512 rows oneDNN's float32 GEMM 359 ms against 211 in tiles. */
+ * rows, and then at any number. On the AMX Xeon (2 threads), compact against tiles: SmolLM2's
+ * Q4_1 layers at 24 rows 29.1 / 30.5 ms, 26 rows 33.7 / 30.2, 32 rows 36.4 / 31.1 (512 rows:
+ * oneDNN's float32 GEMM 359 ms, tiles 211); its Q8_0 head (three parts a weight) at 28 rows
+ * 7.87 / 8.04, 30 rows 8.64 / 8.47. */
 #define AMX_MIN_ROWS 2
-#define AMX_BLOCKS_MIN_ROWS 24
+
+static int64_t amx_blocks_min_rows(int64_t format) { return format == FMT_Q8_0 ? 30 : 26; }
 
 int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
-    if (m->tiles && m->format != FMT_BF16 && rows >= AMX_BLOCKS_MIN_ROWS)
+    if (m->tiles && m->format != FMT_BF16 && rows >= amx_blocks_min_rows(m->format))
         return baton_amx_block_gemm((int)m->format, x, rows, m->in_features, m->tiles,
                                     m->out_features, m->bias, y)
                    ? -1
