@@ -9,32 +9,35 @@ import torch.nn.functional as F
 
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.torch_backend import TorchPagedAttention
+from baton.engine.compute_plan import isa_rank
+from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.kv_pool import KVPool
 from baton.engine.layers import GatedMLP, RotaryEmbedding, apply_rope
-from baton.engine.native.library import NativeKernels
+from baton.engine.native.library import NativeKernels, load_native_kernels
 
 
+@pytest.mark.parametrize("tokens", [7, 70])  # one task; a prefill's, over the threads
 @pytest.mark.parametrize(("q_heads", "kv_heads", "head_dim"), [(4, 2, 24), (9, 3, 64)])
 def test_rope_and_store_equals_apply_rope_and_the_pool_write_bit_for_bit(
-    native: NativeKernels, q_heads: int, kv_heads: int, head_dim: int
+    native: NativeKernels, q_heads: int, kv_heads: int, head_dim: int, tokens: int
 ) -> None:
     """q and k rotated in place inside the fused qkv buffer (strided rows), as the model
     calls it; k and v land at their slots. Bit-identical: the KV cache holds exactly what the
     torch path would have written."""
     generator = torch.Generator().manual_seed(head_dim)
-    tokens, heads = 7, q_heads + 2 * kv_heads
+    heads = q_heads + 2 * kv_heads
     rotary = RotaryEmbedding(head_dim, 512, 10000.0, None, torch.float32, "cpu")
     qkv = torch.randn(tokens, heads * head_dim, generator=generator)
-    positions = torch.tensor([0, 1, 2, 100, 101, 257, 511])
-    slots = torch.randperm(40, generator=generator)[:tokens]
+    positions = torch.tensor([0, 1, 2, 100, 101, 257, 511] * 10)[:tokens]
+    slots = torch.randperm(200, generator=generator)[:tokens]
     angles = rotary.angles(positions)
     qk_width = (q_heads + kv_heads) * head_dim
     expected_qk = apply_rope(qkv[:, :qk_width].view(tokens, -1, head_dim), angles.cos, angles.sin)
     v = qkv[:, qk_width:].view(tokens, kv_heads, head_dim)
-    expected_pool = KVPool(1, 10, 4, kv_heads, head_dim, torch.float32, "cpu")
+    expected_pool = KVPool(1, 50, 4, kv_heads, head_dim, torch.float32, "cpu")
     expected_pool.write(0, expected_qk[:, q_heads:], v, slots)
 
-    pool = KVPool(1, 10, 4, kv_heads, head_dim, torch.float32, "cpu")
+    pool = KVPool(1, 50, 4, kv_heads, head_dim, torch.float32, "cpu")
     qk = qkv[:, :qk_width].view(tokens, -1, head_dim)
     native.rope_and_store(
         qk, v, rotary.cos, rotary.sin, positions, slots, pool.k_cache(0), pool.v_cache(0)
@@ -105,10 +108,11 @@ def test_decode_attention_split_across_threads_matches_torch(
 
 
 @pytest.mark.parametrize("dim", [64, 576, 67])
-def test_rms_norm_matches_torch(native: NativeKernels, dim: int) -> None:
+@pytest.mark.parametrize("rows", [5, 100])  # one task; a prefill's, over the threads
+def test_rms_norm_matches_torch(native: NativeKernels, dim: int, rows: int) -> None:
     """Widths with and without a tail past the last 8 floats."""
     generator = torch.Generator().manual_seed(dim)
-    x = torch.randn(5, dim, generator=generator) * 3
+    x = torch.randn(rows, dim, generator=generator) * 3
     weight = torch.randn(dim, generator=generator)
     expected = torch.nn.functional.rms_norm(x, (dim,), weight, 1e-6)
     torch.testing.assert_close(native.rms_norm(x, weight, 1e-6), expected, rtol=1e-6, atol=1e-6)
@@ -131,3 +135,16 @@ def test_the_float32_activation_matches_torch_and_serves_the_mlp(
     torch_path = mlp(rows)
     mlp.native = native
     torch.testing.assert_close(mlp(rows), torch_path, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("inter", [96, 1030, 1037])  # tails past 16 and past 8 floats
+def test_the_activation_is_the_same_at_both_vector_widths(inter: int) -> None:
+    """AVX-512's 16 floats a vector compute each value bit for bit as AVX2's 8, in float32 and
+    from bf16 rows."""
+    if isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx512"):
+        pytest.skip("this CPU (or its ISA cap) has no AVX-512")
+    wide, narrow = load_native_kernels(avx512=True), load_native_kernels(avx512=False)
+    gate_up = torch.randn(9, 2 * inter, generator=torch.Generator().manual_seed(inter)) * 6
+    assert torch.equal(wide.silu_mul(gate_up), narrow.silu_mul(gate_up))
+    gate_up = gate_up.to(torch.bfloat16)
+    assert torch.equal(wide.silu_mul_bf16(gate_up), narrow.silu_mul_bf16(gate_up))

@@ -14,7 +14,8 @@
 #include "thread_pool.h"
 #include "vector_math.h"
 
-void baton_silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out);
+void baton_silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out,
+                    int64_t avx512);
 void baton_rms_norm(const float *x, int64_t rows, int64_t dim, const float *weight, float eps,
                     float *out);
 void baton_rope_and_store(float *qk, int64_t qk_stride, const float *v, int64_t v_stride,
@@ -92,7 +93,7 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
 
     baton_rms_norm(hidden, rows, hidden_size, layer->post_norm, layer->eps, normed);
     if (baton_linear(&layer->gate_up, normed, rows, gate_up)) return -1;
-    baton_silu_mul(gate_up, rows, inter, activated);
+    baton_silu_mul(gate_up, rows, inter, activated, layer->gate_up.avx512);
     if (baton_linear(&layer->down, activated, rows, projected)) return -1;
     for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] = projected[i] + hidden[i];
     return 0;

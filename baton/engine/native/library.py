@@ -27,7 +27,8 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 class NativeKernels:
     """The loaded library's kernels, each taking and returning torch tensors. `avx512`: the
-    compact kernel multiplies 16 floats a vector (the CPU has AVX-512 and the plan allows it)."""
+    compact kernel and the MLP activation compute 16 floats a vector (the CPU has AVX-512 and
+    the plan allows it)."""
 
     def __init__(self, library: ctypes.CDLL, avx512: bool) -> None:
         self.avx512 = avx512
@@ -56,8 +57,10 @@ class NativeKernels:
         self._rope = _declare(
             library.baton_rope_and_store, None, [_ptr, _i64, _ptr, _i64, *[_i64] * 4, *[_ptr] * 6]
         )
-        self._silu_mul = _declare(library.baton_silu_mul, None, [_ptr, _i64, _i64, _ptr])
-        self._silu_mul_bf16 = _declare(library.baton_silu_mul_bf16, None, [_ptr, _i64, _i64, _ptr])
+        self._silu_mul = _declare(library.baton_silu_mul, None, [_ptr, _i64, _i64, _ptr, _i64])
+        self._silu_mul_bf16 = _declare(
+            library.baton_silu_mul_bf16, None, [_ptr, _i64, _i64, _ptr, _i64]
+        )
         self._rms_norm = _declare(
             library.baton_rms_norm, None, [_ptr, _i64, _i64, _ptr, ctypes.c_float, _ptr]
         )
@@ -147,7 +150,7 @@ class NativeKernels:
         gate_up = gate_up.contiguous()
         rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(rows, inter, dtype=torch.float32)
-        self._silu_mul(gate_up.data_ptr(), rows, inter, out.data_ptr())
+        self._silu_mul(gate_up.data_ptr(), rows, inter, out.data_ptr(), self.avx512)
         return out
 
     def silu_mul_bf16(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -156,7 +159,7 @@ class NativeKernels:
         gate_up = gate_up.contiguous()
         rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(rows, inter, dtype=torch.bfloat16)
-        self._silu_mul_bf16(gate_up.data_ptr(), rows, inter, out.data_ptr())
+        self._silu_mul_bf16(gate_up.data_ptr(), rows, inter, out.data_ptr(), self.avx512)
         return out
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
