@@ -81,12 +81,9 @@ static inline int64_t slice_of(const ActivationLoop *a, int64_t task, int64_t *b
     return task / a->slices;
 }
 
-static void silu_mul_task(const void *arg, int64_t task) {
-    const ActivationLoop *a = arg;
-    int64_t begin, end;
-    const int64_t r = slice_of(a, task, &begin, &end), inter = a->inter;
-    const float *gate = (const float *)a->gate_up + r * 2 * inter, *up = gate + inter;
-    float *act = (float *)a->out + r * inter;
+/* act[i] = silu(gate[i]) * up[i] for i in [begin, end), 8 floats a vector, then one by one. */
+static inline void silu_mul_span(const float *gate, const float *up, float *act, int64_t begin,
+                                 int64_t end) {
     int64_t i = begin;
     for (; i + 8 <= end; i += 8)
         _mm256_storeu_ps(act + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(gate + i)),
@@ -94,12 +91,9 @@ static void silu_mul_task(const void *arg, int64_t task) {
     for (; i < end; i++) act[i] = silu_mul_scalar(gate[i], up[i]);
 }
 
-static void silu_mul_bf16_task(const void *arg, int64_t task) {
-    const ActivationLoop *a = arg;
-    int64_t begin, end;
-    const int64_t r = slice_of(a, task, &begin, &end), inter = a->inter;
-    const uint16_t *gate = (const uint16_t *)a->gate_up + r * 2 * inter, *up = gate + inter;
-    uint16_t *act = (uint16_t *)a->out + r * inter;
+/* The same from bf16 values, each result rounded to bf16. */
+static inline void silu_mul_bf16_span(const uint16_t *gate, const uint16_t *up, uint16_t *act,
+                                      int64_t begin, int64_t end) {
     int64_t i = begin;
     for (; i + 8 <= end; i += 8)
         _mm_storeu_si128((__m128i *)(act + i),
@@ -107,6 +101,24 @@ static void silu_mul_bf16_task(const void *arg, int64_t task) {
                                                    widen_bf16(up + i))));
     for (; i < end; i++)
         act[i] = bf16_of(silu_mul_scalar(float_of_bf16(gate[i]), float_of_bf16(up[i])));
+}
+
+/* Each task: one slice of a row, 8 floats a vector (every AVX2 CPU) or 16 (WIDE) with the
+ * 8-float span finishing it, so both widths end on the same scalar tail. */
+static void silu_mul_task(const void *arg, int64_t task) {
+    const ActivationLoop *a = arg;
+    int64_t begin, end;
+    const int64_t r = slice_of(a, task, &begin, &end), inter = a->inter;
+    const float *gate = (const float *)a->gate_up + r * 2 * inter;
+    silu_mul_span(gate, gate + inter, (float *)a->out + r * inter, begin, end);
+}
+
+static void silu_mul_bf16_task(const void *arg, int64_t task) {
+    const ActivationLoop *a = arg;
+    int64_t begin, end;
+    const int64_t r = slice_of(a, task, &begin, &end), inter = a->inter;
+    const uint16_t *gate = (const uint16_t *)a->gate_up + r * 2 * inter;
+    silu_mul_bf16_span(gate, gate + inter, (uint16_t *)a->out + r * inter, begin, end);
 }
 
 WIDE static void silu_mul16_task(const void *arg, int64_t task) {
@@ -119,10 +131,7 @@ WIDE static void silu_mul16_task(const void *arg, int64_t task) {
     for (; i + 16 <= end; i += 16)
         _mm512_storeu_ps(act + i, _mm512_mul_ps(silu16(_mm512_loadu_ps(gate + i)),
                                                 _mm512_loadu_ps(up + i)));
-    for (; i + 8 <= end; i += 8) /* as the 8-float loop ends, so the scalar tail is the same */
-        _mm256_storeu_ps(act + i, _mm256_mul_ps(silu8(_mm256_loadu_ps(gate + i)),
-                                                _mm256_loadu_ps(up + i)));
-    for (; i < end; i++) act[i] = silu_mul_scalar(gate[i], up[i]);
+    silu_mul_span(gate, up, act, i, end);
 }
 
 WIDE static void silu_mul16_bf16_task(const void *arg, int64_t task) {
@@ -136,12 +145,7 @@ WIDE static void silu_mul16_bf16_task(const void *arg, int64_t task) {
         _mm256_storeu_si256((__m256i *)(act + i),
                             narrow16_bf16(_mm512_mul_ps(silu16(widen16_bf16(gate + i)),
                                                         widen16_bf16(up + i))));
-    for (; i + 8 <= end; i += 8)
-        _mm_storeu_si128((__m128i *)(act + i),
-                         narrow_bf16(_mm256_mul_ps(silu8(widen_bf16(gate + i)),
-                                                   widen_bf16(up + i))));
-    for (; i < end; i++)
-        act[i] = bf16_of(silu_mul_scalar(float_of_bf16(gate[i]), float_of_bf16(up[i])));
+    silu_mul_bf16_span(gate, up, act, i, end);
 }
 
 /* out [rows, inter] = silu(gate) * up, gate_up [rows, 2 * inter] float32; avx512: 16 floats a
