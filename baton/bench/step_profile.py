@@ -56,7 +56,7 @@ def profile_decode(engine: Engine, eager: Engine, rows: int, context: int, repea
         "eager_step_ms": _ms(lambda: eager.forward(batch), repeats),
     }
     linears = [m for m in eager.model.modules() if isinstance(m, Linear)]
-    inputs = [torch.randn(rows, m.weight.shape[1], dtype=eager.dtype) for m in linears]
+    inputs = [torch.randn(rows, m.in_features, dtype=eager.dtype) for m in linears]
     figures["linear_layers_ms"] = _ms(
         lambda: [linear(x) for linear, x in zip(linears, inputs)], repeats
     )
@@ -83,9 +83,9 @@ def profile_prefill(engine: Engine, tokens: int) -> dict:
     forward_ms = _ms(lambda: engine.forward(batch), 2)
     linears = [m for m in engine.model.modules() if isinstance(m, Linear)]
     linears.remove(engine.model.lm_head)
-    inputs = [torch.randn(tokens, m.weight.shape[1], dtype=engine.dtype) for m in linears]
+    inputs = [torch.randn(tokens, m.in_features, dtype=engine.dtype) for m in linears]
     gemm_ms = _ms(lambda: [linear(x) for linear, x in zip(linears, inputs)], 2)
-    flops = 2 * tokens * sum(m.weight.numel() for m in linears)
+    flops = 2 * tokens * sum(m.in_features * m.out_features for m in linears)
     return {
         "prefill_ms": forward_ms,
         "prefill_gflops": flops / forward_ms / 1e6,

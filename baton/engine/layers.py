@@ -44,6 +44,7 @@ class Linear(nn.Module):
         """`dtype` is the activations' (and the bias's); `gemm_dtype`, where given, the weight's:
         rows are cast to it for the GEMM and the result back (`ComputePlan.gemm_dtype`)."""
         super().__init__()
+        self.in_features, self.out_features = in_features, out_features
         self.gemm_dtype = gemm_dtype
         weight_dtype = gemm_dtype or dtype
         self.weight = empty_parameter(out_features, in_features, dtype=weight_dtype, device=device)
@@ -64,6 +65,8 @@ class Linear(nn.Module):
         The packed weight is opaque, so this comes after loading (and after the compact weights
         are attached), and only where the compute plan packs (`ComputePlan.pack_weights`).
         """
+        if self.compact is not None and self.compact.multiplies_any_rows:
+            return  # no batch reaches the GEMM (see drop_gemm_weight)
         # The batch-size hint picks oneDNN's blocking. A layer with compact weights multiplies
         # its packed weight only in batches over COMPACT_MAX_ROWS rows (prefill chunks), which
         # run 5-18 % faster at 48-160 rows blocked for PREFILL_PACK_ROWS than for one row (the
@@ -82,6 +85,14 @@ class Linear(nn.Module):
             return self._gemm(x, self.bias)
         out = self._gemm(x.to(self.gemm_dtype), None).to(x.dtype)
         return out if self.bias is None else out.add_(self.bias)
+
+    def drop_gemm_weight(self) -> None:
+        """Free the weight the GEMM multiplies, where the compact weights take batches of every
+        size (`CompactWeight.multiplies_any_rows`): no batch reads it again. (A tied head's
+        weight is the embedding, which keeps its own reference.)"""
+        if self.compact is None or not self.compact.multiplies_any_rows:
+            raise ValueError("this layer's GEMM still multiplies some batches")
+        self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
     def reads_compact(self, rows: int) -> bool:
         """Whether a batch of `rows` rows multiplies the compact weights (else the GEMM): a

@@ -192,13 +192,19 @@ class CausalLM(nn.Module):
         """Give linear layers' compact weights their tile-ordered copy, which batches of several
         rows multiply on AMX (`native.amx`); returns how many got one. Where the GEMMs round
         their rows to bf16 (`gemm_dtype`), bf16 weights get tiles, whose products round the rows
-        the same way; else only block formats, whose tiles keep float32 precision."""
+        the same way; else only block formats, whose tiles keep float32 precision and serve
+        every batch, so those layers' float32 weights are freed."""
         tiled = 0
         tileable = ("bf16",) if self.gemm_dtype == torch.bfloat16 else BLOCK_FORMATS
         for module in self.modules():
             if isinstance(module, Linear) and module.compact and module.compact.format in tileable:
                 module.compact = native.with_tiles(module.compact)
                 tiled += 1
+                if module.compact.multiplies_any_rows:
+                    # Block tiles take every batch the compact kernel leaves: the float32
+                    # weight is dead (SmolLM2: 424 MB of layers; its tied head is the
+                    # embedding, and is not packed a second time).
+                    module.drop_gemm_weight()
         return tiled
 
     def limit_compact_rows(self, max_rows: int) -> None:
