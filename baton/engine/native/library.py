@@ -115,7 +115,11 @@ class NativeKernels:
             raise ValueError(f"{weight.format} weights are not multiplied in tiles")
         kernel_id = FORMATS[weight.format].kernel_id
         tiles = torch.empty(self._block_tiles_count(kernel_id, n, k), dtype=torch.int16)
-        self._pack_block_tiles(kernel_id, data.data_ptr(), n, k, data.shape[1], tiles.data_ptr())
+        status = self._pack_block_tiles(
+            kernel_id, data.data_ptr(), n, k, data.shape[1], tiles.data_ptr()
+        )
+        if status:
+            raise ValueError(f"a {weight.format} matrix of {k} inputs is not whole blocks")
         return replace(weight, tiles=tiles)
 
     def sample_rows(self, logits: torch.Tensor, sampling: Sequence[RowSampling]) -> list[int]:
