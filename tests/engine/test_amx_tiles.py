@@ -202,3 +202,8 @@ def test_a_served_gguf_keeps_transformers_tokens_in_block_tiles(
         with torch.no_grad():
             logits = reference(torch.tensor([prompt + tokens])).logits[0]
         assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == tokens
+
+
+def test_a_block_matrix_that_is_not_whole_blocks_gets_no_tiles(amx: NativeKernels) -> None:
+    with pytest.raises(ValueError, match="not whole blocks"):
+        amx.with_tiles(CompactWeight("q4_1", torch.zeros(4, 30, dtype=torch.uint8), 48))
