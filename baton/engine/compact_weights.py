@@ -49,9 +49,9 @@ _TORCH_FORMATS = {torch.bfloat16: "bf16", torch.float16: "f16"}
 class CompactWeight:
     """A [out_features, in_features] weight in a compact format: `data` is uint8
     [out_features, row_bytes], each row its in_features / block blocks in order. `tiles`, on AMX
-    CPUs only, holds the weight once more in the tile unit's order, which batches of two rows or
-    more multiply instead: a bf16 weight as bf16 (native/amx_gemm.c), a block format's split
-    exactly into bf16 parts (native/amx_blocks.c)."""
+    CPUs only, holds the weight once more in the tile unit's order, which larger batches
+    multiply instead: a bf16 weight as bf16, from 2 rows (native/amx_gemm.c); a block format's
+    split exactly into bf16 parts, from 26-30 rows and prefill (native/amx_blocks.c)."""
 
     format: str
     data: torch.Tensor

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import TINY_VARIANTS, assert_greedy_matches_hf, hf_greedy_generate, hf_logits
-from helpers.attention_reference import dense_reference
+from helpers.attention_reference import dense_reference, scattered_batch
 
 from baton import LLM, SamplingParams
 from baton.checkpoint.load import load_checkpoint
@@ -120,25 +120,12 @@ def paged_batch(
     dtype: torch.dtype,
     seed: int,
 ) -> tuple[KVPool, AttentionMetadata, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """A pool on the GPU holding every row's K/V in scrambled pages, the batch's metadata, and
-    its queries: a view of a fused [tokens, q_heads + kv_heads, head_dim] projection, strided as
-    the model's q is (decoder_layer.py)."""
+    """A pool on the GPU holding every row's K/V in scrambled pages (the CPU tests' batch), the
+    batch's metadata, and its queries: a view of a fused [tokens, q_heads + kv_heads, head_dim]
+    projection, strided as the model's q is (decoder_layer.py)."""
     generator = torch.Generator().manual_seed(seed)
-    kv_lens = [prefix + n for prefix, n in rows]
-    pages_needed = [-(-kv_len // page_size) + 1 for kv_len in kv_lens]  # +1: unused spare page
-    num_pages = 2 * sum(pages_needed)
-    free = torch.randperm(num_pages, generator=generator).tolist()
-    tables = []
-    for count in pages_needed:
-        tables.append(free[:count])
-        free = free[count:]
-    pool = KVPool(1, num_pages, page_size, kv_heads, head_dim, dtype, DEVICE)
-    keys = [torch.randn(n, kv_heads, head_dim, generator=generator).to(dtype) for n in kv_lens]
-    values = [torch.randn(n, kv_heads, head_dim, generator=generator).to(dtype) for n in kv_lens]
-    fill = build_attention_metadata([0] * len(rows), kv_lens, tables, page_size, DEVICE)
-    pool.write(0, torch.cat(keys).to(DEVICE), torch.cat(values).to(DEVICE), fill.slot_mapping)
-    meta = build_attention_metadata(
-        [prefix for prefix, _ in rows], [n for _, n in rows], tables, page_size, DEVICE
+    pool, meta, keys, values = scattered_batch(
+        rows, page_size, kv_heads, head_dim, dtype, generator, DEVICE
     )
     fused = torch.randn(meta.num_tokens, q_heads + kv_heads, head_dim, generator=generator)
     q = fused.to(DEVICE, dtype)[:, :q_heads]

@@ -7,14 +7,13 @@ import math
 
 import pytest
 import torch
-from helpers.attention_reference import dense_reference
+from helpers.attention_reference import dense_reference, scattered_batch
 
-from baton.engine.attention.metadata import AttentionMetadata, build_attention_metadata
+from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.select import make_attention_backend
 from baton.engine.attention.torch_backend import TorchPagedAttention
 from baton.engine.compute_plan import isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
-from baton.engine.kv_pool import KVPool
 from baton.engine.native.library import NativeKernels, load_native_kernels
 
 # (cached prefix, new tokens) per row: prefill chunks with and without a prefix, decode rows
@@ -22,35 +21,6 @@ from baton.engine.native.library import NativeKernels, load_native_kernels
 # of 16, and a decode row with a single key.
 MIXED_ROWS = [(0, 13), (5, 1), (37, 1), (20, 9), (15, 1), (0, 1), (31, 17), (2, 2)]
 DECODE_ROWS = [(40, 1), (3, 1), (15, 1), (0, 1), (63, 1)]
-
-
-def _build_batch(
-    rows: list[tuple[int, int]],
-    page_size: int,
-    kv_heads: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    generator: torch.Generator,
-) -> tuple[KVPool, AttentionMetadata, list[torch.Tensor], list[torch.Tensor]]:
-    """Write every row's K/V into randomly scattered pages; return the batch's metadata too."""
-    kv_lens = [prefix + n for prefix, n in rows]
-    pages_needed = [-(-kv_len // page_size) + 1 for kv_len in kv_lens]  # +1: unused spare page
-    num_pages = 3 * sum(pages_needed)
-    free = torch.randperm(num_pages, generator=generator).tolist()
-    tables = []
-    for count in pages_needed:
-        tables.append(free[:count])
-        free = free[count:]
-    pool = KVPool(1, num_pages, page_size, kv_heads, head_dim, dtype, "cpu")
-    keys = [torch.randn(n, kv_heads, head_dim, generator=generator).to(dtype) for n in kv_lens]
-    values = [torch.randn(n, kv_heads, head_dim, generator=generator).to(dtype) for n in kv_lens]
-    # Fill the caches as earlier steps would have: every token of every row, by slot_mapping.
-    fill = build_attention_metadata([0] * len(rows), kv_lens, tables, page_size)
-    pool.write(0, torch.cat(keys), torch.cat(values), fill.slot_mapping)
-    meta = build_attention_metadata(
-        [prefix for prefix, _ in rows], [n for _, n in rows], tables, page_size
-    )
-    return pool, meta, keys, values
 
 
 @pytest.fixture(params=["torch", "native"])
@@ -74,7 +44,9 @@ def _run_case(
     native: NativeKernels | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1234 + page_size + 7 * q_heads + head_dim)
-    pool, meta, keys, values = _build_batch(rows, page_size, kv_heads, head_dim, dtype, generator)
+    pool, meta, keys, values = scattered_batch(
+        rows, page_size, kv_heads, head_dim, dtype, generator
+    )
     q = torch.randn(meta.num_tokens, q_heads, head_dim, generator=generator).to(dtype)
     scale = 1.0 / math.sqrt(head_dim)
     backend = TorchPagedAttention(q_heads, kv_heads, query_block=query_block, native=native)
@@ -115,7 +87,7 @@ def test_prefill_rows_attend_in_the_prefill_dtype_and_decode_rows_in_the_caches(
     """The float32 plan with bf16 GEMMs: prefill rows (causal, and past a cached prefix) attend
     in bf16 into the float32 output; decode rows are untouched."""
     generator = torch.Generator().manual_seed(7)
-    pool, meta, keys, values = _build_batch(MIXED_ROWS, 16, 2, 64, torch.float32, generator)
+    pool, meta, keys, values = scattered_batch(MIXED_ROWS, 16, 2, 64, torch.float32, generator)
     q = torch.randn(meta.num_tokens, 4, 64, generator=generator)
     outputs = {}
     for prefill_dtype in (None, torch.bfloat16):
@@ -167,7 +139,7 @@ def test_query_sliced_from_fused_qkv(
 ) -> None:
     """Models slice q out of a fused QKV projection, so q arrives non-contiguous."""
     generator = torch.Generator().manual_seed(11)
-    pool, meta, keys, values = _build_batch(rows, 16, 2, 32, torch.float32, generator)
+    pool, meta, keys, values = scattered_batch(rows, 16, 2, 32, torch.float32, generator)
     qkv = torch.randn(meta.num_tokens, 8 + 2 * 2, 32, generator=generator)
     q = qkv[:, :8]
     backend = TorchPagedAttention(8, 2, native=decode_kernels)
@@ -181,7 +153,7 @@ def test_forward_replans_for_a_new_batch() -> None:
     generator = torch.Generator().manual_seed(7)
     backend = TorchPagedAttention(4, 2)
     for rows in (MIXED_ROWS, DECODE_ROWS):
-        pool, meta, keys, values = _build_batch(rows, 16, 2, 16, torch.float32, generator)
+        pool, meta, keys, values = scattered_batch(rows, 16, 2, 16, torch.float32, generator)
         q = torch.randn(meta.num_tokens, 4, 16, generator=generator)
         out = backend.forward(q, pool.k_cache(0), pool.v_cache(0), meta, 0.25)
         expected = dense_reference(q, meta, keys, values, 0.25)
@@ -234,7 +206,7 @@ def test_select_backend_on_cpu() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_torch_backend_on_cuda() -> None:
     generator = torch.Generator().manual_seed(3)
-    pool, meta, keys, values = _build_batch(MIXED_ROWS, 16, 2, 64, torch.float32, generator)
+    pool, meta, keys, values = scattered_batch(MIXED_ROWS, 16, 2, 64, torch.float32, generator)
     q = torch.randn(meta.num_tokens, 8, 64, generator=generator)
     cuda_meta = build_attention_metadata(
         [kv - n for kv, n in zip(meta.kv_lens, meta.q_lens, strict=True)],

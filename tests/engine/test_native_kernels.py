@@ -133,8 +133,16 @@ def test_the_float32_activation_matches_torch_and_serves_the_mlp(
             linear.weight.normal_(std=0.1)
     rows = torch.randn(300, 64)
     torch_path = mlp(rows)
-    mlp.native = native
+    calls: list[int] = []
+
+    class CountingKernels:  # the native activation's calls, counted
+        def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+            calls.append(gate_up.shape[0])
+            return native.silu_mul(gate_up)
+
+    mlp.native = CountingKernels()
     torch.testing.assert_close(mlp(rows), torch_path, rtol=1e-5, atol=1e-5)
+    assert calls == [300]
 
 
 @pytest.mark.parametrize("inter", [96, 1030, 1037])  # tails past 16 and past 8 floats

@@ -171,13 +171,9 @@ void baton_rope_and_store(float *qk, int64_t qk_stride, const float *v, int64_t 
     baton_parallel(rope_task, &loop, (tokens + ROWS_PER_TASK - 1) / ROWS_PER_TASK);
 }
 
-/* Ask for the cache lines of `floats` floats from `start` (a page of keys, all heads). */
-static inline void prefetch_page(const float *start, int64_t floats) {
-    for (int64_t i = 0; i < floats; i += 16) _mm_prefetch((const char *)(start + i), _MM_HINT_T0);
-}
-
-/* Ask for one head's `width` floats of each of a page's `tokens` tokens (token_stride apart). */
-static inline void prefetch_head(const float *start, int64_t tokens, int64_t token_stride,
+/* Ask the cache for `width` floats of each of a page's `tokens` tokens (token_stride apart):
+ * one head's slice, or with width = token_stride the whole page. */
+static inline void prefetch_page(const float *start, int64_t tokens, int64_t token_stride,
                                  int64_t width) {
     for (int64_t t = 0; t < tokens; t++)
         for (int64_t i = 0; i < width; i += 16)
@@ -199,7 +195,7 @@ static inline __attribute__((always_inline)) void weigh_values(
                                           token_stride;
         const float *weights = p + (t - begin);
         if (t + run < end)
-            prefetch_head(values + (int64_t)pages[(t + run) / page_size] * page_size * token_stride,
+            prefetch_page(values + (int64_t)pages[(t + run) / page_size] * page_size * token_stride,
                           page_size, token_stride, 8 * vectors);
         for (int64_t o = 0; o < run; o++, value += token_stride) {
             const __m256 weight = _mm256_set1_ps(weights[o]);
@@ -233,7 +229,7 @@ static int attend_range(const float *q, const float *k_cache, const float *v_cac
                                           token_stride;
         if (t + run < end) /* the next page's keys, which the prefetcher cannot guess */
             prefetch_page(k_cache + (int64_t)pages[(t + run) / page_size] * page_size *
-                                        token_stride, page_size * token_stride);
+                                        token_stride, page_size, token_stride, token_stride);
         float *s = scores + (t - begin);
         int64_t o = 0;
         for (; o + 8 <= run; o += 8)

@@ -21,18 +21,18 @@ static inline float silu_mul_scalar(float gate, float up) { return gate / (1.0f 
 #define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
 WIDE static inline __m512 exp_nonpositive16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    x = _mm512_max_ps(x, _mm512_set1_ps(EXP_FLOOR));
     const __m512 n = _mm512_roundscale_ps(
-        _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+        _mm512_fmadd_ps(x, _mm512_set1_ps(EXP_LOG2E), _mm512_set1_ps(0.5f)),
         _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_HIGH), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(EXP_LN2_LOW), r);
+    __m512 p = _mm512_set1_ps(EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     const __m512i two_n = _mm512_slli_epi32(
         _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);

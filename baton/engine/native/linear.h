@@ -1,4 +1,4 @@
-/* A linear layer's weights as the native kernels read them, and its product for a few rows. */
+/* A linear layer's weights as the native kernels read them, and its product (baton_linear). */
 #ifndef BATON_LINEAR_H
 #define BATON_LINEAR_H
 
@@ -9,7 +9,7 @@ enum { FMT_BF16 = 0, FMT_F16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4 };
 
 /* A linear layer's compact weight (compact_weights.CompactWeight), its bias (or NULL) and, on
  * AMX CPUs, the same weight in tile order (NULL where there is none): a bf16 weight as bf16
- * (amx_gemm.c), a block format's minimums in bf16 parts (amx_blocks.c); avx512: the compact
+ * (amx_gemm.c), a block format's weights split exactly into bf16 parts (amx_blocks.c); avx512: the compact
  * kernel may use AVX-512 (the CPU has it and the plan's ISA allows it). Mirrored by structs.py's
  * Matrix: keep the field order in step. */
 typedef struct {

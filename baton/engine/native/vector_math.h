@@ -20,21 +20,34 @@ static inline float hmax8(__m256 v) {
     return _mm_cvtss_f32(m);
 }
 
+/* exp_nonpositive's constants, one set for every vector width (gated_activation.c's 16-float
+ * copy computes the same values bit for bit). e^-87 ~ 1.6e-38 is still a normal float; ln2 is
+ * split in two so n ln2 is exact enough; the polynomial's coefficients are Cephes'. */
+#define EXP_FLOOR -87.0f
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HIGH 0.693359375f
+#define EXP_LN2_LOW -2.12194440e-4f
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+
 /* e^x for x <= 0 (scores minus their maximum), within 2 ulp: x = n ln2 + r with |r| <= ln2 / 2,
- * e^r by its degree-7 Taylor-like polynomial (Cephes' coefficients), times 2^n. */
+ * e^r by its degree-7 Taylor-like polynomial, times 2^n. */
 static inline __m256 exp_nonpositive(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f)); /* e^-87 ~ 1.6e-38: still a normal float */
-    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
-                                               _mm256_set1_ps(0.5f)));
-    /* r = x - n ln2, with ln2 split in two so the product is exact enough. */
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR));
+    __m256 n = _mm256_floor_ps(
+        _mm256_fmadd_ps(x, _mm256_set1_ps(EXP_LOG2E), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_HIGH), x); /* r = x - n ln2 */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(EXP_LN2_LOW), r);
+    __m256 p = _mm256_set1_ps(EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     __m256i two_n = _mm256_slli_epi32(
         _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
