@@ -42,6 +42,9 @@ FORMATS = {
 # The formats whose weights are small integers times a block's scale (plus its minimum), which
 # AMX multiplies in float32 precision (native/amx_blocks.c).
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
+# The fewest rows a bf16 weight's tiles multiply (compact_gemv.c's AMX_MIN_ROWS): one row keeps
+# the compact kernel's exact float32 products at the same bytes read.
+TILES_MIN_ROWS = 2
 _TORCH_FORMATS = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -50,8 +53,9 @@ class CompactWeight:
     """A [out_features, in_features] weight in a compact format: `data` is uint8
     [out_features, row_bytes], each row its in_features / block blocks in order. `tiles`, on AMX
     CPUs only, holds the weight once more in the tile unit's order, which larger batches
-    multiply instead: a bf16 weight as bf16, from 2 rows (native/amx_gemm.c); a block format's
-    split exactly into bf16 parts, from 26-30 rows and prefill (native/amx_blocks.c)."""
+    multiply instead: a bf16 weight as bf16, from TILES_MIN_ROWS rows (native/amx_gemm.c); a
+    block format's split exactly into bf16 parts, from 26-30 rows (native/amx_blocks.c). Either
+    way the tiles take every larger batch, prefill chunks included."""
 
     format: str
     data: torch.Tensor
@@ -64,8 +68,8 @@ class CompactWeight:
 
     @property
     def multiplies_any_rows(self) -> bool:
-        """The native kernels multiply batches of any size with it: a block format's tiles."""
-        return self.tiles is not None and self.format in BLOCK_FORMATS
+        """The native kernels multiply batches of any size with it: it has tiles."""
+        return self.tiles is not None
 
     @staticmethod
     def from_tensor(tensor: torch.Tensor) -> CompactWeight | None:

@@ -70,6 +70,7 @@ class Engine(BatchRunner):
         # says, and where the computation is float32, RoPE + K/V store and decode attention
         # reading the pages in place.
         native = self._native_kernels()
+        tiled = 0
         self.plan = choose_compute_plan(
             config.dtype,
             model_config.torch_dtype,
@@ -126,10 +127,11 @@ class Engine(BatchRunner):
             and NativeDecodeStep.supports(self.model)
         ):
             self.decode_step = NativeDecodeStep(self.model, self.kv_pool, attention_kernels)
-        if self.plan.gemm_dtype is not None:  # (a plan only native kernels make)
+        if self.plan.gemm_dtype is not None and not tiled:  # (a plan only native kernels make)
             # bf16 GEMMs in hardware overtake the compact weights at a number of rows that
             # depends on the machine and the model's shapes: measured (native step or op by op,
-            # whichever serves), not assumed.
+            # whichever serves), not assumed. (On AMX the tiles take every batch of 2 rows or
+            # more, and no GEMM weights are left to time.)
             logger.info("timing decode steps from the stored weights against bf16 GEMMs")
             if compact_crossover(self, config.max_running_requests) == 0:
                 self.decode_step = None

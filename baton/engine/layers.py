@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baton.engine.compact_weights import COMPACT_MAX_ROWS, CompactWeight
+from baton.engine.compact_weights import COMPACT_MAX_ROWS, TILES_MIN_ROWS, CompactWeight
 from baton.engine.native.library import NativeKernels
 
 # The batch size oneDNN's packed weights are blocked for where only prefill chunks use them, by
@@ -95,9 +95,9 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
     def reads_compact(self, rows: int) -> bool:
-        """Whether a batch of `rows` rows multiplies the compact weights (else the GEMM): a
-        GGUF block matrix with AMX tiles takes every batch (native/amx_blocks.c: 1.7x oneDNN's
-        float32 rate at prefill sizes), others up to `compact_max_rows`."""
+        """Whether a batch of `rows` rows multiplies the compact weights (else the GEMM): with
+        AMX tiles every batch (native/amx_gemm.c, amx_blocks.c: faster than oneDNN's GEMMs at
+        prefill sizes too), else up to `compact_max_rows`."""
         if self.compact is None:
             return False
         return rows <= self.compact_max_rows or self.compact.multiplies_any_rows
@@ -239,6 +239,12 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, hidden] -> [tokens, hidden]."""
+        if self._fuses_activation(x.shape[0]):
+            # The activation straight from the tile registers, in bf16 (the down product's
+            # rows): the [rows, 2 * intermediate] product is never written out.
+            gate_up = self.gate_up_proj
+            activated = self.native.tiles_product(x, gate_up.compact, gate_up.bias, gated=True)
+            return self.down_proj(activated)
         if self._stays_in_bf16(x.shape[0]):
             return self._forward_in_bf16(x)
         gate_up = self.gate_up_proj(x)
@@ -248,6 +254,20 @@ class GatedMLP(nn.Module):
             return self.down_proj(self.native.silu_mul(gate_up))
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up))
+
+    def _fuses_activation(self, rows: int) -> bool:
+        """Both products from bf16 tiles (AMX), whose gated epilogue takes whole tiles."""
+        gate_up, down = self.gate_up_proj.compact, self.down_proj.compact
+        return (
+            self.native is not None
+            and rows >= TILES_MIN_ROWS
+            and gate_up is not None
+            and down is not None
+            and gate_up.tiles is not None
+            and down.tiles is not None
+            and gate_up.format == down.format == "bf16"
+            and self.intermediate_size % 16 == 0
+        )
 
     def _stays_in_bf16(self, rows: int) -> bool:
         gate_up, down = self.gate_up_proj, self.down_proj

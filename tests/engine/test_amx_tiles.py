@@ -1,8 +1,10 @@
-"""Batches multiplied in AMX tiles, on CPUs with AMX only. bf16 weights, decode batches of 2-32
-rows (native/amx_gemm.c): the product against a float64 reference of the same bf16 operands, the
-rows' rounding against torch's, and a served model's tokens against its op-by-op path and
-transformers. GGUF blocks from 26-30 rows (native/amx_blocks.c): float32 precision, which batches
-take the tiles, and a served GGUF's tokens."""
+"""Batches multiplied in AMX tiles, on CPUs with AMX only. bf16 weights, every batch of 2 rows or
+more, decode steps and prefill chunks (native/amx_gemm.c): the product against a float64
+reference of the same bf16 operands, the rows' rounding against torch's, a row's result whatever
+its batch, the gated MLP's activation from the tiles against the unfused one, and a served
+model's tokens against its op-by-op path and transformers. GGUF blocks from 26-30 rows
+(native/amx_blocks.c): float32 precision, which batches take the tiles, and a served GGUF's
+tokens."""
 
 from __future__ import annotations
 
@@ -45,18 +47,63 @@ def _tiled(amx: NativeKernels, weight: torch.Tensor) -> CompactWeight:
 
 
 # (out_features, in_features): one pair of tiles; n padded; the 0.5B shape's widest layers.
+# Rows: one or two tiles of 16, then several blocks of 32 and a partial one; 700 rows of 896
+# inputs fill more than one group of rows (amx_gemm.c's GROUP_BYTES), as 300 rows of 4864 do.
 @pytest.mark.parametrize(("n", "k"), [(32, 32), (40, 96), (1152, 896), (896, 4864)])
-@pytest.mark.parametrize("rows", [2, 3, 16, 17, 32])
+@pytest.mark.parametrize("rows", [2, 3, 16, 17, 32, 33, 300, 700])
 def test_tiles_multiply_the_rows_rounded_to_bf16(
     amx: NativeKernels, n: int, k: int, rows: int
 ) -> None:
     generator = torch.Generator().manual_seed(rows * n + k)
     weight = torch.randn(n, k, generator=generator).to(torch.bfloat16)
     x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
-    got = amx.gemv(x, _tiled(amx, weight), bias)
-    want = x.to(torch.bfloat16).double() @ weight.double().T + bias.double()
+    tiled = _tiled(amx, weight)
+    want = x.to(torch.bfloat16).double() @ weight.double().T
     # Exact products, float32 sums of k terms: far inside this bound.
-    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5 * k**0.5)
+    for got, expected in (
+        (amx.gemv(x, tiled, bias), want + bias.double()),
+        (amx.gemv(x, tiled, None), want),
+    ):
+        torch.testing.assert_close(got.double(), expected, rtol=0, atol=1e-5 * k**0.5)
+
+
+def test_a_rows_product_does_not_depend_on_its_batch(amx: NativeKernels) -> None:
+    """Each row sums its products in one order, whichever block, group and thread it falls in:
+    a prefill's rows are those of any other batch, bit for bit."""
+    generator = torch.Generator().manual_seed(4)
+    tiled = _tiled(amx, torch.randn(200, 896, generator=generator))
+    x, bias = torch.randn(700, 896, generator=generator), torch.randn(200, generator=generator)
+    whole = amx.gemv(x, tiled, bias)
+    for first, rows in ((0, 2), (17, 15), (590, 33), (650, 50)):
+        assert torch.equal(
+            amx.gemv(x[first : first + rows], tiled, bias), whole[first : first + rows]
+        )
+
+
+def test_bf16_rows_multiply_as_they_are(amx: NativeKernels) -> None:
+    """Rows already in bf16 (the MLP's activation) give the product of their float32 values."""
+    generator = torch.Generator().manual_seed(5)
+    tiled = _tiled(amx, torch.randn(48, 64, generator=generator))
+    x = torch.randn(40, 64, generator=generator).to(torch.bfloat16)
+    assert torch.equal(amx.gemv(x, tiled, None), amx.gemv(x.float(), tiled, None))
+    with pytest.raises(ValueError, match="rows of 32 inputs"):
+        amx.gemv(x[:, :32], tiled, None)
+
+
+@pytest.mark.parametrize(("inter", "k"), [(16, 32), (48, 96), (4864, 896)])
+@pytest.mark.parametrize("rows", [2, 17, 33, 300])
+def test_the_gated_activation_from_the_tiles_is_the_unfused_one(
+    amx: NativeKernels, inter: int, k: int, rows: int
+) -> None:
+    """silu(gate) * up from the tile registers, rounded to bf16, equals the [gate | up] product
+    written out, then the native activation, then the rounding (bias or none), bit for bit."""
+    generator = torch.Generator().manual_seed(rows + inter + k)
+    tiled = _tiled(amx, torch.randn(2 * inter, k, generator=generator))
+    x, bias = torch.randn(rows, k, generator=generator), torch.randn(2 * inter, generator=generator)
+    for b in (bias, None):
+        fused = amx.tiles_product(x, tiled, b, gated=True)
+        unfused = amx.silu_mul(amx.gemv(x, tiled, b)).to(torch.bfloat16)
+        assert fused.dtype == torch.bfloat16 and torch.equal(fused, unfused)
 
 
 def test_one_row_reads_the_compact_weights_in_float32(amx: NativeKernels) -> None:
@@ -88,21 +135,33 @@ def test_served_batches_keep_the_op_by_op_tokens_and_transformers_ones(
     monkeypatch: pytest.MonkeyPatch,
     variant: str,
 ) -> None:
-    """This machine's own plan on a bf16 checkpoint: every layer holds tiles; decode batches of
-    1 to 32 rows run natively (one row from the compact weights, more from the tiles), with the
-    tokens of the same plan op by op, and up to bf16's near-ties those of transformers."""
+    """This machine's own plan on a bf16 checkpoint: every layer holds tiles, which take every
+    batch but one row's (the compact weights'); decode batches of 1 to 32 rows run natively, with
+    the tokens of the same plan op by op, and up to bf16's near-ties those of transformers; a
+    chunked prefill's MLPs take their activation from the tiles."""
     if detect_cpu_capabilities().isa != "amx":
         pytest.skip("the plan is capped below AMX here (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA)")
 
-    def no_crossover_timing(engine, max_batch_rows: int) -> int:  # the native step keeps all
-        return engine.model.compact_max_rows
+    def no_crossover_timing(engine, max_batch_rows: int) -> int:
+        raise AssertionError("the tiles take every batch: start-up has nothing to time")
 
     monkeypatch.setattr(engine_module, "compact_crossover", no_crossover_timing)
     path = tiny_model_factory(variant, weights_dtype=torch.bfloat16)
-    native, eager = LLM(str(path)), LLM(str(path), enforce_eager=True)
+    native, eager = LLM(str(path), chunk_size=40), LLM(str(path), enforce_eager=True, chunk_size=40)
     assert native.engine.plan.amx_tiles
-    assert native.engine.model.layers[0].mlp.down_proj.compact.tiles is not None
-    assert native.engine.model.lm_head.compact.tiles is not None
+    linears = [m for m in native.engine.model.modules() if isinstance(m, Linear)]
+    assert all(linear.compact.tiles is not None for linear in linears)
+    # No batch reaches their GEMMs: their bf16 weights (and the head's float32 one, unless
+    # tied) are freed, and nothing is packed for oneDNN.
+    assert all(linear.weight.numel() == 0 and not linear.packed for linear in linears)
+    gated_calls = []
+    product = NativeKernels.tiles_product
+
+    def counting_product(self, x, weight, bias, gated=False):
+        gated_calls.append(gated)
+        return product(self, x, weight, bias, gated)
+
+    monkeypatch.setattr(NativeKernels, "tiles_product", counting_product)
     counting = native.engine.decode_step = CountingStep(native.engine.decode_step)
     for batch in (1, 2, 17, NATIVE_STEP_MAX_ROWS):
         prompts = [[(7 * i + j) % 250 for j in range(3 + i % 5)] for i in range(batch)]
@@ -113,6 +172,13 @@ def test_served_batches_keep_the_op_by_op_tokens_and_transformers_ones(
         assert counting.batches - before == GREEDY.max_tokens - 1
         for prompt, tokens in zip(prompts[:3], got, strict=False):
             assert_greedy_matches_hf(path, prompt, tokens, BF16_TIE_TOLERANCE)
+    # A prompt of several chunks: each chunk's MLPs take their activation from the tiles.
+    long = [(11 * j) % 250 for j in range(90)]
+    gated_calls.clear()
+    [output] = native.generate([long], GREEDY)
+    assert sum(gated_calls) == 3 * len(native.engine.model.layers)
+    assert output.token_ids == eager.generate([long], GREEDY)[0].token_ids
+    assert_greedy_matches_hf(path, long, output.token_ids, BF16_TIE_TOLERANCE)
 
 
 def _blocks(weight: torch.Tensor, block_format: str) -> tuple[CompactWeight, torch.Tensor]:

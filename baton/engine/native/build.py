@@ -36,7 +36,14 @@ SOURCES = tuple(
 )
 HEADERS = tuple(
     _HERE / name
-    for name in ("amx_tiles.h", "linear.h", "sampling.h", "thread_pool.h", "vector_math.h")
+    for name in (
+        "amx_tiles.h",
+        "linear.h",
+        "sampling.h",
+        "thread_pool.h",
+        "vector_math.h",
+        "vector_math512.h",
+    )
 )
 LIBRARY_NAME = "libbaton_native.so"
 # -fopenmp links libgomp by soname: loaded after torch, the library shares torch's OpenMP runtime

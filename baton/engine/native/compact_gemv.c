@@ -344,8 +344,9 @@ int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
                                     m->out_features, m->bias, y)
                    ? -1
                    : 0;
-    if (m->tiles && m->format == FMT_BF16 && rows >= AMX_MIN_ROWS && rows <= AMX_MAX_ROWS)
-        return baton_amx_gemm(x, rows, m->in_features, m->tiles, m->out_features, m->bias, y)
+    if (m->tiles && m->format == FMT_BF16 && rows >= AMX_MIN_ROWS)
+        return baton_amx_gemm(x, NULL, rows, m->in_features, m->tiles, m->out_features, m->bias,
+                              EPILOGUE_STORE, y)
                    ? -1
                    : 0;
     return baton_compact_gemv((int)m->format, (int)m->avx512, x, rows, m->in_features, m->data,

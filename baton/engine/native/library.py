@@ -23,6 +23,8 @@ from baton.engine.native.structs import (
 )
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+# linear.h's epilogues of baton_amx_gemm.
+_EPILOGUE_STORE, _EPILOGUE_SILU_MUL = 0, 1
 
 
 class NativeKernels:
@@ -40,6 +42,11 @@ class NativeKernels:
             library.baton_linear, ctypes.c_int, [ctypes.POINTER(Matrix), _ptr, _i64, _ptr]
         )
         self._tiles_bytes = _declare(library.baton_bf16_tiles_bytes, _i64, [_i64, _i64])
+        self._amx_gemm = _declare(
+            library.baton_amx_gemm,
+            ctypes.c_int,
+            [_ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64, _ptr],
+        )
         self._pack_tiles = _declare(
             library.baton_pack_bf16_tiles, None, [_ptr, _i64, _i64, _i64, _ptr]
         )
@@ -87,7 +94,10 @@ class NativeKernels:
         self, x: torch.Tensor, weight: CompactWeight, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """`x @ W^T (+ bias)`: float32 x [rows, in_features] -> [rows, out_features], as the
-        native decode step multiplies (linear.h: the tiles, where given, from two rows)."""
+        native decode step multiplies (linear.h: the tiles, where given, from two rows). bf16
+        rows go to a bf16 weight's tiles as they are (`tiles_product`)."""
+        if x.dtype == torch.bfloat16:
+            return self.tiles_product(x, weight, bias)
         x = x.contiguous()
         y = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
         # ctypes releases the GIL for each call: the scheduler thread runs meanwhile.
@@ -96,6 +106,52 @@ class NativeKernels:
         )
         if status:
             raise MemoryError("the native linear layer could not allocate its rows")
+        return y
+
+    def tiles_product(
+        self,
+        x: torch.Tensor,
+        weight: CompactWeight,
+        bias: torch.Tensor | None,
+        gated: bool = False,
+    ) -> torch.Tensor:
+        """`x @ W^T (+ bias)` from a bf16 weight's tiles (amx_gemm.c), float32 [rows,
+        out_features]; x float32 (rounded to bf16 there) or bf16 (in_features then a multiple
+        of 32). `gated`: W is a gated MLP's [gate | up] (out_features a multiple of 32), and the
+        result its activation, bf16(silu(gate) * up) [rows, out_features / 2]."""
+        if weight.tiles is None or weight.format != "bf16":
+            raise ValueError(f"a {weight.format} weight without bf16 tiles")
+        if x.dim() != 2 or x.shape[1] != weight.in_features:
+            raise ValueError(
+                f"rows of {x.shape[-1]} inputs for a weight of {weight.in_features} inputs"
+            )
+        x = x.contiguous()
+        rows, n = x.shape[0], weight.out_features
+        y = (
+            torch.empty(rows, n // 2, dtype=torch.bfloat16)
+            if gated
+            else torch.empty(rows, n, dtype=torch.float32)
+        )
+        x_float, x_bf16 = (
+            (None, x.data_ptr()) if x.dtype == torch.bfloat16 else (x.data_ptr(), None)
+        )
+        status = self._amx_gemm(
+            x_float,
+            x_bf16,
+            rows,
+            weight.in_features,
+            weight.tiles.data_ptr(),
+            n,
+            None if bias is None else bias.data_ptr(),
+            _EPILOGUE_SILU_MUL if gated else _EPILOGUE_STORE,
+            y.data_ptr(),
+        )
+        if status == -2:
+            raise MemoryError("the AMX product could not allocate its bf16 rows")
+        if status:
+            raise ValueError(
+                f"no tile product of {x.dtype} rows [{rows}, {x.shape[1]}] by {n} features"
+            )
         return y
 
     def matrix(self, weight: CompactWeight, bias: torch.Tensor | None) -> Matrix:

@@ -24,11 +24,16 @@ typedef struct {
  * out or the format is unknown. */
 int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y);
 
-/* The most rows one AMX product takes: two tiles of 16 (amx_gemm.c). */
-#define AMX_MAX_ROWS 32
+/* Rows one AMX product takes at a time: two tiles of 16 (amx_gemm.c). */
+#define AMX_BLOCK_ROWS 32
 
-int baton_amx_gemm(const float *x, int64_t rows, int64_t k_dim, const uint16_t *tiles,
-                   int64_t n_dim, const float *bias, float *y);
+/* What baton_amx_gemm writes (NativeKernels mirrors the values): the product, float32, with its
+ * bias; or the gated MLP's activation of a [gate | up] product, bf16. */
+enum { EPILOGUE_STORE = 0, EPILOGUE_SILU_MUL = 1 };
+
+int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t k_dim,
+                   const uint16_t *tiles, int64_t n_dim, const float *bias, int64_t epilogue,
+                   void *y);
 int baton_amx_block_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
                          const uint16_t *tiles, int64_t n_dim, const float *bias, float *y);
 

@@ -20,7 +20,7 @@ static inline float hmax8(__m256 v) {
     return _mm_cvtss_f32(m);
 }
 
-/* exp_nonpositive's constants, one set for every vector width (gated_activation.c's 16-float
+/* exp_nonpositive's constants, one set for every vector width (vector_math512.h's 16-float
  * copy computes the same values bit for bit). e^-87 ~ 1.6e-38 is still a normal float; ln2 is
  * split in two so n ln2 is exact enough; the polynomial's coefficients are Cephes'. */
 #define EXP_FLOOR -87.0f
