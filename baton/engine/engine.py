@@ -119,6 +119,7 @@ class Engine(BatchRunner):
             self.device,
             native=attention_kernels,
             prefill_dtype=self.gemm_dtype,
+            amx_prefill=tiled > 0,
         )
         self.decode_step: NativeDecodeStep | None = None
         if (

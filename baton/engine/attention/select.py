@@ -22,10 +22,12 @@ def make_attention_backend(
     dtype: torch.dtype,
     native: NativeKernels | None = None,
     prefill_dtype: torch.dtype | None = None,
+    amx_prefill: bool = False,
 ) -> AttentionBackend:
     """Build backend `name` ("auto" | "torch" | "flashinfer") for the given model shape;
     `native`: the torch backend's decode rows run the native kernel (float32 CPU caches);
-    `prefill_dtype`: its prefill rows attend in that dtype (see TorchPagedAttention)."""
+    `prefill_dtype`: its prefill rows attend in that dtype; `amx_prefill`: on AMX (see
+    TorchPagedAttention)."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; expected one of {BACKEND_NAMES}")
     device = torch.device(device)
@@ -35,7 +37,11 @@ def make_attention_backend(
     if name == "flashinfer" or (name == "auto" and on_cuda and flashinfer_available()):
         return FlashInferAttention(num_q_heads, num_kv_heads, head_dim, dtype, device)
     return TorchPagedAttention(
-        num_q_heads, num_kv_heads, native=native, prefill_dtype=prefill_dtype
+        num_q_heads,
+        num_kv_heads,
+        native=native,
+        prefill_dtype=prefill_dtype,
+        amx_prefill=amx_prefill,
     )
 
 
@@ -46,6 +52,7 @@ def model_attention_backend(
     device: torch.device | str,
     native: NativeKernels | None = None,
     prefill_dtype: torch.dtype | None = None,
+    amx_prefill: bool = False,
 ) -> AttentionBackend:
     """`make_attention_backend` for `config`'s heads."""
     return make_attention_backend(
@@ -57,4 +64,5 @@ def model_attention_backend(
         dtype,
         native,
         prefill_dtype,
+        amx_prefill,
     )

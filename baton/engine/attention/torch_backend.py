@@ -67,11 +67,15 @@ class TorchPagedAttention(AttentionBackend):
         query_block: int = 512,
         native: NativeKernels | None = None,
         prefill_dtype: torch.dtype | None = None,
+        amx_prefill: bool = False,
     ) -> None:
         """`native`: decode rows run the native kernel (float32 CPU caches, head_dim a
-        multiple of 8: the caller checks); prefill rows always run in torch, in
-        `prefill_dtype` where given (the float32 plan with bf16 GEMMs: ComputePlan.gemm_dtype,
-        whose prefill stays in the bf16 hardware, attention included)."""
+        multiple of 8: the caller checks); prefill rows run in torch, in `prefill_dtype` where
+        given (the float32 plan with bf16 GEMMs: ComputePlan.gemm_dtype, whose prefill stays in
+        the bf16 hardware, attention included). `amx_prefill`: with `native` and a bf16
+        `prefill_dtype`, on a CPU whose tiles the plan uses, prefill rows attend on AMX
+        instead (native/amx_attention.c: 2.4x torch's flash kernel, at head_dim a multiple of
+        32 up to 256)."""
         if num_q_heads % num_kv_heads:
             raise ValueError(f"{num_q_heads} query heads do not group over {num_kv_heads} KV heads")
         self.num_q_heads = num_q_heads
@@ -80,6 +84,7 @@ class TorchPagedAttention(AttentionBackend):
         self.query_block = query_block
         self.native = native
         self.prefill_dtype = prefill_dtype
+        self.amx_prefill = amx_prefill and native is not None and prefill_dtype == torch.bfloat16
         self._meta: AttentionMetadata | None = None
         self._decode: _DecodePlan | _NativeDecodePlan | None = None
         self._prefill: list[_PrefillRow] = []
@@ -172,8 +177,16 @@ class TorchPagedAttention(AttentionBackend):
                 decode_q = q_cache.index_select(0, decode.tokens)
                 decode_out = self._attend_decode(decode_q, k_cache, v_cache, decode, scale)
                 out.index_copy_(0, decode.tokens, decode_out)
+        on_amx = self.amx_prefill and head_dim % 32 == 0 and head_dim <= 256
         for row in self._prefill:
-            self._attend_prefill_row(q_cache, k_rows, v_rows, row, scale, out)
+            if on_amx:
+                tokens = slice(row.q_start, row.q_start + row.q_len)
+                prefix = row.kv_len - row.q_len
+                self.native.prefill_attention(
+                    q_cache[tokens], prefix, k_cache, v_cache, row.kv_rows, scale, out[tokens]
+                )
+            else:
+                self._attend_prefill_row(q_cache, k_rows, v_rows, row, scale, out)
         return out.to(q.dtype)
 
     def _attend_decode(

@@ -33,9 +33,6 @@
 #include "thread_pool.h"
 #include "vector_math512.h"
 
-/* Every AMX CPU has AVX-512: the epilogues use it. */
-#define AMX_TARGET \
-    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
@@ -99,19 +96,6 @@ typedef struct {
     void *y;
     int64_t rows, k_pad, n_dim, epilogue, group_rows, feature_chunks;
 } AmxLoop;
-
-/* The tile unit shaped for a block of `rows` (1-32) rows: C tiles 0-1 hold rows 0-15, 2-3 rows
- * 16-31; A tiles 4-5 those rows' 32 inputs; B tiles 6-7 two blocks of 16 weight columns. */
-AMX_TARGET static void configure_tiles(int rows) {
-    const int low = rows < 16 ? rows : 16, high = rows - low;
-    TileConfig config = {.palette_id = 1};
-    for (int t = 0; t < 8; t++) config.colsb[t] = 64;
-    config.rows[0] = config.rows[1] = config.rows[4] = (uint8_t)low;
-    config.rows[2] = config.rows[3] = config.rows[5] = (uint8_t)high;
-    config.rows[6] = config.rows[7] = TILE_K / 2;
-    if (!high) config.colsb[2] = config.colsb[3] = config.colsb[5] = 0;
-    _tile_loadconfig(&config);
-}
 
 /* The block of rows at x times the weight columns b0 and b1, into C tiles 0-3 (above), which
  * start from `start0` and `start1` (16 floats each, every row) or from zero (NULL). */

@@ -23,6 +23,7 @@ _HERE = Path(__file__).parent
 SOURCES = tuple(
     _HERE / name
     for name in (
+        "amx_attention.c",
         "amx_blocks.c",
         "amx_gemm.c",
         "compact_gemv.c",

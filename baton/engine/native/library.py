@@ -84,6 +84,25 @@ class NativeKernels:
         self._sample_rows = _declare(
             library.baton_sample_rows, None, [_ptr, _i64, _i64, ctypes.POINTER(RowSampling), _ptr]
         )
+        self._prefill_attention = _declare(
+            library.baton_prefill_attention,
+            ctypes.c_int,
+            [
+                _ptr,
+                _i64,
+                _i64,
+                _i64,
+                _ptr,
+                _ptr,
+                _ptr,
+                _i64,
+                _i64,
+                _i64,
+                ctypes.c_float,
+                _ptr,
+                _i64,
+            ],
+        )
         self._attention = _declare(
             library.baton_decode_attention,
             ctypes.c_int,
@@ -261,6 +280,45 @@ class NativeKernels:
             k_cache.data_ptr(),
             v_cache.data_ptr(),
         )
+
+    def prefill_attention(
+        self,
+        q: torch.Tensor,
+        prefix: int,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        kv_rows: torch.Tensor,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
+        """Causal attention of one prefill row on AMX (amx_attention.c), into `out`: q and out
+        float32 [q_len, q_heads, head_dim] (rows may be strided, each head contiguous), the
+        queries after `prefix` cached keys; kv_rows (int64 [kv_heads * (prefix + q_len)]) each
+        KV head's keys as rows of the float32 caches viewed [-1, head_dim]; head_dim a multiple
+        of 32."""
+        q_len, q_heads, head_dim = q.shape
+        for tensor in (q, out):
+            if tensor.stride(2) != 1 or tensor.stride(1) != head_dim:
+                raise ValueError("each query head's values must be contiguous")
+        status = self._prefill_attention(
+            q.data_ptr(),
+            q.stride(0),
+            q_len,
+            prefix,
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            kv_rows.data_ptr(),
+            q_heads,
+            k_cache.shape[-2],
+            head_dim,
+            scale,
+            out.data_ptr(),
+            out.stride(0),
+        )
+        if status == -2:
+            raise MemoryError("the prefill attention could not allocate its tiles")
+        if status:
+            raise ValueError(f"no AMX attention for {q_heads} heads of {head_dim} values")
 
     def decode_attention(
         self,
