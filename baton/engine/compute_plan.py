@@ -86,9 +86,10 @@ class ComputePlan(msgspec.Struct, frozen=True, kw_only=True):
     gemm_dtype: str | None = None
     # On AMX, the compact weights are held once more in the tile unit's order and batches of
     # several rows multiply those on it, where the compact kernel's float32 FMAs bind: bf16
-    # weights from 2 rows up to 32 (native/amx_gemm.c), bound by the bytes read; a GGUF's blocks
-    # split exactly into bf16 parts from 26-30 rows, prefill chunks included, in float32 precision
-    # (native/amx_blocks.c).
+    # weights from 2 rows, prefill chunks included (native/amx_gemm.c, in place of oneDNN's
+    # GEMMs, with a prefill's attention on the tiles too: native/amx_attention.c); a GGUF's
+    # blocks split exactly into bf16 parts from 26-30 rows, prefill chunks included, in float32
+    # precision (native/amx_blocks.c).
     amx_tiles: bool = False
 
     def summary(self) -> str:

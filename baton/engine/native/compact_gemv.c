@@ -326,8 +326,8 @@ int baton_dequantize(int fmt, const uint8_t *w, int64_t n_dim, int64_t k_dim, in
 }
 
 /* Rows from which a layer with tile-ordered weights multiplies them on AMX rather than reading
- * its compact weights. bf16 tiles: from 2 rows up to AMX_MAX_ROWS (the native step's batches);
- * one row stays on the compact kernel, which keeps exact float32 arithmetic, as transformers'
+ * its compact weights. bf16 tiles: from 2 rows, at any number (prefill chunks too); one row
+ * stays on the compact kernel, which keeps exact float32 arithmetic, as transformers'
  * float32 reference computes it, at the same bytes read. Block formats' tiles hold 3-6x the
  * bytes of their blocks and cost the same for 1 or 16 rows of a group, so they pay from more
  * rows, and then at any number. On the AMX Xeon (2 threads), compact against tiles: SmolLM2's
