@@ -184,32 +184,40 @@ AMX_TARGET static void amx_chunk(const void *arg, int64_t chunk) {
     const __mmask16 low_mask = width >= 16 ? 0xFFFF : (__mmask16)((1u << width) - 1);
     const __mmask16 high_mask = width >= 32 ? 0xFFFF
                                 : width > 16 ? (__mmask16)((1u << (width - 16)) - 1) : 0;
-    _Alignas(64) float c[AMX_BLOCK_ROWS][2 * TILE_N];
     const int64_t first = group * g->group_rows;
     const int64_t last = first + g->group_rows < g->rows ? first + g->group_rows : g->rows;
-    int configured = 0;
-    for (int64_t r0 = first; r0 < last; r0 += AMX_BLOCK_ROWS) {
-        const int rows = (int)(last - r0 < AMX_BLOCK_ROWS ? last - r0 : AMX_BLOCK_ROWS);
-        if (rows != configured) configure_tiles(configured = rows);
-        multiply_block(g->x + r0 * g->k_pad, rows, g->k_pad, b0, b1, start0, start1);
+    /* Through `c`, a block's epilogue runs while the tile unit multiplies the next block: its
+     * products are issued first, so the vector work overlaps them (two buffers). */
+    _Alignas(64) float c[2][AMX_BLOCK_ROWS][2 * TILE_N];
+    int configured = 0, pending_rows = 0;
+    int64_t pending_r0 = 0;
+    for (int64_t r0 = first; r0 < last || pending_rows; r0 += AMX_BLOCK_ROWS) {
+        const int rows = r0 < last ? (int)(last - r0 < AMX_BLOCK_ROWS ? last - r0 : AMX_BLOCK_ROWS) : 0;
+        if (rows && rows != configured) configure_tiles(configured = rows);
+        if (rows) multiply_block(g->x + r0 * g->k_pad, rows, g->k_pad, b0, b1, start0, start1);
         if (direct) {
             store_block(rows, (float *)g->y + r0 * g->n_dim + n0, g->n_dim);
             continue;
         }
-        store_block(rows, &c[0][0], 2 * TILE_N);
-        for (int r = 0; r < rows; r++) {
-            const __m512 first16 = _mm512_load_ps(&c[r][0]);
-            const __m512 second16 = _mm512_load_ps(&c[r][TILE_N]);
-            if (silu) {
-                uint16_t *out = (uint16_t *)g->y + (r0 + r) * inter + n0;
-                _mm256_storeu_si256((__m256i *)out,
-                                    narrow16_bf16(_mm512_mul_ps(silu16(first16), second16)));
-            } else {
-                float *out = (float *)g->y + (r0 + r) * g->n_dim + n0;
-                _mm512_mask_storeu_ps(out, low_mask, first16);
-                _mm512_mask_storeu_ps(out + TILE_N, high_mask, second16);
+        if (pending_rows) {
+            float(*done)[2 * TILE_N] = c[(pending_r0 / AMX_BLOCK_ROWS) & 1];
+            for (int r = 0; r < pending_rows; r++) {
+                const __m512 first16 = _mm512_load_ps(&done[r][0]);
+                const __m512 second16 = _mm512_load_ps(&done[r][TILE_N]);
+                if (silu) {
+                    uint16_t *out = (uint16_t *)g->y + (pending_r0 + r) * inter + n0;
+                    _mm256_storeu_si256((__m256i *)out,
+                                        narrow16_bf16(_mm512_mul_ps(silu16(first16), second16)));
+                } else {
+                    float *out = (float *)g->y + (pending_r0 + r) * g->n_dim + n0;
+                    _mm512_mask_storeu_ps(out, low_mask, first16);
+                    _mm512_mask_storeu_ps(out + TILE_N, high_mask, second16);
+                }
             }
         }
+        if (rows) store_block(rows, &c[(r0 / AMX_BLOCK_ROWS) & 1][0][0], 2 * TILE_N);
+        pending_rows = rows;
+        pending_r0 = r0;
     }
     _tile_release();
 }
