@@ -67,8 +67,10 @@ class Attention(nn.Module):
         kv_pool: KVPool,
         attn: AttentionBackend,
         meta: AttentionMetadata,
+        residual: torch.Tensor,
     ) -> torch.Tensor:
-        """[tokens, hidden] -> [tokens, hidden]; appends the tokens' K/V to this layer's cache."""
+        """`residual` + the attention of `hidden` (the normed [tokens, hidden]), in
+        `residual`'s memory; appends the tokens' K/V to this layer's cache."""
         tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)
         qk = qkv[:, : self.q_size + self.kv_size].view(tokens, -1, self.head_dim)
@@ -95,7 +97,7 @@ class Attention(nn.Module):
         out = attn.forward(
             q, kv_pool.k_cache(self.layer), kv_pool.v_cache(self.layer), meta, self.scale
         )
-        return self.o_proj(out.reshape(tokens, self.q_size))
+        return self.o_proj.add_to(out.reshape(tokens, self.q_size), residual)
 
 
 class DecoderLayer(nn.Module):
@@ -126,8 +128,9 @@ class DecoderLayer(nn.Module):
         attn: AttentionBackend,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        """[tokens, hidden] -> [tokens, hidden] (the input tensor is not modified)."""
-        attn_out = self.self_attn(self.input_layernorm(hidden), angles, kv_pool, attn, meta)
-        # In-place residual adds reuse the freshly allocated projection outputs.
-        hidden = attn_out.add_(hidden)
-        return self.mlp(self.post_attention_layernorm(hidden)).add_(hidden)
+        """[tokens, hidden] -> [tokens, hidden], in `hidden`'s memory: the residual stream is
+        the model's own (the embedding's output, then each layer's), and the o and down
+        projections add their products to it, as the native decode step does."""
+        normed = self.input_layernorm(hidden)
+        hidden = self.self_attn(normed, angles, kv_pool, attn, meta, residual=hidden)
+        return self.mlp.add_to(self.post_attention_layernorm(hidden), hidden)

@@ -86,6 +86,14 @@ class Linear(nn.Module):
         out = self._gemm(x.to(self.gemm_dtype), None).to(x.dtype)
         return out if self.bias is None else out.add_(self.bias)
 
+    def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """`residual + self(x)`, in `residual`'s memory: a layer whose output joins the residual
+        stream. Through the compact weights as the native decode step adds (on AMX tiles the
+        sums start from the residual); else the product, then the sum."""
+        if self.reads_compact(x.shape[0]):
+            return self.native.gemv_add(x, self.compact, self.bias, residual)
+        return residual.add_(self(x))
+
     def drop_gemm_weight(self) -> None:
         """Free the weight the GEMM multiplies, where the compact weights take batches of every
         size (`CompactWeight.multiplies_any_rows`): no batch reads it again. (A tied head's
@@ -237,14 +245,22 @@ class GatedMLP(nn.Module):
         # to the down product in bf16 (native/gated_activation.c).
         self.native: NativeKernels | None = None
 
+    def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """`residual + self(x)`, in `residual`'s memory (see Linear.add_to)."""
+        if self._fuses_activation(x.shape[0]):
+            return self.down_proj.add_to(self._activation_from_tiles(x), residual)
+        return residual.add_(self(x))
+
+    def _activation_from_tiles(self, x: torch.Tensor) -> torch.Tensor:
+        """The activation straight from the tile registers, in bf16 (the down product's rows):
+        the [rows, 2 * intermediate] product is never written out."""
+        gate_up = self.gate_up_proj
+        return self.native.tiles_product(x, gate_up.compact, gate_up.bias, gated=True)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, hidden] -> [tokens, hidden]."""
         if self._fuses_activation(x.shape[0]):
-            # The activation straight from the tile registers, in bf16 (the down product's
-            # rows): the [rows, 2 * intermediate] product is never written out.
-            gate_up = self.gate_up_proj
-            activated = self.native.tiles_product(x, gate_up.compact, gate_up.bias, gated=True)
-            return self.down_proj(activated)
+            return self.down_proj(self._activation_from_tiles(x))
         if self._stays_in_bf16(x.shape[0]):
             return self._forward_in_bf16(x)
         gate_up = self.gate_up_proj(x)

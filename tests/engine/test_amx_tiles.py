@@ -157,9 +157,9 @@ def test_served_batches_keep_the_op_by_op_tokens_and_transformers_ones(
     gated_calls = []
     product = NativeKernels.tiles_product
 
-    def counting_product(self, x, weight, bias, gated=False):
+    def counting_product(self, x, weight, bias, gated=False, into=None):
         gated_calls.append(gated)
-        return product(self, x, weight, bias, gated)
+        return product(self, x, weight, bias, gated, into)
 
     monkeypatch.setattr(NativeKernels, "tiles_product", counting_product)
     counting = native.engine.decode_step = CountingStep(native.engine.decode_step)

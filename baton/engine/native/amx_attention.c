@@ -37,15 +37,12 @@ typedef struct {
 
 /* AMX CPUs convert to bf16 in one instruction (AVX512_BF16), rounding to nearest even as torch
  * does; it flushes subnormals to zero, as the tile unit does with its inputs anyway. */
-#define ATTENTION_TARGET \
-    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
-
-ATTENTION_TARGET static inline __m256i round16_bf16(__m512 v) {
+AMX_TARGET static inline __m256i round16_bf16(__m512 v) {
     return (__m256i)_mm512_cvtneps_pbh(v);
 }
 
 /* 16 floats at p rounded to bf16. */
-ATTENTION_TARGET static inline __m256i bf16_of16(const float *p) {
+AMX_TARGET static inline __m256i bf16_of16(const float *p) {
     return round16_bf16(_mm512_loadu_ps(p));
 }
 
@@ -53,7 +50,7 @@ ATTENTION_TARGET static inline __m256i bf16_of16(const float *p) {
  * (keys) by head_dim inputs: tiles of 16 keys by 32 dims, dims pairwise in each tile row. V, as
  * a weight of head_dim features by kv_pad inputs (keys): tiles of 16 dims by 32 keys, each tile
  * row a pair of keys. Keys past kv_len are zeros. */
-ATTENTION_TARGET static void pack_task(const void *arg, int64_t task) {
+AMX_TARGET static void pack_task(const void *arg, int64_t task) {
     const PackLoop *a = arg;
     const int64_t blocks = a->kv_pad / KEY_BLOCK, head = task / blocks, j0 = task % blocks * KEY_BLOCK;
     const int64_t d = a->head_dim, dim_blocks = d / TILE_K, key_blocks = a->kv_pad / KEY_BLOCK;
@@ -114,7 +111,7 @@ static float *thread_scores(int64_t floats) {
 
 /* Row r's probabilities p = e^(scale * s - max) over its `visible` keys, as bf16 (zeros past
  * them, up to `width`); returns their float32 sum. */
-ATTENTION_TARGET static float softmax_row(const float *s, int64_t visible, int64_t width, float scale,
+AMX_TARGET static float softmax_row(const float *s, int64_t visible, int64_t width, float scale,
                                     uint16_t *p) {
     const __m512 lane = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     const __m512 scale16 = _mm512_set1_ps(scale);
@@ -139,7 +136,7 @@ ATTENTION_TARGET static float softmax_row(const float *s, int64_t visible, int64
  * scores of every key block (tile products, stored), each row's softmax (its maximum known
  * before any exponential: no rescaling), and P V accumulated in the tile registers across the
  * key blocks. */
-ATTENTION_TARGET static void attend_task(const void *arg, int64_t task) {
+AMX_TARGET static void attend_task(const void *arg, int64_t task) {
     const AttendLoop *a = arg;
     const int64_t q_blocks = (a->q_len + QUERY_BLOCK - 1) / QUERY_BLOCK;
     const int64_t head = task / q_blocks, i0 = task % q_blocks * QUERY_BLOCK, d = a->head_dim;

@@ -6,9 +6,11 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-/* Every AMX CPU has AVX-512: the kernels' epilogues use it. */
-#define AMX_TARGET \
-    __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+/* Every AMX CPU has AVX-512 and AVX512_BF16 (baton_amx_enable checks): the kernels' epilogues
+ * and conversions use them. */
+#define AMX_TARGET                                                                             \
+    __attribute__((target(                                                                     \
+        "amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
 
 #define TILE_N 16 /* output features per tile */
 #define TILE_K 32 /* bf16 inputs per tile row */

@@ -352,3 +352,14 @@ int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
     return baton_compact_gemv((int)m->format, (int)m->avx512, x, rows, m->in_features, m->data,
                               m->out_features, m->row_bytes, m->bias, y);
 }
+
+int baton_linear_add(const Matrix *m, const float *x, int64_t rows, float *y, float *scratch) {
+    if (m->tiles && m->format == FMT_BF16 && rows >= AMX_MIN_ROWS && !m->bias)
+        return baton_amx_gemm(x, NULL, rows, m->in_features, m->tiles, m->out_features, NULL,
+                              EPILOGUE_ADD, y)
+                   ? -1
+                   : 0;
+    if (baton_linear(m, x, rows, scratch)) return -1;
+    for (int64_t i = 0; i < rows * m->out_features; i++) y[i] = scratch[i] + y[i];
+    return 0;
+}

@@ -88,14 +88,12 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
                                layer->q_heads, layer->kv_heads, head_dim, layer->page_size,
                                layer->scale, attended))
         return -1;
-    if (baton_linear(&layer->o, attended, rows, projected)) return -1;
-    for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] = projected[i] + hidden[i];
+    if (baton_linear_add(&layer->o, attended, rows, hidden, projected)) return -1;
 
     baton_rms_norm(hidden, rows, hidden_size, layer->post_norm, layer->eps, normed);
     if (baton_linear(&layer->gate_up, normed, rows, gate_up)) return -1;
     baton_silu_mul(gate_up, rows, inter, activated, layer->gate_up.avx512);
-    if (baton_linear(&layer->down, activated, rows, projected)) return -1;
-    for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] = projected[i] + hidden[i];
+    if (baton_linear_add(&layer->down, activated, rows, hidden, projected)) return -1;
     return 0;
 }
 

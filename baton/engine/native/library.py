@@ -24,7 +24,7 @@ from baton.engine.native.structs import (
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 # linear.h's epilogues of baton_amx_gemm.
-_EPILOGUE_STORE, _EPILOGUE_SILU_MUL = 0, 1
+_EPILOGUE_STORE, _EPILOGUE_SILU_MUL, _EPILOGUE_ADD = 0, 1, 2
 
 
 class NativeKernels:
@@ -40,6 +40,9 @@ class NativeKernels:
         )
         self._linear = _declare(
             library.baton_linear, ctypes.c_int, [ctypes.POINTER(Matrix), _ptr, _i64, _ptr]
+        )
+        self._linear_add = _declare(
+            library.baton_linear_add, ctypes.c_int, [ctypes.POINTER(Matrix), _ptr, _i64, _ptr, _ptr]
         )
         self._tiles_bytes = _declare(library.baton_bf16_tiles_bytes, _i64, [_i64, _i64])
         self._amx_gemm = _declare(
@@ -127,17 +130,49 @@ class NativeKernels:
             raise MemoryError("the native linear layer could not allocate its rows")
         return y
 
+    def gemv_add(
+        self,
+        x: torch.Tensor,
+        weight: CompactWeight,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor,
+    ) -> torch.Tensor:
+        """`residual += x @ W^T (+ bias)` in place, as the native decode step adds a layer's
+        output to its float32 residual stream (linear.h's baton_linear_add); returns residual.
+        bf16 rows (the MLP's activation) go to a bf16 weight's tiles."""
+        if not residual.is_contiguous() or residual.dtype != torch.float32:
+            raise ValueError("the residual stream must be contiguous float32 rows")
+        if x.dtype == torch.bfloat16 and bias is None:
+            self.tiles_product(x, weight, None, into=residual)
+            return residual
+        if x.dtype == torch.bfloat16:
+            return residual.add_(self.tiles_product(x, weight, bias))
+        x = x.contiguous()
+        scratch = torch.empty_like(residual)
+        status = self._linear_add(
+            ctypes.byref(self.matrix(weight, bias)),
+            x.data_ptr(),
+            x.shape[0],
+            residual.data_ptr(),
+            scratch.data_ptr(),
+        )
+        if status:
+            raise MemoryError("the native linear layer could not allocate its rows")
+        return residual
+
     def tiles_product(
         self,
         x: torch.Tensor,
         weight: CompactWeight,
         bias: torch.Tensor | None,
         gated: bool = False,
+        into: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`x @ W^T (+ bias)` from a bf16 weight's tiles (amx_gemm.c), float32 [rows,
         out_features]; x float32 (rounded to bf16 there) or bf16 (in_features then a multiple
         of 32). `gated`: W is a gated MLP's [gate | up] (out_features a multiple of 32), and the
-        result its activation, bf16(silu(gate) * up) [rows, out_features / 2]."""
+        result its activation, bf16(silu(gate) * up) [rows, out_features / 2]. `into`: the
+        product (without a bias) is added to these contiguous float32 rows, returned."""
         if weight.tiles is None or weight.format != "bf16":
             raise ValueError(f"a {weight.format} weight without bf16 tiles")
         if x.dim() != 2 or x.shape[1] != weight.in_features:
@@ -146,11 +181,12 @@ class NativeKernels:
             )
         x = x.contiguous()
         rows, n = x.shape[0], weight.out_features
-        y = (
-            torch.empty(rows, n // 2, dtype=torch.bfloat16)
-            if gated
-            else torch.empty(rows, n, dtype=torch.float32)
-        )
+        if into is not None:
+            y, epilogue = into, _EPILOGUE_ADD
+        elif gated:
+            y, epilogue = torch.empty(rows, n // 2, dtype=torch.bfloat16), _EPILOGUE_SILU_MUL
+        else:
+            y, epilogue = torch.empty(rows, n, dtype=torch.float32), _EPILOGUE_STORE
         x_float, x_bf16 = (
             (None, x.data_ptr()) if x.dtype == torch.bfloat16 else (x.data_ptr(), None)
         )
@@ -162,7 +198,7 @@ class NativeKernels:
             weight.tiles.data_ptr(),
             n,
             None if bias is None else bias.data_ptr(),
-            _EPILOGUE_SILU_MUL if gated else _EPILOGUE_STORE,
+            epilogue,
             y.data_ptr(),
         )
         if status == -2:

@@ -24,12 +24,17 @@ typedef struct {
  * out or the format is unknown. */
 int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y);
 
+/* y [rows, out_features] += x @ W^T (+ bias): a layer whose output joins the residual stream.
+ * With bf16 tiles, no bias and 2 rows or more, the tiles start from y (y + products); else the
+ * product, into `scratch` [rows, out_features], then y = product + y. Returns as baton_linear. */
+int baton_linear_add(const Matrix *m, const float *x, int64_t rows, float *y, float *scratch);
+
 /* Rows one AMX product takes at a time: two tiles of 16 (amx_gemm.c). */
 #define AMX_BLOCK_ROWS 32
 
 /* What baton_amx_gemm writes (NativeKernels mirrors the values): the product, float32, with its
- * bias; or the gated MLP's activation of a [gate | up] product, bf16. */
-enum { EPILOGUE_STORE = 0, EPILOGUE_SILU_MUL = 1 };
+ * bias; the gated MLP's activation of a [gate | up] product, bf16; or the product added to y. */
+enum { EPILOGUE_STORE = 0, EPILOGUE_SILU_MUL = 1, EPILOGUE_ADD = 2 };
 
 int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t k_dim,
                    const uint16_t *tiles, int64_t n_dim, const float *bias, int64_t epilogue,
