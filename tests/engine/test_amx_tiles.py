@@ -90,6 +90,29 @@ def test_bf16_rows_multiply_as_they_are(amx: NativeKernels) -> None:
         amx.gemv(x[:, :32], tiled, None)
 
 
+@pytest.mark.parametrize(("n", "k"), [(40, 96), (896, 4864)])
+@pytest.mark.parametrize("rows", [2, 17, 300])
+def test_products_joining_the_residual_stream_start_from_it(
+    amx: NativeKernels, n: int, k: int, rows: int
+) -> None:
+    """The o and down projections add into the residual rows in place: their sums start from
+    them (whole tiles and a last partial one), from float32 or bf16 rows alike; with a bias, or
+    one row (the compact kernel), the product comes first, then the sum."""
+    generator = torch.Generator().manual_seed(rows + n + k)
+    weight = torch.randn(n, k, generator=generator).to(torch.bfloat16)
+    x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
+    residual = torch.randn(rows, n, generator=generator)
+    tiled = _tiled(amx, weight)
+    got = amx.gemv_add(x, tiled, None, residual.clone())
+    want = residual.double() + x.to(torch.bfloat16).double() @ weight.double().T
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5 * k**0.5)
+    assert torch.equal(amx.gemv_add(x.to(torch.bfloat16), tiled, None, residual.clone()), got)
+    with_bias = amx.gemv_add(x, tiled, bias, residual.clone())
+    assert torch.equal(with_bias, amx.gemv(x, tiled, bias) + residual)
+    one_row = amx.gemv_add(x[:1], tiled, None, residual[:1].clone())
+    assert torch.equal(one_row, amx.gemv(x[:1], tiled, None) + residual[:1])
+
+
 @pytest.mark.parametrize(("inter", "k"), [(16, 32), (48, 96), (4864, 896)])
 @pytest.mark.parametrize("rows", [2, 17, 33, 300])
 def test_the_gated_activation_from_the_tiles_is_the_unfused_one(
