@@ -246,21 +246,18 @@ class GatedMLP(nn.Module):
         self.native: NativeKernels | None = None
 
     def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """`residual + self(x)`, in `residual`'s memory (see Linear.add_to)."""
+        """`residual + self(x)`, in `residual`'s memory (see Linear.add_to): the decoder
+        layer's way in."""
         if self._fuses_activation(x.shape[0]):
-            return self.down_proj.add_to(self._activation_from_tiles(x), residual)
+            # The activation straight from the tile registers, in bf16 (the down product's
+            # rows): the [rows, 2 * intermediate] product is never written out.
+            gate_up = self.gate_up_proj
+            activated = self.native.tiles_product(x, gate_up.compact, gate_up.bias, gated=True)
+            return self.down_proj.add_to(activated, residual)
         return residual.add_(self(x))
-
-    def _activation_from_tiles(self, x: torch.Tensor) -> torch.Tensor:
-        """The activation straight from the tile registers, in bf16 (the down product's rows):
-        the [rows, 2 * intermediate] product is never written out."""
-        gate_up = self.gate_up_proj
-        return self.native.tiles_product(x, gate_up.compact, gate_up.bias, gated=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, hidden] -> [tokens, hidden]."""
-        if self._fuses_activation(x.shape[0]):
-            return self.down_proj(self._activation_from_tiles(x))
         if self._stays_in_bf16(x.shape[0]):
             return self._forward_in_bf16(x)
         gate_up = self.gate_up_proj(x)

@@ -164,12 +164,7 @@ AMX_TARGET static void attend_task(const void *arg, int64_t task) {
     }
     configure_tiles(rows);
     for (int64_t kb = 0; kb < blocks; kb++) {
-        _tile_zero(0);
-        _tile_zero(1);
-        if (rows > 16) {
-            _tile_zero(2);
-            _tile_zero(3);
-        }
+        zero_accumulators(rows);
         for (int64_t db = 0; db < dim_blocks; db++) {
             _tile_loadd(4, &q16[0][db * TILE_K], MAX_HEAD_DIM * 2);
             _tile_loadd(6, k_tiles + (2 * kb * dim_blocks + db) * (TILE_BYTES / 2), 64);
@@ -182,23 +177,12 @@ AMX_TARGET static void attend_task(const void *arg, int64_t task) {
                 _tile_dpbf16ps(3, 5, 7);
             }
         }
-        float *block = s + kb * KEY_BLOCK;
-        _tile_stored(0, block, width * 4);
-        _tile_stored(1, block + TILE_N, width * 4);
-        if (rows > 16) {
-            _tile_stored(2, block + 16 * width, width * 4);
-            _tile_stored(3, block + 16 * width + TILE_N, width * 4);
-        }
+        store_accumulators(rows, s + kb * KEY_BLOCK, width);
     }
     for (int r = 0; r < rows; r++)
         total[r] = softmax_row(s + r * width, a->prefix + i0 + r + 1, width, a->scale, p + r * width);
     for (int64_t n0 = 0; n0 < d; n0 += 2 * TILE_N) {
-        _tile_zero(0);
-        _tile_zero(1);
-        if (rows > 16) {
-            _tile_zero(2);
-            _tile_zero(3);
-        }
+        zero_accumulators(rows);
         for (int64_t kb = 0; kb < blocks; kb++) {
             _tile_loadd(4, p + kb * KEY_BLOCK, width * 2);
             _tile_loadd(6, v_tiles + (n0 / TILE_N * key_blocks + kb) * (TILE_BYTES / 2), 64);
@@ -211,12 +195,7 @@ AMX_TARGET static void attend_task(const void *arg, int64_t task) {
                 _tile_dpbf16ps(3, 5, 7);
             }
         }
-        _tile_stored(0, &o[0][n0], sizeof o[0]);
-        _tile_stored(1, &o[0][n0 + TILE_N], sizeof o[0]);
-        if (rows > 16) {
-            _tile_stored(2, &o[16][n0], sizeof o[0]);
-            _tile_stored(3, &o[16][n0 + TILE_N], sizeof o[0]);
-        }
+        store_accumulators(rows, &o[0][n0], MAX_HEAD_DIM);
     }
     _tile_release();
     for (int r = 0; r < rows; r++) {

@@ -37,7 +37,6 @@
 #include "thread_pool.h"
 #include "vector_math.h"
 
-#define BLOCK_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl")))
 #define ROW_PARTS 3
 /* Pairs of feature tiles one chunk of the loop multiplies against a pair of groups of 16 rows:
  * consecutive chunks take the same weights for the next groups of rows, out of cache. */
@@ -169,22 +168,23 @@ typedef struct {
     int64_t rows, rows_pad, k_aug, n_dim, row_groups, weight_parts;
 } BlockLoop;
 
-/* Tiles: 0-3 the sums of two groups of rows (0-1, 2-3) by the pair's two feature tiles; 4-5
- * the pair's weight part j; 6-7 the two groups' row part i. */
+/* Tiles as configure_tiles (amx_tiles.h) shapes them: 0-3 the sums of two groups of rows (0-1,
+ * 2-3) by the pair's two feature tiles; 4-5 the two groups' row part i; 6-7 the pair's weight
+ * part j. */
 #define LOAD_WEIGHT_PART(PART)                                                                  \
     do {                                                                                        \
-        _tile_loadd(4, b0 + (kb * parts + (PART)) * (TILE_BYTES / 2), 64);                      \
-        _tile_loadd(5, b1 + (kb * parts + (PART)) * (TILE_BYTES / 2), 64);                      \
+        _tile_loadd(6, b0 + (kb * parts + (PART)) * (TILE_BYTES / 2), 64);                      \
+        _tile_loadd(7, b1 + (kb * parts + (PART)) * (TILE_BYTES / 2), 64);                      \
     } while (0)
 #define PRODUCTS(ROW_PART)                                                                      \
     do {                                                                                        \
-        _tile_loadd(6, x + (ROW_PART) * plane + kb * TILE_K, a_stride);                         \
-        _tile_dpbf16ps(0, 6, 4);                                                                \
-        _tile_dpbf16ps(1, 6, 5);                                                                \
+        _tile_loadd(4, x + (ROW_PART) * plane + kb * TILE_K, a_stride);                         \
+        _tile_dpbf16ps(0, 4, 6);                                                                \
+        _tile_dpbf16ps(1, 4, 7);                                                                \
         if (two) {                                                                              \
-            _tile_loadd(7, x + (ROW_PART) * plane + TILE_N * g->k_aug + kb * TILE_K, a_stride); \
-            _tile_dpbf16ps(2, 7, 4);                                                            \
-            _tile_dpbf16ps(3, 7, 5);                                                            \
+            _tile_loadd(5, x + (ROW_PART) * plane + TILE_N * g->k_aug + kb * TILE_K, a_stride); \
+            _tile_dpbf16ps(2, 5, 6);                                                            \
+            _tile_dpbf16ps(3, 5, 7);                                                            \
         }                                                                                       \
     } while (0)
 
@@ -201,7 +201,7 @@ static void store_sums(const BlockLoop *g, const float (*c)[2 * TILE_N], int64_t
 /* PAIRS_PER_CHUNK pairs of feature tiles against two groups of 16 rows (the last chunk's one
  * group where their number is odd): each weight tile serves both groups and each row tile both
  * feature tiles, half the tile loads per product of one group by one pair. */
-BLOCK_TARGET static void block_chunk(const void *arg, int64_t chunk) {
+AMX_TARGET static void block_chunk(const void *arg, int64_t chunk) {
     const BlockLoop *g = arg;
     const int64_t group_pairs = (g->row_groups + 1) / 2;
     const int64_t group = chunk % group_pairs * 2, first_pair = chunk / group_pairs * PAIRS_PER_CHUNK;
@@ -212,24 +212,13 @@ BLOCK_TARGET static void block_chunk(const void *arg, int64_t chunk) {
     const int two = group + 1 < g->row_groups;
     const int rows1 = two ? (g->rows - r0 - TILE_N < TILE_N ? (int)(g->rows - r0 - TILE_N) : TILE_N)
                           : 0;
-    TileConfig config = {.palette_id = 1};
-    for (int t = 0; t < 8; t++) config.colsb[t] = 64;
-    config.rows[0] = config.rows[1] = config.rows[6] = (uint8_t)rows;
-    config.rows[2] = config.rows[3] = config.rows[7] = (uint8_t)rows1;
-    config.rows[4] = config.rows[5] = TILE_K / 2;
-    if (!two) config.colsb[2] = config.colsb[3] = config.colsb[7] = 0;
-    _tile_loadconfig(&config);
+    configure_tiles(rows + rows1); /* (rows is 16 where there is a second group) */
     const uint16_t *x = g->parts + r0 * g->k_aug;
     float c[2 * TILE_N][2 * TILE_N] __attribute__((aligned(64)));
     for (int64_t pair = first_pair; pair < first_pair + PAIRS_PER_CHUNK && pair < pairs; pair++) {
         const uint16_t *b0 = g->tiles + 2 * pair * aug_blocks * parts * (TILE_BYTES / 2);
         const uint16_t *b1 = b0 + aug_blocks * parts * (TILE_BYTES / 2);
-        _tile_zero(0);
-        _tile_zero(1);
-        if (two) {
-            _tile_zero(2);
-            _tile_zero(3);
-        }
+        zero_accumulators(rows + rows1);
         for (int64_t kb = 0; kb < aug_blocks; kb++) {
             /* x . P over this block: xi * Pj for i + j <= 2. */
             LOAD_WEIGHT_PART(0);
@@ -245,14 +234,9 @@ BLOCK_TARGET static void block_chunk(const void *arg, int64_t chunk) {
             }
         }
         const int64_t n0 = pair * 2 * TILE_N;
-        _tile_stored(0, &c[0][0], sizeof c[0]);
-        _tile_stored(1, &c[0][TILE_N], sizeof c[0]);
+        store_accumulators(rows + rows1, &c[0][0], 2 * TILE_N);
         store_sums(g, c, r0, rows, n0);
-        if (two) {
-            _tile_stored(2, &c[TILE_N][0], sizeof c[0]);
-            _tile_stored(3, &c[TILE_N][TILE_N], sizeof c[0]);
-            store_sums(g, c + TILE_N, r0 + TILE_N, rows1, n0);
-        }
+        if (two) store_sums(g, c + TILE_N, r0 + TILE_N, rows1, n0);
     }
     _tile_release();
 }

@@ -110,21 +110,17 @@ AMX_TARGET static void multiply_block(const uint16_t *x, int rows, int64_t k_pad
                                       const uint16_t *b0, const uint16_t *b1, const float *start,
                                       int64_t start_stride) {
     const int64_t k_blocks = k_pad / TILE_K, a_stride = k_pad * 2;
-    if (start) {
+    if (!start) {
+        zero_accumulators(rows);
+    } else {
         _tile_loadd(0, start, start_stride * 4);
         _tile_loadd(1, start + TILE_N, start_stride * 4);
-    } else {
-        _tile_zero(0);
-        _tile_zero(1);
-    }
-    if (rows > 16) {
-        if (start) {
+        if (rows > 16) {
             _tile_loadd(2, start + 16 * start_stride, start_stride * 4);
             _tile_loadd(3, start + 16 * start_stride + TILE_N, start_stride * 4);
-        } else {
-            _tile_zero(2);
-            _tile_zero(3);
         }
+    }
+    if (rows > 16) {
         for (int64_t kb = 0; kb < k_blocks; kb++) {
             _tile_loadd(4, x + kb * TILE_K, a_stride);
             _tile_loadd(6, b0 + kb * (TILE_BYTES / 2), 64);
@@ -143,17 +139,6 @@ AMX_TARGET static void multiply_block(const uint16_t *x, int rows, int64_t k_pad
             _tile_loadd(7, b1 + kb * (TILE_BYTES / 2), 64);
             _tile_dpbf16ps(1, 4, 7);
         }
-    }
-}
-
-/* C tiles 0-3 of a block of `rows` rows into [rows][32] floats at `out`, rows `stride` floats
- * apart. */
-AMX_TARGET static void store_block(int rows, float *out, int64_t stride) {
-    _tile_stored(0, out, stride * 4);
-    _tile_stored(1, out + TILE_N, stride * 4);
-    if (rows > 16) {
-        _tile_stored(2, out + 16 * stride, stride * 4);
-        _tile_stored(3, out + 16 * stride + TILE_N, stride * 4);
     }
 }
 
@@ -217,7 +202,7 @@ AMX_TARGET static void amx_chunk(const void *arg, int64_t chunk) {
             multiply_block(g->x + r0 * g->k_pad, rows, g->k_pad, b0, b1, start, start_stride);
         }
         if (direct) {
-            store_block(rows, y + r0 * g->n_dim + n0, g->n_dim);
+            store_accumulators(rows, y + r0 * g->n_dim + n0, g->n_dim);
             continue;
         }
         if (pending_rows) {
@@ -236,7 +221,7 @@ AMX_TARGET static void amx_chunk(const void *arg, int64_t chunk) {
                 }
             }
         }
-        if (rows) store_block(rows, &buffer[0][0], 2 * TILE_N);
+        if (rows) store_accumulators(rows, &buffer[0][0], 2 * TILE_N);
         pending_rows = rows;
         pending_r0 = r0;
     }

@@ -45,4 +45,25 @@ AMX_TARGET static inline void configure_tiles(int rows) {
     _tile_loadconfig(&config);
 }
 
+/* C tiles 0-3 (2-3 only for more than 16 rows) to zero. */
+AMX_TARGET static inline void zero_accumulators(int rows) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (rows > 16) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+}
+
+/* C tiles 0-3 of a block of `rows` rows into [rows][32] floats at `out`, rows `stride` floats
+ * apart. */
+AMX_TARGET static inline void store_accumulators(int rows, float *out, int64_t stride) {
+    _tile_stored(0, out, stride * 4);
+    _tile_stored(1, out + TILE_N, stride * 4);
+    if (rows > 16) {
+        _tile_stored(2, out + 16 * stride, stride * 4);
+        _tile_stored(3, out + 16 * stride + TILE_N, stride * 4);
+    }
+}
+
 #endif

@@ -15,6 +15,7 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "linear.h"
 #include "thread_pool.h"
@@ -359,7 +360,10 @@ int baton_linear_add(const Matrix *m, const float *x, int64_t rows, float *y, fl
                               EPILOGUE_ADD, y)
                    ? -1
                    : 0;
-    if (baton_linear(m, x, rows, scratch)) return -1;
-    for (int64_t i = 0; i < rows * m->out_features; i++) y[i] = scratch[i] + y[i];
-    return 0;
+    float *product = scratch ? scratch : malloc(sizeof(float) * rows * m->out_features);
+    const int failed = !product || baton_linear(m, x, rows, product);
+    if (!failed)
+        for (int64_t i = 0; i < rows * m->out_features; i++) y[i] = product[i] + y[i];
+    if (!scratch) free(product);
+    return failed ? -1 : 0;
 }

@@ -26,7 +26,8 @@ int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y);
 
 /* y [rows, out_features] += x @ W^T (+ bias): a layer whose output joins the residual stream.
  * With bf16 tiles, no bias and 2 rows or more, the tiles start from y (y + products); else the
- * product, into `scratch` [rows, out_features], then y = product + y. Returns as baton_linear. */
+ * product, into `scratch` [rows, out_features] (NULL: a buffer of its own), then y = product +
+ * y. Returns as baton_linear. */
 int baton_linear_add(const Matrix *m, const float *x, int64_t rows, float *y, float *scratch);
 
 /* Rows one AMX product takes at a time: two tiles of 16 (amx_gemm.c). */

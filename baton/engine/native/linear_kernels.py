@@ -1,0 +1,198 @@
+"""The native kernels that multiply linear layers' weights (compact_gemv.c, amx_gemm.c,
+amx_blocks.c) as torch-facing functions: the products, the tile-ordered copies they read on AMX,
+and dequantization. `library.NativeKernels` extends them with the rest of the library."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from baton.engine.compact_weights import BLOCK_FORMATS, FORMATS, CompactWeight
+from baton.engine.native.structs import Matrix
+
+I64, PTR = ctypes.c_int64, ctypes.c_void_p
+# linear.h's epilogues of baton_amx_gemm.
+_EPILOGUE_STORE, _EPILOGUE_SILU_MUL, _EPILOGUE_ADD = 0, 1, 2
+
+
+def declare(function: Any, restype: Any, argtypes: list[Any]) -> Any:
+    """A library function with the argument types its C signature declares."""
+    function.restype = restype
+    function.argtypes = argtypes
+    return function
+
+
+class LinearKernels:
+    """Linear layers' products from their compact weights (and, on AMX, tiles). `avx512`: the
+    compact kernel computes 16 floats a vector (the CPU has AVX-512 and the plan allows it)."""
+
+    def __init__(self, library: ctypes.CDLL, avx512: bool) -> None:
+        self.avx512 = avx512
+        # Argument types as the C signatures declare them (see the .c files).
+        self._dequantize = declare(
+            library.baton_dequantize, ctypes.c_int, [ctypes.c_int, PTR, I64, I64, I64, PTR]
+        )
+        self._linear = declare(
+            library.baton_linear, ctypes.c_int, [ctypes.POINTER(Matrix), PTR, I64, PTR]
+        )
+        self._linear_add = declare(
+            library.baton_linear_add, ctypes.c_int, [ctypes.POINTER(Matrix), PTR, I64, PTR, PTR]
+        )
+        self._tiles_bytes = declare(library.baton_bf16_tiles_bytes, I64, [I64, I64])
+        self._amx_gemm = declare(
+            library.baton_amx_gemm,
+            ctypes.c_int,
+            [PTR, PTR, I64, I64, PTR, I64, PTR, I64, PTR],
+        )
+        self._pack_tiles = declare(library.baton_pack_bf16_tiles, None, [PTR, I64, I64, I64, PTR])
+        self._block_tiles_count = declare(
+            library.baton_block_tiles_count, I64, [ctypes.c_int, I64, I64]
+        )
+        self._pack_block_tiles = declare(
+            library.baton_pack_block_tiles,
+            ctypes.c_int,
+            [ctypes.c_int, PTR, I64, I64, I64, PTR],
+        )
+        # Whether this CPU multiplies tiles (AMX-BF16) and Linux let this process use them:
+        # asked once, before any thread runs a tile instruction.
+        self.amx = bool(declare(library.baton_amx_enable, ctypes.c_int, [])())
+
+    def gemv(
+        self, x: torch.Tensor, weight: CompactWeight, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """`x @ W^T (+ bias)`: float32 x [rows, in_features] -> [rows, out_features], as the
+        native decode step multiplies (linear.h: the tiles, where given, from two rows). bf16
+        rows go to a bf16 weight's tiles as they are (`tiles_product`)."""
+        if x.dtype == torch.bfloat16:
+            return self.tiles_product(x, weight, bias)
+        y = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
+        return self._call_linear(self._linear, x, weight, bias, y)
+
+    def gemv_add(
+        self,
+        x: torch.Tensor,
+        weight: CompactWeight,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor,
+    ) -> torch.Tensor:
+        """`residual += x @ W^T (+ bias)` in place, as the native decode step adds a layer's
+        output to its float32 residual stream (linear.h's baton_linear_add); returns residual.
+        bf16 rows (the MLP's activation) go to a bf16 weight's tiles."""
+        if not residual.is_contiguous() or residual.dtype != torch.float32:
+            raise ValueError("the residual stream must be contiguous float32 rows")
+        if x.dtype == torch.bfloat16 and bias is None:
+            self.tiles_product(x, weight, None, into=residual)
+            return residual
+        if x.dtype == torch.bfloat16:
+            return residual.add_(self.tiles_product(x, weight, bias))
+        return self._call_linear(self._linear_add, x, weight, bias, residual, None)
+
+    def _call_linear(
+        self,
+        function: Any,
+        x: torch.Tensor,
+        weight: CompactWeight,
+        bias: torch.Tensor | None,
+        y: torch.Tensor,
+        *more: int | None,
+    ) -> torch.Tensor:
+        """`function(matrix, x, rows, y, *more)` (baton_linear, baton_linear_add); y."""
+        x = x.contiguous()
+        # ctypes releases the GIL for each call: the scheduler thread runs meanwhile.
+        matrix = ctypes.byref(self.matrix(weight, bias))
+        if function(matrix, x.data_ptr(), x.shape[0], y.data_ptr(), *more):
+            raise MemoryError("the native linear layer could not allocate its rows")
+        return y
+
+    def tiles_product(
+        self,
+        x: torch.Tensor,
+        weight: CompactWeight,
+        bias: torch.Tensor | None,
+        gated: bool = False,
+        into: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`x @ W^T (+ bias)` from a bf16 weight's tiles (amx_gemm.c), float32 [rows,
+        out_features]; x float32 (rounded to bf16 there) or bf16 (in_features then a multiple
+        of 32). `gated`: W is a gated MLP's [gate | up] (out_features a multiple of 32), and the
+        result its activation, bf16(silu(gate) * up) [rows, out_features / 2]. `into`: the
+        product (without a bias) is added to these contiguous float32 rows, returned."""
+        if into is not None and (gated or bias is not None):
+            raise ValueError("a product added to rows has no bias and no activation")
+        if weight.tiles is None or weight.format != "bf16":
+            raise ValueError(f"a {weight.format} weight without bf16 tiles")
+        if x.dim() != 2 or x.shape[1] != weight.in_features:
+            raise ValueError(
+                f"rows of {x.shape[-1]} inputs for a weight of {weight.in_features} inputs"
+            )
+        x = x.contiguous()
+        rows, n = x.shape[0], weight.out_features
+        if into is not None:
+            y, epilogue = into, _EPILOGUE_ADD
+        elif gated:
+            y, epilogue = torch.empty(rows, n // 2, dtype=torch.bfloat16), _EPILOGUE_SILU_MUL
+        else:
+            y, epilogue = torch.empty(rows, n, dtype=torch.float32), _EPILOGUE_STORE
+        x_float, x_bf16 = (
+            (None, x.data_ptr()) if x.dtype == torch.bfloat16 else (x.data_ptr(), None)
+        )
+        status = self._amx_gemm(
+            x_float,
+            x_bf16,
+            rows,
+            weight.in_features,
+            weight.tiles.data_ptr(),
+            n,
+            None if bias is None else bias.data_ptr(),
+            epilogue,
+            y.data_ptr(),
+        )
+        if status == -2:
+            raise MemoryError("the AMX product could not allocate its bf16 rows")
+        if status:
+            raise ValueError(
+                f"no tile product of {x.dtype} rows [{rows}, {x.shape[1]}] by {n} features"
+            )
+        return y
+
+    def matrix(self, weight: CompactWeight, bias: torch.Tensor | None) -> Matrix:
+        """`weight` and `bias` as the C kernels read them (the caller keeps both alive)."""
+        return Matrix.of(weight, bias, self.avx512)
+
+    def with_tiles(self, weight: CompactWeight) -> CompactWeight:
+        """The weight with its tile-ordered copy, for AMX CPUs (`self.amx`): a bf16 weight's
+        (amx_gemm.c) or a block format's in bf16 parts (amx_blocks.c)."""
+        n, k = weight.out_features, weight.in_features
+        data = weight.data.contiguous()
+        if weight.format == "bf16":
+            tiles = torch.empty(self._tiles_bytes(n, k) // 2, dtype=torch.int16)
+            self._pack_tiles(data.data_ptr(), n, k, data.shape[1], tiles.data_ptr())
+            return replace(weight, tiles=tiles)
+        if weight.format not in BLOCK_FORMATS:
+            raise ValueError(f"{weight.format} weights are not multiplied in tiles")
+        kernel_id = FORMATS[weight.format].kernel_id
+        tiles = torch.empty(self._block_tiles_count(kernel_id, n, k), dtype=torch.int16)
+        status = self._pack_block_tiles(
+            kernel_id, data.data_ptr(), n, k, data.shape[1], tiles.data_ptr()
+        )
+        if status:
+            raise ValueError(f"a {weight.format} matrix of {k} inputs is not whole blocks")
+        return replace(weight, tiles=tiles)
+
+    def dequantize(self, weight: CompactWeight) -> torch.Tensor:
+        """The stored matrix as float32 [out_features, in_features]: exactly the values the
+        gguf package's dequantization gives, in a fraction of its time."""
+        data = weight.data.contiguous()
+        out = torch.empty(weight.out_features, weight.in_features, dtype=torch.float32)
+        self._dequantize(
+            FORMATS[weight.format].kernel_id,
+            data.data_ptr(),
+            weight.out_features,
+            weight.in_features,
+            data.shape[1],
+            out.data_ptr(),
+        )
+        return out
