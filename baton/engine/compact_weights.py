@@ -54,8 +54,9 @@ class CompactWeight:
     [out_features, row_bytes], each row its in_features / block blocks in order. `tiles`, on AMX
     CPUs only, holds the weight once more in the tile unit's order, which larger batches
     multiply instead: a bf16 weight as bf16, from TILES_MIN_ROWS rows (native/amx_gemm.c); a
-    block format's split exactly into bf16 parts, from 26-30 rows (native/amx_blocks.c). Either
-    way the tiles take every larger batch, prefill chunks included."""
+    block format's integers and scales, widened to bf16 in the kernel, from 5-9 rows
+    (native/amx_blocks.c). Either way the tiles take every larger batch, prefill chunks
+    included."""
 
     format: str
     data: torch.Tensor

@@ -88,7 +88,7 @@ class ComputePlan(msgspec.Struct, frozen=True, kw_only=True):
     # several rows multiply those on it, where the compact kernel's float32 FMAs bind: bf16
     # weights from 2 rows, prefill chunks included (native/amx_gemm.c, in place of oneDNN's
     # GEMMs, with a prefill's attention on the tiles too: native/amx_attention.c); a GGUF's
-    # blocks split exactly into bf16 parts from 26-30 rows, prefill chunks included, in float32
+    # blocks' integers, scaled per block, from 5-9 rows, prefill chunks included, in float32
     # precision (native/amx_blocks.c).
     amx_tiles: bool = False
 

@@ -2,7 +2,7 @@
 more, decode steps and prefill chunks (native/amx_gemm.c): the product against a float64
 reference of the same bf16 operands, the rows' rounding against torch's, a row's result whatever
 its batch, the gated MLP's activation from the tiles against the unfused one, and a served
-model's tokens against its op-by-op path and transformers. GGUF blocks from 26-30 rows
+model's tokens against its op-by-op path and transformers. GGUF blocks from 5-9 rows
 (native/amx_blocks.c): float32 precision, which batches take the tiles, and a served GGUF's
 tokens."""
 
@@ -216,14 +216,16 @@ def _blocks(weight: torch.Tensor, block_format: str) -> tuple[CompactWeight, tor
 
 # (out_features, in_features): one tile, padded features, SmolLM2's down projection.
 @pytest.mark.parametrize(("n", "k"), [(32, 32), (40, 96), (576, 1536)])
-@pytest.mark.parametrize("rows", [30, 33, 300])
+# Rows: one group of 16 and two (each block widened just before its products), then several
+# pairs of groups (a matrix's blocks widened once).
+@pytest.mark.parametrize("rows", [9, 30, 33, 300])
 @pytest.mark.parametrize("block_format", BLOCK_FORMATS)
 def test_block_tiles_multiply_in_float32_precision(
     amx: NativeKernels, n: int, k: int, rows: int, block_format: str
 ) -> None:
-    """The blocks split into bf16 parts keep float32's precision: the error against a float64
-    product of the dequantized weights is that of float32 sums, far under what rows rounded to
-    bf16 (as plain bf16 tiles compute) would give."""
+    """The blocks' integers in tiles, their sums scaled per block, keep float32's precision: the
+    error against a float64 product of the dequantized weights is that of float32 sums, far
+    under what rows rounded to bf16 (as plain bf16 tiles compute) would give."""
     generator = torch.Generator().manual_seed(rows * n + k)
     compact, values = _blocks(torch.randn(n, k, generator=generator), block_format)
     x, bias = torch.randn(rows, k, generator=generator), torch.randn(n, generator=generator)
@@ -234,9 +236,9 @@ def test_block_tiles_multiply_in_float32_precision(
     assert (got - want).abs().max() < (bf16_rows - want).abs().max() / 20
 
 
-# The rows from which block tiles pay (compact_gemv.c's amx_blocks_min_rows): Q8_0's three
-# parts a weight from more than Q4's two.
-TILE_MIN_ROWS = {"q8_0": 30, "q4_0": 26, "q4_1": 26}
+# The rows from which block tiles pay (compact_gemv.c's amx_blocks_min_rows): Q8_0's compact
+# kernel reads twice Q4's bytes a weight.
+TILE_MIN_ROWS = {"q8_0": 5, "q4_0": 9, "q4_1": 9}
 
 
 @pytest.mark.parametrize("block_format", BLOCK_FORMATS)
@@ -262,7 +264,7 @@ def test_a_served_gguf_keeps_transformers_tokens_in_block_tiles(
     amx: NativeKernels, tiny_model_factory: Callable[..., Path], tmp_path: Path
 ) -> None:
     """This machine's plan on a Q4_1 GGUF: every linear layer holds block tiles, which its
-    prefill and its decode batches of 26 rows or more multiply; 32 prompts at once give the
+    prefill and its decode batches of 9 rows or more multiply; 32 prompts at once give the
     tokens of the op-by-op path, and teacher-forced, transformers' float32 argmax."""
     if detect_cpu_capabilities().isa != "amx":
         pytest.skip("the plan is capped below AMX here (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA)")

@@ -329,15 +329,14 @@ int baton_dequantize(int fmt, const uint8_t *w, int64_t n_dim, int64_t k_dim, in
 /* Rows from which a layer with tile-ordered weights multiplies them on AMX rather than reading
  * its compact weights. bf16 tiles: from 2 rows, at any number (prefill chunks too); one row
  * stays on the compact kernel, which keeps exact float32 arithmetic, as transformers'
- * float32 reference computes it, at the same bytes read. Block formats' tiles hold 3-6x the
- * bytes of their blocks and cost the same for 1 or 16 rows of a group, so they pay from more
- * rows, and then at any number. On the AMX Xeon (2 threads), compact against tiles: SmolLM2's
- * Q4_1 layers at 24 rows 29.1 / 30.5 ms, 26 rows 33.7 / 30.2, 32 rows 36.4 / 31.1 (512 rows:
- * oneDNN's float32 GEMM 359 ms, tiles 211); its Q8_0 head (three parts a weight) at 28 rows
- * 7.87 / 8.04, 30 rows 8.64 / 8.47. */
+ * float32 reference computes it, at the same bytes read. Block formats' tiles widen their
+ * integers to bf16 in the kernel, at the same cost for 1 or 16 rows of a group, so they pay
+ * from a few rows, and then at any number. On the AMX Xeon (2 threads), compact against tiles:
+ * SmolLM2's Q4_1 layers at 8 rows 10.4-11.5 / 10.6 ms, 10 rows 18.8 / 12.9, 16 rows 19.0-21.3 /
+ * 11.5-12.3; its Q8_0 head at 4 rows 1.42 / 1.45, 6 rows 2.05 / -, 8 rows 2.18 / 1.47. */
 #define AMX_MIN_ROWS 2
 
-static int64_t amx_blocks_min_rows(int64_t format) { return format == FMT_Q8_0 ? 30 : 26; }
+static int64_t amx_blocks_min_rows(int64_t format) { return format == FMT_Q8_0 ? 5 : 9; }
 
 int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
     if (m->tiles && m->format != FMT_BF16 && rows >= amx_blocks_min_rows(m->format))

@@ -9,14 +9,14 @@ enum { FMT_BF16 = 0, FMT_F16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4 };
 
 /* A linear layer's compact weight (compact_weights.CompactWeight), its bias (or NULL) and, on
  * AMX CPUs, the same weight in tile order (NULL where there is none): a bf16 weight as bf16
- * (amx_gemm.c), a block format's weights split exactly into bf16 parts (amx_blocks.c); avx512: the compact
- * kernel may use AVX-512 (the CPU has it and the plan's ISA allows it). Mirrored by structs.py's
- * Matrix: keep the field order in step. */
+ * (amx_gemm.c), a block format's integers and scales as records (amx_blocks.c); avx512: the
+ * compact kernel may use AVX-512 (the CPU has it and the plan's ISA allows it). Mirrored by
+ * structs.py's Matrix: keep the field order in step. */
 typedef struct {
     int64_t format, in_features, out_features, row_bytes;
     const uint8_t *data;
     const float *bias;
-    const uint16_t *tiles;
+    const void *tiles;
     int64_t avx512;
 } Matrix;
 
@@ -41,6 +41,6 @@ int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t
                    const uint16_t *tiles, int64_t n_dim, const float *bias, int64_t epilogue,
                    void *y);
 int baton_amx_block_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
-                         const uint16_t *tiles, int64_t n_dim, const float *bias, float *y);
+                         const uint8_t *records, int64_t n_dim, const float *bias, float *y);
 
 #endif

@@ -48,8 +48,8 @@ class LinearKernels:
             [PTR, PTR, I64, I64, PTR, I64, PTR, I64, PTR],
         )
         self._pack_tiles = declare(library.baton_pack_bf16_tiles, None, [PTR, I64, I64, I64, PTR])
-        self._block_tiles_count = declare(
-            library.baton_block_tiles_count, I64, [ctypes.c_int, I64, I64]
+        self._block_tiles_bytes = declare(
+            library.baton_block_tiles_bytes, I64, [ctypes.c_int, I64, I64]
         )
         self._pack_block_tiles = declare(
             library.baton_pack_block_tiles,
@@ -164,7 +164,7 @@ class LinearKernels:
 
     def with_tiles(self, weight: CompactWeight) -> CompactWeight:
         """The weight with its tile-ordered copy, for AMX CPUs (`self.amx`): a bf16 weight's
-        (amx_gemm.c) or a block format's in bf16 parts (amx_blocks.c)."""
+        (amx_gemm.c) or a block format's integers and scales as records (amx_blocks.c)."""
         n, k = weight.out_features, weight.in_features
         data = weight.data.contiguous()
         if weight.format == "bf16":
@@ -174,7 +174,7 @@ class LinearKernels:
         if weight.format not in BLOCK_FORMATS:
             raise ValueError(f"{weight.format} weights are not multiplied in tiles")
         kernel_id = FORMATS[weight.format].kernel_id
-        tiles = torch.empty(self._block_tiles_count(kernel_id, n, k), dtype=torch.int16)
+        tiles = torch.empty(self._block_tiles_bytes(kernel_id, n, k), dtype=torch.uint8)
         status = self._pack_block_tiles(
             kernel_id, data.data_ptr(), n, k, data.shape[1], tiles.data_ptr()
         )
