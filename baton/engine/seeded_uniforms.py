@@ -26,6 +26,7 @@ class SeededUniforms:
         self._generator.manual_seed(seed)
         self._block: list[float] = []
         self._next = 0  # the first unread entry of _block
+        self._previous: list[float] = []  # the block before _block (for give_back)
 
     def take(self, count: int) -> list[float]:
         """The stream's next `count` uniforms."""
@@ -33,12 +34,28 @@ class SeededUniforms:
         while len(values) < count:
             if self._next == len(self._block):
                 device = self._generator.device
+                self._previous = self._block
                 self._block = torch.rand(BLOCK, generator=self._generator, device=device).tolist()
                 self._next = 0
             end = min(len(self._block), self._next + count - len(values))
             values += self._block[self._next : end]
             self._next = end
         return values
+
+    def give_back(self, count: int) -> None:
+        """Return the last `count` uniforms taken (at most a block's worth) to the stream: the
+        next takes yield them again. Speculative verification draws a token for every verified
+        position and gives back those past the first rejected draft, so a request reads one
+        uniform per token it emits, however many drafts it verified."""
+        if count <= self._next:
+            self._next -= count
+            return
+        from_previous = count - self._next
+        if from_previous > len(self._previous):
+            raise ValueError(f"cannot give back {count} uniforms: more than were taken")
+        self._block = self._previous[len(self._previous) - from_previous :] + self._block
+        self._previous = self._previous[: len(self._previous) - from_previous]
+        self._next = 0
 
     def rand(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
         """The next uniforms as a float32 tensor of `shape` (torch.rand's values, in order)."""

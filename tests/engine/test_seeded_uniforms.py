@@ -3,6 +3,7 @@ across block boundaries, so every path that samples it reads the same stream."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from baton.engine.seeded_uniforms import BLOCK, SeededUniforms, seeded_uniforms, uniforms
@@ -25,3 +26,16 @@ def test_a_shaped_draw_and_the_unseeded_source() -> None:
     )
     assert seeded_uniforms(None, "cpu") is None
     assert uniforms(None, (2,), torch.device("cpu")).shape == (2,)
+
+
+def test_uniforms_given_back_are_read_again_and_the_stream_goes_on() -> None:
+    want = torch.rand(4 * BLOCK, generator=torch.Generator().manual_seed(5)).tolist()
+    stream, position = SeededUniforms(5, "cpu"), 0
+    # (take, give back): within a block, back across the boundary just crossed, a whole block.
+    for take, back in [(BLOCK - 3, 2), (5, 0), (4, 7), (BLOCK + 6, BLOCK), (2, 0)]:
+        assert stream.take(take) == want[position : position + take]
+        stream.give_back(back)
+        position += take - back
+    assert stream.take(3) == want[position : position + 3]
+    with pytest.raises(ValueError, match="more than were taken"):
+        SeededUniforms(5, "cpu").give_back(1)

@@ -16,6 +16,7 @@ import pytest
 
 from baton import LLM, SamplingParams
 from baton.config import BatonConfig
+from baton.engine.speculation.draft_budget import DraftBudget
 from baton.llm import RequestOutput
 from baton.scheduler_proc import batch_result
 from baton.scheduler_proc.batch_result import kept_tokens
@@ -473,6 +474,30 @@ def test_sampled_requests_run_and_finish(
         assert_pool_whole(drained(engine))
         runs.append(token_ids(outputs))
     assert runs[0] == runs[1]  # seeded per request: the same tokens again
+
+
+@OVERLAP
+def test_seeded_sampled_tokens_do_not_depend_on_the_drafts_verified(
+    stories260k_dir: Path, monkeypatch: pytest.MonkeyPatch, overlap: bool
+) -> None:
+    """n-gram drafts are kept while the plain sampler's draws match them, and the uniforms past
+    a mismatch go back to the request's stream: a seeded request samples the very tokens it
+    samples without speculation, whatever drafts the budget (timed on the machine) lets it
+    verify. Here the budget verifies every draft, on a trained model that accepts many."""
+    requests = STORY_PROMPTS * 2
+    params = [
+        SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, ignore_eos=True, seed=10 + i)
+        for i in range(len(requests))
+    ]
+    without = token_ids(llm(stories260k_dir, overlap, spec=False).generate(requests, params))
+    monkeypatch.setattr(DraftBudget, "trim", lambda self, slots, drafts, *rows: drafts)
+    engine = llm(stories260k_dir, overlap)
+    outputs = engine.generate(requests, params)
+    assert token_ids(outputs) == without
+    drafted = sum(o.stats.spec_draft_tokens for o in outputs)
+    accepted = sum(o.stats.spec_accepted_tokens for o in outputs)
+    assert 0 < accepted < drafted  # drafts kept and drafts turned down, uniforms given back
+    assert_pool_whole(drained(engine))
 
 
 # --- the token budget ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from baton.engine.argmax import greedy_argmax
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.speculation.draft_budget import DraftBudget
 from baton.engine.speculation.drafter import Draft, Drafter, DraftRequest
-from baton.engine.speculation.verify import target_probs, verify_greedy, verify_sampled
+from baton.engine.speculation.verify import accept_matching, target_probs, verify_sampled
 
 # Samples the plain rows of a batch as the engine does without speculation: (their logits, their
 # indices among the batch's sampled rows) -> (a token each, logprobs, top logprobs, failed rows,
@@ -150,21 +150,43 @@ class Speculator:
         for draft in drafts:
             first_rows.append(index)
             index += 1 + (len(draft.tokens) if draft is not None else 0)
-        plain = [i for i, draft in enumerate(drafts) if draft is None]
         token_ids: list[list[int]] = [[] for _ in drafts]
-        num_drafted = [0] * len(drafts)
+        num_drafted = [len(draft.tokens) if draft is not None else 0 for draft in drafts]
         logprobs = top_logprobs = None
         failed: list[int] = []
-        if plain:
-            plain_logits = logits.index_select(0, torch.tensor([first_rows[i] for i in plain]))
-            tokens, plain_logprobs, plain_top, plain_failed = sample_plain(plain_logits, plain)
-            for i, token in zip(plain, tokens):
-                token_ids[i] = [token]
-            failed.extend(plain[j] for j in plain_failed)
-            if plain_logprobs is not None:
+        # Drawn by the plain sampler, one token a verified position: plain rows, and sampled rows
+        # with deterministic drafts (n-gram), which keep their drafts while the draws match them
+        # (see verify.py: exact in distribution). Their uniforms past the first mismatch go back
+        # to the request's stream, so a seeded request reads one uniform per token it emits and
+        # samples the very tokens it would without speculation, whatever drafts the budget
+        # (timed on this machine) let it verify.
+        drawn = [
+            i
+            for i, draft in enumerate(drafts)
+            if draft is None or (draft.probs is None and not batch.sampling_params[i].is_greedy)
+        ]
+        if drawn:
+            positions = [first_rows[i] + j for i in drawn for j in range(1 + num_drafted[i])]
+            tokens, drawn_logprobs, drawn_top, drawn_failed = sample_plain(
+                logits.index_select(0, torch.tensor(positions)),
+                [i for i in drawn for _ in range(1 + num_drafted[i])],
+            )
+            failed_at, at = set(drawn_failed), 0
+            if drawn_logprobs is not None:
                 logprobs, top_logprobs = [[] for _ in drafts], [[] for _ in drafts]
-                for j, i in enumerate(plain):
-                    logprobs[i], top_logprobs[i] = plain_logprobs[j], plain_top[j]
+            for i in drawn:
+                draft_tokens = drafts[i].tokens if drafts[i] is not None else []
+                emitted = accept_matching(tokens[at : at + 1 + len(draft_tokens)], draft_tokens)
+                if failed_at.intersection(range(at, at + len(emitted))):
+                    failed.append(i)
+                    emitted = emitted[:1]
+                token_ids[i] = emitted
+                generator = batch.generators[i]
+                if generator is not None and len(draft_tokens) + 1 > len(emitted):
+                    generator.give_back(len(draft_tokens) + 1 - len(emitted))
+                if drawn_logprobs is not None and drafts[i] is None:
+                    logprobs[i], top_logprobs[i] = drawn_logprobs[at], drawn_top[at]
+                at += 1 + len(draft_tokens)
         speculative = [i for i, draft in enumerate(drafts) if draft is not None]
         greedy = [i for i in speculative if batch.sampling_params[i].is_greedy]
         if greedy:
@@ -173,17 +195,15 @@ class Speculator:
             at = 0
             for i in greedy:
                 count = 1 + len(drafts[i].tokens)
-                token_ids[i] = verify_greedy(argmax[at : at + count], drafts[i].tokens)
+                token_ids[i] = accept_matching(argmax[at : at + count], drafts[i].tokens)
                 at += count
         for i in speculative:
             draft = drafts[i]
-            num_drafted[i] = len(draft.tokens)
-            params = batch.sampling_params[i]
-            if params.is_greedy:
+            if draft.probs is None:  # greedy, or drawn above
                 continue
             rows_logits = logits[first_rows[i] : first_rows[i] + 1 + len(draft.tokens)]
             try:
-                probs = target_probs(rows_logits, params)
+                probs = target_probs(rows_logits, batch.sampling_params[i])
                 token_ids[i] = verify_sampled(probs, draft.tokens, draft.probs, batch.generators[i])
             except ValueError:  # not a distribution (NaN logits): this row alone fails
                 failed.append(i)

@@ -18,7 +18,7 @@ from helpers.sampling import reference_distribution
 from baton.engine.sampler import Sampler, _draw
 from baton.engine.sampling_batch import SamplingBatch
 from baton.engine.seeded_uniforms import SeededUniforms
-from baton.engine.speculation.verify import target_probs, verify_greedy, verify_sampled
+from baton.engine.speculation.verify import accept_matching, target_probs, verify_sampled
 from baton.sampling_params import SamplingParams
 
 ALPHA = 1e-6
@@ -108,16 +108,16 @@ def test_target_probs_rejects_greedy_params(params: SamplingParams) -> None:
         target_probs(SMALL_LOGITS.unsqueeze(0), params)
 
 
-# ---- verify_greedy -----------------------------------------------------------------------------
+# ---- accept_matching ---------------------------------------------------------------------------
 
 
-def test_verify_greedy() -> None:
-    assert verify_greedy([5, 6, 7, 8], [5, 6, 7]) == [5, 6, 7, 8]  # all accepted, then bonus
-    assert verify_greedy([5, 6, 7, 8], [4, 6, 7]) == [5]  # none accepted
-    assert verify_greedy([5, 6, 7, 8], [5, 9, 7]) == [5, 6]  # stops at the first mismatch
-    assert verify_greedy([5], []) == [5]  # no drafts
+def test_accept_matching() -> None:
+    assert accept_matching([5, 6, 7, 8], [5, 6, 7]) == [5, 6, 7, 8]  # all accepted, then bonus
+    assert accept_matching([5, 6, 7, 8], [4, 6, 7]) == [5]  # none accepted
+    assert accept_matching([5, 6, 7, 8], [5, 9, 7]) == [5, 6]  # stops at the first mismatch
+    assert accept_matching([5], []) == [5]  # no drafts
     with pytest.raises(ValueError):
-        verify_greedy([5, 6], [5, 6])
+        accept_matching([5, 6], [5, 6])
 
 
 # ---- verify_sampled ----------------------------------------------------------------------------
@@ -178,6 +178,19 @@ def check_target_distribution(
     return probs.shape[0]
 
 
+def drawn_verification(
+    probs: torch.Tensor, drafts: list[int], draft_probs: None, generator: SeededUniforms
+) -> list[int]:
+    """Deterministic drafts as the speculator verifies them: the plain draw (one uniform) at
+    every position, the drafts kept while the draws match them, the uniforms past the first
+    mismatch given back."""
+    assert draft_probs is None
+    chosen = _draw(probs, generator).tolist()
+    emitted = accept_matching(chosen, drafts)
+    generator.give_back(len(chosen) - len(emitted))
+    return emitted
+
+
 # Drafts, and how many positions enough trials reach to be tested: with p_k(d_k) = 0.5, 0.4,
 # 0.3 about 10k, 5k, 2k and 600 trials reach positions 0..3; with 0.05, 0.05, 0.05 about 10k,
 # 500 and 25.
@@ -188,11 +201,15 @@ def check_target_distribution(
 )
 def test_deterministic_drafts_keep_the_target_distribution(drafts: list[int], tested: int) -> None:
     probs = P[: len(drafts) + 1]
-    outputs = run_trials(verify_sampled, probs, drafts, None)
+    outputs = run_trials(drawn_verification, probs, drafts, None)
     assert all(out[:-1] == drafts[: len(out) - 1] for out in outputs)
     # One-hot q: draft k is accepted with probability p_k(d_k).
     acceptance = [float(P[k, d]) for k, d in enumerate(drafts)]
     assert check_target_distribution(outputs, probs, acceptance) == tested
+    # One uniform per token emitted: each trial's tokens are the plain draws from the stream.
+    stream = SeededUniforms(2024, "cpu")
+    for out in outputs[:200]:
+        assert out == _draw(probs[: len(out)], stream).tolist()
 
 
 def test_sampled_drafts_keep_the_target_distribution() -> None:
@@ -222,7 +239,7 @@ def test_the_check_catches_resampling_from_p(sampled_drafts: bool) -> None:
     # against p_0 = [0.5, 0.2, 0.15, 0.1, 0.05], chi-square distance sum (r - p)^2 / p = 0.25;
     # draft model Q[0]: [0.325, 0.29, 0.1675, 0.145, 0.0725], distance 0.134. Over 10k trials the
     # expected statistic is ~2500 or ~1340 with 4 degrees of freedom: p-value far below 1e-100.
-    # The same seeds and drafts through verify_sampled pass: the tests above.
+    # The same seeds and drafts through the real verifications pass: the tests above.
     drafts, draft_probs = (None, Q) if sampled_drafts else ([0, 3, 0], None)
     outputs = run_trials(resample_from_p, P, drafts, draft_probs)
     assert chi2_pvalue([out[0] for out in outputs], P[0]) < 1e-30
@@ -252,8 +269,11 @@ def test_rejecting_a_token_the_filters_removed() -> None:
     probs = target_probs(SMALL_LOGITS.repeat(2, 1), SamplingParams(top_k=3))
     filtered = int(SMALL_LOGITS.argmin())
     generator = SeededUniforms(0, "cpu")
+    uniform_q = torch.full((1, probs.shape[1]), 1.0 / probs.shape[1])
     for _ in range(200):
-        out = verify_sampled(probs, [filtered], None, generator)
+        out = verify_sampled(probs, [filtered], uniform_q, generator)
+        assert len(out) == 1 and probs[0, out[0]] > 0
+        out = drawn_verification(probs, [filtered], None, generator)
         assert len(out) == 1 and probs[0, out[0]] > 0
 
 
@@ -262,15 +282,12 @@ def test_empty_residual_falls_back_to_p() -> None:
     # max(0, p - q) then holds no mass. Simulated at scale with p summing to 0.5.
     probs = torch.tensor([[0.25, 0.25, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5]])
     draft_probs = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
-    one_hot_case = torch.tensor([[0.0, 0.5, 0.0, 0.0], [0.0, 0.0, 0.5, 0.5]])
     generator = SeededUniforms(0, "cpu")
     rejected = 0
     for _ in range(200):
         out = verify_sampled(probs, [0], draft_probs, generator)
         rejected += len(out) == 1
         assert out[0] in (0, 1)  # the fallback draws from p_0, never a zero-probability token
-        out = verify_sampled(one_hot_case, [1], None, generator)
-        assert out[0] == 1  # rejected or not, p_0 only holds the draft
     assert 50 < rejected < 150  # p/q = 0.5: about half the drafts went through the fallback
 
 
@@ -281,7 +298,7 @@ def test_nan_probabilities_raise() -> None:
     assert not probs[0].isnan().any()
     generator = SeededUniforms(0, "cpu")
     with pytest.raises(ValueError, match="NaN"):
-        verify_sampled(probs, [1], None, generator)
+        verify_sampled(probs, [1], torch.full((1, 8), 0.125), generator)
     bad_q = torch.full((1, 8), float("nan"))
     with pytest.raises(ValueError, match="NaN"):
         verify_sampled(probs[[0, 0]], [1], bad_q, generator)
@@ -289,8 +306,8 @@ def test_nan_probabilities_raise() -> None:
 
 def test_malformed_inputs_raise() -> None:
     with pytest.raises(ValueError):
-        verify_sampled(P, [1, 2], None, None)  # 2 drafts need 3 rows
+        verify_sampled(P, [1, 2], Q[:2], None)  # 2 drafts need 3 rows
     with pytest.raises(ValueError):
         verify_sampled(P, [1, 2, 3], Q[:2], None)
     with pytest.raises(ValueError):
-        verify_sampled(P, [1, 2, 5], None, None)  # outside the vocabulary
+        verify_sampled(P, [1, 2, 5], Q, None)  # outside the vocabulary
