@@ -38,7 +38,6 @@
 #include "amx_tiles.h"
 #include "linear.h"
 #include "thread_pool.h"
-#include "vector_math.h"
 
 #define ROW_PARTS 3
 /* A chunk of the loop: up to this many pairs of feature tiles against up to this many pairs of
@@ -131,13 +130,18 @@ __attribute__((always_inline)) AMX_TARGET static inline void widen_record(
     if (fmt == FMT_Q4_1) _mm512_store_ps(m, _mm512_cvtph_ps(_mm256_loadu_si256(scales + 1)));
 }
 
-/* 8 floats into three bf16 parts: x0 rounds them to bf16, x - x0 is exact in float32 with at
- * most 16 significant bits, x1 rounds it to 8 and x2 holds the at most 8 left. */
-static inline void split8(__m256 v, uint16_t *x0, uint16_t *x1, uint16_t *x2) {
-    _mm_storeu_si128((__m128i *)x0, narrow_bf16(v));
-    const __m256 rest = _mm256_sub_ps(v, widen_bf16(x0));
-    _mm_storeu_si128((__m128i *)x1, narrow_bf16(rest));
-    _mm_storeu_si128((__m128i *)x2, narrow_bf16(_mm256_sub_ps(rest, widen_bf16(x1))));
+/* 16 floats into three bf16 parts: x0 rounds them to bf16, x - x0 is exact in float32 with at
+ * most 16 significant bits, x1 rounds it to 8 and x2 holds the at most 8 left (one AVX512_BF16
+ * instruction each; subnormals flush to zero, as the tile unit reads them anyway). */
+AMX_TARGET static inline void split16(__m512 v, uint16_t *x0, uint16_t *x1, uint16_t *x2) {
+    __m512 rest = v;
+    uint16_t *parts[ROW_PARTS] = {x0, x1, x2};
+    for (int p = 0; p < ROW_PARTS; p++) {
+        const __m256i part = (__m256i)_mm512_cvtneps_pbh(rest);
+        _mm256_storeu_si256((__m256i *)parts[p], part);
+        rest = _mm512_sub_ps(rest, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                       _mm512_cvtepu16_epi32(part), 16)));
+    }
 }
 
 /* The rows as the tile unit reads them: for each group of 16 rows and each block, its three
@@ -150,7 +154,7 @@ typedef struct {
     int64_t rows, k_dim;
 } SplitLoop;
 
-static void split_group(const void *arg, int64_t group) {
+AMX_TARGET static void split_group(const void *arg, int64_t group) {
     const SplitLoop *s = arg;
     const int64_t k_blocks = s->k_dim / TILE_K;
     uint16_t *tiles = s->parts + group * k_blocks * ROW_PARTS * (TILE_BYTES / 2);
@@ -158,16 +162,15 @@ static void split_group(const void *arg, int64_t group) {
         const int64_t r = group * TILE_N + i;
         for (int64_t kb = 0; kb < k_blocks; kb++) {
             uint16_t *x0 = tiles + kb * ROW_PARTS * (TILE_BYTES / 2) + i * TILE_K;
-            uint16_t *x1 = x0 + TILE_BYTES / 2, *x2 = x1 + TILE_BYTES / 2;
-            __m256 total = _mm256_setzero_ps();
-            for (int64_t k = 0; k < TILE_K; k += 8) {
-                const __m256 v =
-                    r < s->rows ? _mm256_loadu_ps(s->x + r * s->k_dim + kb * TILE_K + k)
-                                : _mm256_setzero_ps();
-                split8(v, x0 + k, x1 + k, x2 + k);
-                total = _mm256_add_ps(total, v);
+            __m512 total = _mm512_setzero_ps();
+            for (int64_t k = 0; k < TILE_K; k += 16) {
+                const __m512 v =
+                    r < s->rows ? _mm512_loadu_ps(s->x + r * s->k_dim + kb * TILE_K + k)
+                                : _mm512_setzero_ps();
+                split16(v, x0 + k, x0 + TILE_BYTES / 2 + k, x0 + TILE_BYTES + k);
+                total = _mm512_add_ps(total, v);
             }
-            s->sums[r * k_blocks + kb] = hsum8(total);
+            s->sums[r * k_blocks + kb] = _mm512_reduce_add_ps(total);
         }
     }
 }
