@@ -15,26 +15,21 @@
  * its sums (tested: under float32 GEMM's own error against float64).
  *
  * The tiles are read in their GGUF size: each block's integers are stored in tile order as
- * nibbles (Q4) or bytes (Q8_0) and widened to bf16 in the kernel, a few vector instructions a
+ * nibbles (Q4) or bytes (Q8_0) (amx_block_records.h) and widened to bf16 in the kernel, a few vector instructions a
  * tile row, just before the tile unit multiplies them. SmolLM2's Q4_1 layers on the AMX Xeon
  * (two threads): 16 rows 11.5 ms against the compact kernel's 19, 32 rows 14 against 33, 512
  * rows 195 (the previous kernel here, weights split into stored bf16 parts of 4-6 bytes a
  * weight: 219); its Q8_0 head at 16 rows 1.7 ms against 4.3. The compact kernel keeps the
  * fewest rows (baton_linear's amx_blocks_min_rows), where the widening costs more than its FMAs.
- *
- * Layout: a matrix of n_dim features is padded to pairs of feature tiles (32 features). Tile nt,
- * block kb (of 32 inputs) is one record of RECORD bytes, a tile's records in block order:
- *   - the integers in tile order (amx_tiles.h's tile_offset: 16 rows of 32 values): Q8_0 as
- *     512 bytes, value j of row p at byte 32p + j; Q4 as 256 bytes, row p's byte j holding
- *     value j in its low nibble and value j + 16 in its high one (Q4_0's q + 8, as stored);
- *   - the 16 features' d (f16), then for Q4_1 their m (f16); zeros up to a multiple of 64.
  */
+
 #include <immintrin.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx_block_records.h"
 #include "amx_tiles.h"
 #include "linear.h"
 #include "thread_pool.h"
@@ -44,91 +39,6 @@
  * row groups (16 rows each). */
 #define PAIRS_PER_CHUNK 3
 #define GROUP_PAIRS_PER_CHUNK 8
-
-static int block_bytes(int fmt) {
-    switch (fmt) {
-    case FMT_Q8_0: return 34;
-    case FMT_Q4_0: return 18;
-    case FMT_Q4_1: return 20;
-    default: return 0;
-    }
-}
-
-static int integer_bytes(int fmt) { return fmt == FMT_Q8_0 ? 512 : 256; }
-
-static int64_t record_bytes(int fmt) {
-    return round_up(integer_bytes(fmt) + (fmt == FMT_Q4_1 ? 64 : 32), 64);
-}
-
-/* Bytes `baton_pack_block_tiles` writes for an [n_dim, k_dim] matrix of format fmt. */
-int64_t baton_block_tiles_bytes(int fmt, int64_t n_dim, int64_t k_dim) {
-    return round_up(n_dim, 2 * TILE_N) / TILE_N * (k_dim / TILE_K) * record_bytes(fmt);
-}
-
-/* Integer i (0-31) of a block as stored: Q4_0's nibble unshifted (the kernel subtracts 8). */
-static int stored_integer(int fmt, const uint8_t *block, int i) {
-    if (fmt == FMT_Q8_0) return (int8_t)block[2 + i];
-    const uint8_t *nibbles = block + (fmt == FMT_Q4_1 ? 4 : 2);
-    return (nibbles[i % 16] >> (i < 16 ? 0 : 4)) & 0x0F;
-}
-
-/* out (baton_block_tiles_bytes) = the [n_dim, k_dim] block matrix w (rows `row_bytes` apart) in
- * records (above). Returns 0, or -1 for a format without integer blocks or partial blocks. */
-int baton_pack_block_tiles(int fmt, const uint8_t *w, int64_t n_dim, int64_t k_dim,
-                           int64_t row_bytes, uint8_t *out) {
-    const int bytes = block_bytes(fmt);
-    if (!bytes || k_dim % TILE_K) return -1;
-    const int64_t n_tiles = round_up(n_dim, 2 * TILE_N) / TILE_N, k_blocks = k_dim / TILE_K;
-    const int64_t record = record_bytes(fmt);
-    memset(out, 0, baton_block_tiles_bytes(fmt, n_dim, k_dim));
-#pragma omp parallel for schedule(static)
-    for (int64_t nt = 0; nt < n_tiles; nt++)
-        for (int64_t kb = 0; kb < k_blocks; kb++) {
-            uint8_t *integers = out + (nt * k_blocks + kb) * record;
-            uint16_t *scales = (uint16_t *)(integers + integer_bytes(fmt));
-            for (int n = 0; n < TILE_N && nt * TILE_N + n < n_dim; n++) {
-                const uint8_t *block = w + (nt * TILE_N + n) * row_bytes + kb * bytes;
-                memcpy(scales + n, block, 2);
-                if (fmt == FMT_Q4_1) memcpy(scales + TILE_N + n, block + 2, 2);
-                for (int k = 0; k < TILE_K; k++) {
-                    const int64_t at = tile_offset(n, k), row = at / 32, j = at % 32;
-                    const int q = stored_integer(fmt, block, k);
-                    if (fmt == FMT_Q8_0)
-                        integers[at] = (uint8_t)q;
-                    else
-                        integers[row * 16 + j % 16] |= (uint8_t)(q << (j < 16 ? 0 : 4));
-                }
-            }
-        }
-    return 0;
-}
-
-/* One record's integers widened into a bf16 tile (512 values) and its d and m into float32. */
-__attribute__((always_inline)) AMX_TARGET static inline void widen_record(
-    const int fmt, const uint8_t *record, uint16_t *tile, float *d, float *m) {
-    for (int row = 0; row < TILE_K / 2; row++) {
-        __m512 low, high; /* values 0-15 and 16-31 of the tile row */
-        if (fmt == FMT_Q8_0) {
-            const __m128i *bytes = (const __m128i *)(record + row * 32);
-            low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes)));
-            high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(bytes + 1)));
-        } else {
-            const __m512i nibbles =
-                _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(record + row * 16)));
-            low = _mm512_cvtepi32_ps(_mm512_and_si512(nibbles, _mm512_set1_epi32(15)));
-            high = _mm512_cvtepi32_ps(_mm512_srli_epi32(nibbles, 4));
-            if (fmt == FMT_Q4_0) {
-                low = _mm512_sub_ps(low, _mm512_set1_ps(8.0f));
-                high = _mm512_sub_ps(high, _mm512_set1_ps(8.0f));
-            }
-        }
-        /* Exact: integers of at most 8 bits. */
-        _mm512_store_si512(tile + row * 32, (__m512i)_mm512_cvtne2ps_pbh(high, low));
-    }
-    const __m256i *scales = (const __m256i *)(record + integer_bytes(fmt));
-    _mm512_store_ps(d, _mm512_cvtph_ps(_mm256_loadu_si256(scales)));
-    if (fmt == FMT_Q4_1) _mm512_store_ps(m, _mm512_cvtph_ps(_mm256_loadu_si256(scales + 1)));
-}
 
 /* 16 floats into three bf16 parts: x0 rounds them to bf16, x - x0 is exact in float32 with at
  * most 16 significant bits, x1 rounds it to 8 and x2 holds the at most 8 left (one AVX512_BF16

@@ -24,6 +24,7 @@ SOURCES = tuple(
     _HERE / name
     for name in (
         "amx_attention.c",
+        "amx_block_records.c",
         "amx_blocks.c",
         "amx_gemm.c",
         "compact_gemv.c",
@@ -38,6 +39,7 @@ SOURCES = tuple(
 HEADERS = tuple(
     _HERE / name
     for name in (
+        "amx_block_records.h",
         "amx_tiles.h",
         "linear.h",
         "sampling.h",

@@ -164,7 +164,7 @@ class LinearKernels:
 
     def with_tiles(self, weight: CompactWeight) -> CompactWeight:
         """The weight with its tile-ordered copy, for AMX CPUs (`self.amx`): a bf16 weight's
-        (amx_gemm.c) or a block format's integers and scales as records (amx_blocks.c)."""
+        (amx_gemm.c) or a block format's integers and scales as records (amx_block_records.h)."""
         n, k = weight.out_features, weight.in_features
         data = weight.data.contiguous()
         if weight.format == "bf16":
