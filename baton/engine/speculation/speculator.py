@@ -24,7 +24,12 @@ from baton.engine.argmax import greedy_argmax
 from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
 from baton.engine.speculation.draft_budget import DraftBudget
 from baton.engine.speculation.drafter import Draft, Drafter, DraftRequest
-from baton.engine.speculation.verify import accept_matching, target_probs, verify_sampled
+from baton.engine.speculation.verify import (
+    accept_matching,
+    keep_matching_draws,
+    target_probs,
+    verify_sampled,
+)
 
 # Samples the plain rows of a batch as the engine does without speculation: (their logits, their
 # indices among the batch's sampled rows) -> (a token each, logprobs, top logprobs, failed rows,
@@ -156,10 +161,9 @@ class Speculator:
         failed: list[int] = []
         # Drawn by the plain sampler, one token a verified position: plain rows, and sampled rows
         # with deterministic drafts (n-gram), which keep their drafts while the draws match them
-        # (see verify.py: exact in distribution). Their uniforms past the first mismatch go back
-        # to the request's stream, so a seeded request reads one uniform per token it emits and
-        # samples the very tokens it would without speculation, whatever drafts the budget
-        # (timed on this machine) let it verify.
+        # (verify.keep_matching_draws: exact in distribution, one uniform per token emitted), so
+        # a seeded request samples the very tokens it would without speculation, whatever
+        # drafts the budget (timed on this machine) let it verify.
         drawn = [
             i
             for i, draft in enumerate(drafts)
@@ -176,14 +180,13 @@ class Speculator:
                 logprobs, top_logprobs = [[] for _ in drafts], [[] for _ in drafts]
             for i in drawn:
                 draft_tokens = drafts[i].tokens if drafts[i] is not None else []
-                emitted = accept_matching(tokens[at : at + 1 + len(draft_tokens)], draft_tokens)
+                emitted = keep_matching_draws(
+                    tokens[at : at + 1 + len(draft_tokens)], draft_tokens, batch.generators[i]
+                )
                 if failed_at.intersection(range(at, at + len(emitted))):
                     failed.append(i)
                     emitted = emitted[:1]
                 token_ids[i] = emitted
-                generator = batch.generators[i]
-                if generator is not None and len(draft_tokens) + 1 > len(emitted):
-                    generator.give_back(len(draft_tokens) + 1 - len(emitted))
                 if drawn_logprobs is not None and drafts[i] is None:
                     logprobs[i], top_logprobs[i] = drawn_logprobs[at], drawn_top[at]
                 at += 1 + len(draft_tokens)

@@ -83,6 +83,20 @@ def accept_matching(target_tokens: list[int], drafts: list[int]) -> list[int]:
     return [*drafts[:accepted], target_tokens[accepted]]
 
 
+def keep_matching_draws(
+    draws: list[int], drafts: list[int], generator: SeededUniforms | None
+) -> list[int]:
+    """A sampled row's deterministic drafts (n-gram: a one-hot q) against `draws`, the plain
+    sampler's token at each of the 1+m positions, one uniform each from `generator`: the drafts
+    kept while the draws match them, then the first draw that does not (`accept_matching`).
+    The uniforms of the positions past it go back to the stream, so the request reads one per
+    token it emits, as without speculation. (None: torch's default generator, not rewound.)"""
+    emitted = accept_matching(draws, drafts)
+    if generator is not None and len(draws) > len(emitted):
+        generator.give_back(len(draws) - len(emitted))
+    return emitted
+
+
 def verify_sampled(
     probs: torch.Tensor,
     drafts: list[int],

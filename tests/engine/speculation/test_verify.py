@@ -18,7 +18,12 @@ from helpers.sampling import reference_distribution
 from baton.engine.sampler import Sampler, _draw
 from baton.engine.sampling_batch import SamplingBatch
 from baton.engine.seeded_uniforms import SeededUniforms
-from baton.engine.speculation.verify import accept_matching, target_probs, verify_sampled
+from baton.engine.speculation.verify import (
+    accept_matching,
+    keep_matching_draws,
+    target_probs,
+    verify_sampled,
+)
 from baton.sampling_params import SamplingParams
 
 ALPHA = 1e-6
@@ -182,13 +187,9 @@ def drawn_verification(
     probs: torch.Tensor, drafts: list[int], draft_probs: None, generator: SeededUniforms
 ) -> list[int]:
     """Deterministic drafts as the speculator verifies them: the plain draw (one uniform) at
-    every position, the drafts kept while the draws match them, the uniforms past the first
-    mismatch given back."""
+    every position, then `keep_matching_draws`."""
     assert draft_probs is None
-    chosen = _draw(probs, generator).tolist()
-    emitted = accept_matching(chosen, drafts)
-    generator.give_back(len(chosen) - len(emitted))
-    return emitted
+    return keep_matching_draws(_draw(probs, generator).tolist(), drafts, generator)
 
 
 # Drafts, and how many positions enough trials reach to be tested: with p_k(d_k) = 0.5, 0.4,
