@@ -28,6 +28,7 @@ from baton.engine.sampler import Sampler
 from baton.engine.speculation.setup import make_speculator
 from baton.engine.startup_timing import compact_crossover
 from baton.engine.token_counts import SlotTokenCounts
+from baton.engine.vector_math_init import initialize_vector_math
 from baton.engine.weights import iter_compact_weights, iter_weights
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class Engine(BatchRunner):
 
     def __init__(self, config: BatonConfig, checkpoint: Checkpoint | None = None) -> None:
         if torch.device(config.device).type == "cpu":
+            # Before the model's RoPE tables, the first elementwise math on several threads.
+            initialize_vector_math()
             # Called on the thread that will run every forward (see Scheduler).
             bound_threads = bind_engine_thread(config.omp_threads_bind)
             torch.set_num_threads(config.num_threads or bound_threads)
