@@ -107,26 +107,31 @@ typedef struct {
 #define CHUNKS_PER_THREAD 8
 #define MIN_ROWS_PER_CHUNK 16
 
-/* One chunk of weight rows (CHUNK), swept by SWEEP once per ROWS_PER_PASS rows of x; ATTRS:
- * the function's target attributes, if any. */
-#define DEFINE_CHUNK(CHUNK, SWEEP, ATTRS)                                                        \
+/* The sweep for `rows` rows of x (a compile-time constant in each case, so that SWEEP's loops
+ * over rows unroll into registers). */
+#define SWEEP_ROWS(SWEEP, N)                                                                     \
+    case N: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, N, g->bias, ym); break;
+#define SWEEP_ROWS_1_7(SWEEP)                                                                    \
+    SWEEP_ROWS(SWEEP, 1) SWEEP_ROWS(SWEEP, 2) SWEEP_ROWS(SWEEP, 3) SWEEP_ROWS(SWEEP, 4)          \
+    SWEEP_ROWS(SWEEP, 5) SWEEP_ROWS(SWEEP, 6) SWEEP_ROWS(SWEEP, 7)
+#define SWEEP_ROWS_1_15(SWEEP)                                                                   \
+    SWEEP_ROWS_1_7(SWEEP) SWEEP_ROWS(SWEEP, 8) SWEEP_ROWS(SWEEP, 9) SWEEP_ROWS(SWEEP, 10)        \
+    SWEEP_ROWS(SWEEP, 11) SWEEP_ROWS(SWEEP, 12) SWEEP_ROWS(SWEEP, 13) SWEEP_ROWS(SWEEP, 14)      \
+    SWEEP_ROWS(SWEEP, 15)
+
+/* One chunk of weight rows (CHUNK), swept by SWEEP once per PASS rows of x (CASES: the sweeps
+ * for fewer rows, SWEEP_ROWS_1_{PASS - 1}); ATTRS: the function's target attributes, if any. */
+#define DEFINE_CHUNK(CHUNK, SWEEP, ATTRS, PASS, CASES)                                          \
     ATTRS static void CHUNK(const void *arg, int64_t chunk) {                                   \
         const GemvLoop *g = arg;                                                                \
         const int64_t n_begin = chunk * g->rows_per_chunk;                                      \
         const int64_t n_end = n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim; \
-        for (int64_t m0 = 0; m0 < g->m_dim; m0 += ROWS_PER_PASS) {                              \
+        for (int64_t m0 = 0; m0 < g->m_dim; m0 += PASS) {                                       \
             const float *xm = g->x + m0 * g->k_dim;                                             \
             float *ym = g->y + m0 * g->n_dim;                                                   \
-            const int rows = g->m_dim - m0 < ROWS_PER_PASS ? (int)(g->m_dim - m0) : ROWS_PER_PASS; \
-            switch (rows) {                                                                     \
-            case 1: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 1, g->bias, ym); break; \
-            case 2: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 2, g->bias, ym); break; \
-            case 3: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 3, g->bias, ym); break; \
-            case 4: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 4, g->bias, ym); break; \
-            case 5: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 5, g->bias, ym); break; \
-            case 6: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 6, g->bias, ym); break; \
-            case 7: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 7, g->bias, ym); break; \
-            default: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, 8, g->bias, ym); break; \
+            switch (g->m_dim - m0 < PASS ? (int)(g->m_dim - m0) : PASS) {                       \
+            CASES(SWEEP)                                                                        \
+            default: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, PASS, g->bias, ym); break; \
             }                                                                                   \
         }                                                                                       \
     }
@@ -170,7 +175,7 @@ typedef struct {
         }                                                                                       \
     }                                                                                           \
                                                                                                 \
-    DEFINE_CHUNK(gemv_chunk_##FMT, sweep_##FMT, )
+    DEFINE_CHUNK(gemv_chunk_##FMT, sweep_##FMT, , ROWS_PER_PASS, SWEEP_ROWS_1_7)
 
 /* The whole matrix as float32 [n_dim, k_dim], the same exact values: what loading a checkpoint
  * needs (gguf's numpy dequantization takes seconds for a 135M-parameter model). */
@@ -247,42 +252,108 @@ WIDE static inline void dq16_q4_1(const uint8_t *b, __m512 *w) {
     for (int j = 0; j < 2; j++) w[j] = _mm512_fmadd_ps(d, q[j], m);
 }
 
-/* As DEFINE_SWEEP, 16 floats a vector; at least four FMA chains at any number of rows. */
+/* Rows of x per sweep of the AVX-512 kernel: its 32 registers hold 16 accumulators, two weight
+ * vectors and the dequantizer's constants, so each block is dequantized once per 16 rows, not
+ * per 8 (where the AVX2 kernel's 16 registers stop), and a 16-row batch reads W once. */
+#define WIDE_ROWS_PER_PASS 16
+
+/* Bytes of packed x (pack_rows) one span of a weight row's blocks reads: a sweep goes over every
+ * weight row of its chunk for one span of blocks, then the next, so that the span's rows stay in
+ * L1 (48 KB here) beside the weights streaming through; with SmolLM2's 1536-long rows all 16
+ * (96 KB) came from L2, and its down projection ran 25 % slower than at 8 rows. */
+#define WIDE_SPAN_BYTES (40 * 1024)
+
+/* sums[r] = the sum of acc[r]'s 16 lanes, for r < 16, in one vector: three rounds of in-lane
+ * and cross-lane shuffles sum all 16 at once (about 45 instructions, against 16 horizontal sums
+ * of about 8 each, most of them on the shuffle port the FMAs share). */
+WIDE static inline __m512 lane_sums16(const __m512 *acc) {
+    __m512 quads[4]; /* quads[g], 128-bit lane L: rows 4g..4g+3's sums over acc's lane L */
+    for (int g = 0; g < 4; g++) {
+        const __m512 *a = acc + 4 * g;
+        const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+        const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+        quads[g] = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(ab), _mm512_castps_pd(cd))));
+    }
+    /* Lanes 0+1 and 2+3 of each quad, then those two halves: lane g of the result holds rows
+     * 4g..4g+3, so element r is row r. */
+    const __m512 q01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 q23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                     _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(q01, q23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(q01, q23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* x's rows as the AVX-512 sweep reads them: each pass of WIDE_ROWS_PER_PASS rows (the last one
+ * may have fewer) at the same offset as in x, m0 * k_dim, but block by block: a block's 32
+ * floats of the pass's first row, then its second row's, ... So every load is one pointer plus
+ * a constant: with a pointer per row, 16 rows ran out of general registers and the compiler
+ * reloaded them from the stack, about 28 instructions a block. */
+WIDE static void pack_rows(const float *x, int64_t m_dim, int64_t k_dim, float *packed) {
+    for (int64_t m0 = 0; m0 < m_dim; m0 += WIDE_ROWS_PER_PASS) {
+        const int64_t rows = m_dim - m0 < WIDE_ROWS_PER_PASS ? m_dim - m0 : WIDE_ROWS_PER_PASS;
+        float *dst = packed + m0 * k_dim;
+        for (int64_t blk = 0; blk < k_dim / 32; blk++)
+            for (int64_t r = 0; r < rows; r++, dst += 32) {
+                const float *src = x + (m0 + r) * k_dim + blk * 32;
+                _mm512_storeu_ps(dst, _mm512_loadu_ps(src));
+                _mm512_storeu_ps(dst + 16, _mm512_loadu_ps(src + 16));
+            }
+    }
+}
+
+/* As DEFINE_SWEEP, 16 floats a vector and up to WIDE_ROWS_PER_PASS rows of x packed by
+ * pack_rows, span by span of each weight row's blocks (WIDE_SPAN_BYTES; one span for most
+ * layers); at least four FMA chains at any number of rows. From 8 rows the rows' sums are taken
+ * together (lane_sums16). */
 #define DEFINE_WIDE_SWEEP(FMT, DEQUANT, BLOCK_BYTES)                                             \
     WIDE static inline __attribute__((always_inline)) void sweep16_##FMT(                        \
         const float *x, int64_t k_dim, const uint8_t *w, int64_t row_bytes, int64_t n_begin,    \
         int64_t n_end, int64_t n_dim, int rows, const float *bias, float *y) {                  \
         const int chains = rows >= 4 ? 1 : 4 / rows;                                            \
-        const int64_t blocks = k_dim / 32;                                                      \
-        for (int64_t n = n_begin; n < n_end; n++) {                                             \
+        const int64_t blocks = k_dim / 32, max_span = WIDE_SPAN_BYTES / (128 * rows);          \
+        const int64_t spans = (blocks + max_span - 1) / max_span;                               \
+        const int64_t span = (blocks + spans - 1) / spans;                                      \
+        for (int64_t b0 = 0; b0 < blocks; b0 += span)                                           \
+        for (int64_t n = n_begin, b1 = b0 + span < blocks ? b0 + span : blocks; n < n_end; n++) { \
             const uint8_t *row = w + n * row_bytes;                                             \
-            __m512 acc[ROWS_PER_PASS];                                                          \
-            for (int a = 0; a < ROWS_PER_PASS; a++) acc[a] = _mm512_setzero_ps();               \
-            for (int64_t blk = 0; blk < blocks; blk++) {                                        \
+            __m512 acc[WIDE_ROWS_PER_PASS];                                                     \
+            for (int a = 0; a < WIDE_ROWS_PER_PASS; a++) acc[a] = _mm512_setzero_ps();          \
+            for (int64_t blk = b0; blk < b1; blk++) {                                           \
                 __m512 w16[2];                                                                  \
                 _mm_prefetch((const char *)row + blk * (BLOCK_BYTES) + PREFETCH_AHEAD,          \
                              _MM_HINT_T0);                                                      \
                 _mm_prefetch((const char *)row + blk * (BLOCK_BYTES) + PREFETCH_FAR,            \
                              _MM_HINT_T1);                                                      \
                 DEQUANT(row + blk * (BLOCK_BYTES), w16);                                        \
+                const float *xb = x + blk * rows * 32; /* pack_rows: the block's rows in turn */ \
                 for (int j = 0; j < 2; j++) {                                                   \
-                    const float *xk = x + blk * 32 + 16 * j;                                    \
                     for (int r = 0; r < rows; r++) {                                            \
                         int a = r * chains + (2 * (int)(blk & 1) + j) % chains;                 \
-                        acc[a] = _mm512_fmadd_ps(_mm512_loadu_ps(xk + r * k_dim), w16[j], acc[a]); \
+                        acc[a] = _mm512_fmadd_ps(_mm512_loadu_ps(xb + 32 * r + 16 * j), w16[j], acc[a]); \
                     }                                                                           \
                 }                                                                               \
             }                                                                                   \
-            const float add = bias ? bias[n] : 0.0f;                                            \
-            for (int r = 0; r < rows; r++) {                                                    \
-                __m512 sum = acc[r * chains];                                                   \
-                for (int c = 1; c < chains; c++) sum = _mm512_add_ps(sum, acc[r * chains + c]); \
-                y[r * n_dim + n] = _mm512_reduce_add_ps(sum) + add;                             \
+            float sums[WIDE_ROWS_PER_PASS];                                                     \
+            if (rows >= 8) {                                                                    \
+                _mm512_storeu_ps(sums, lane_sums16(acc));                                       \
+            } else {                                                                            \
+                for (int r = 0; r < rows; r++) {                                                \
+                    __m512 sum = acc[r * chains];                                               \
+                    for (int c = 1; c < chains; c++) sum = _mm512_add_ps(sum, acc[r * chains + c]); \
+                    sums[r] = _mm512_reduce_add_ps(sum);                                        \
+                }                                                                               \
             }                                                                                   \
+            /* The first span starts y (with the bias), the others add to it. */               \
+            const float add = b0 ? 0.0f : bias ? bias[n] : 0.0f;                                \
+            for (int r = 0; r < rows; r++)                                                      \
+                y[r * n_dim + n] = sums[r] + (b0 ? y[r * n_dim + n] : add);                     \
         }                                                                                       \
     }                                                                                           \
                                                                                                 \
-    DEFINE_CHUNK(gemv16_chunk_##FMT, sweep16_##FMT, WIDE)
+    DEFINE_CHUNK(gemv16_chunk_##FMT, sweep16_##FMT, WIDE, WIDE_ROWS_PER_PASS, SWEEP_ROWS_1_15)
 
 DEFINE_WIDE_SWEEP(bf16, dq16_bf16, 64)
 DEFINE_WIDE_SWEEP(f16, dq16_f16, 64)
@@ -291,8 +362,8 @@ DEFINE_WIDE_SWEEP(q4_0, dq16_q4_0, 18)
 DEFINE_WIDE_SWEEP(q4_1, dq16_q4_1, 20)
 
 /* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias), 16 floats a vector where `avx512` (the
- * caller checked the CPU has it) and there are two rows or more, else 8. Returns 0, or -1 for
- * an unknown format. The caller guarantees contiguous float32 x and y, and k_dim a multiple of
+ * caller checked the CPU has it) and there are two rows or more, else 8. Returns 0, -1 for an
+ * unknown format, or -2 if the packed rows could not be allocated. The caller guarantees contiguous float32 x and y, and k_dim a multiple of
  * 32 (one block). */
 int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
                        const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
@@ -307,8 +378,22 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
     const int64_t chunks_wanted = CHUNKS_PER_THREAD * (int64_t)omp_get_max_threads();
     int64_t rows_per_chunk = (n_dim + chunks_wanted - 1) / chunks_wanted;
     rows_per_chunk = rows_per_chunk > MIN_ROWS_PER_CHUNK ? rows_per_chunk : MIN_ROWS_PER_CHUNK;
-    const GemvLoop loop = {x, bias, y, w, m_dim, k_dim, n_dim, row_bytes, rows_per_chunk};
     const int wide = avx512 && m_dim >= 2;
+    if (wide) {
+        /* The packed rows live in a buffer of the calling thread's own, grown as needed and
+         * kept: the engine thread calls this for every layer of every step. */
+        static __thread float *packed;
+        static __thread int64_t packed_floats;
+        if (packed_floats < m_dim * k_dim) {
+            free(packed);
+            packed = aligned_alloc(64, sizeof(float) * (size_t)(m_dim * k_dim));
+            packed_floats = packed ? m_dim * k_dim : 0;
+            if (!packed) return -2;
+        }
+        pack_rows(x, m_dim, k_dim, packed);
+        x = packed;
+    }
+    const GemvLoop loop = {x, bias, y, w, m_dim, k_dim, n_dim, row_bytes, rows_per_chunk};
     baton_parallel(chunk_fns[wide][fmt], &loop, (n_dim + rows_per_chunk - 1) / rows_per_chunk);
     return 0;
 }
