@@ -65,7 +65,9 @@ def test_attention_matches_a_float64_softmax_of_its_bf16_operands(
     qkv = torch.randn(q_len, heads * head_dim + 24, generator=generator)
     q = qkv[:, : heads * head_dim].view(q_len, heads, head_dim)
     out = torch.full((q_len + 2, heads, head_dim), torch.nan)
-    amx.prefill_attention(q, prefix, k_cache, v_cache, kv_rows, head_dim**-0.5, out[1:-1])
+    amx.prefill_attention(
+        q, prefix, k_cache, v_cache, kv_rows, head_dim**-0.5, out[1:-1], on_amx=True
+    )
     assert out[0].isnan().all() and out[-1].isnan().all()
     k, v = k_cache[slot_of].transpose(0, 1), v_cache[slot_of].transpose(0, 1)
     want = _reference(q, k, v, prefix)
@@ -79,9 +81,16 @@ def test_attention_matches_a_float64_softmax_of_its_bf16_operands(
 
 def test_a_head_dim_the_tiles_cannot_take_is_refused(amx: NativeKernels) -> None:
     q = torch.zeros(4, 2, 48)
-    with pytest.raises(ValueError, match="no AMX attention"):
+    with pytest.raises(ValueError, match="no native prefill attention"):
         amx.prefill_attention(
-            q, 0, torch.zeros(8, 1, 48), torch.zeros(8, 1, 48), torch.arange(4), 1.0, q.clone()
+            q,
+            0,
+            torch.zeros(8, 1, 48),
+            torch.zeros(8, 1, 48),
+            torch.arange(4),
+            1.0,
+            q.clone(),
+            on_amx=True,
         )
 
 
@@ -98,9 +107,9 @@ def test_a_served_chunked_prefill_attends_on_amx(
     calls = []
     attention = NativeKernels.prefill_attention
 
-    def counting(self, q, prefix, *args):
-        calls.append((q.shape[0], prefix))
-        return attention(self, q, prefix, *args)
+    def counting(self, q, prefix, *args, on_amx):
+        calls.append((q.shape[0], prefix, on_amx))
+        return attention(self, q, prefix, *args, on_amx=on_amx)
 
     monkeypatch.setattr(NativeKernels, "prefill_attention", counting)
     path = tiny_model_factory(
@@ -112,5 +121,6 @@ def test_a_served_chunked_prefill_attends_on_amx(
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     [output] = llm.generate([prompt], greedy)
     layers = len(llm.engine.model.layers)
-    assert calls == [(128, 0)] * layers + [(128, 128)] * layers + [(44, 256)] * layers
+    chunks = [(128, 0, True)] * layers + [(128, 128, True)] * layers + [(44, 256, True)] * layers
+    assert calls == chunks
     assert_greedy_matches_hf(path, prompt, output.token_ids, BF16_TIE_TOLERANCE)

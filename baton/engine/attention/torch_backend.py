@@ -70,12 +70,14 @@ class TorchPagedAttention(AttentionBackend):
         amx_prefill: bool = False,
     ) -> None:
         """`native`: decode rows run the native kernel (float32 CPU caches, head_dim a
-        multiple of 8: the caller checks); prefill rows run in torch, in `prefill_dtype` where
-        given (the float32 plan with bf16 GEMMs: ComputePlan.gemm_dtype, whose prefill stays in
-        the bf16 hardware, attention included). `amx_prefill`: with `native` and a bf16
-        `prefill_dtype`, on a CPU whose tiles the plan uses, prefill rows attend on AMX
-        instead (native/amx_attention.c: 2.4x torch's flash kernel, at head_dim a multiple of
-        32 up to 256)."""
+        multiple of 8: the caller checks), and so do prefill rows in float32
+        (native/prefill_attention.c, at head_dim a multiple of 16 up to 256: 3x torch's flash
+        kernel with its gathers and copies, SmolLM2's 128-token prompts). Prefill rows run in
+        torch in `prefill_dtype` where given (the float32 plan with bf16 GEMMs:
+        ComputePlan.gemm_dtype, whose prefill stays in the bf16 hardware, attention included).
+        `amx_prefill`: with `native` and a bf16 `prefill_dtype`, on a CPU whose tiles the plan
+        uses, prefill rows attend on AMX instead (native/amx_attention.c: 2.4x torch's flash
+        kernel, at head_dim a multiple of 32 up to 256)."""
         if num_q_heads % num_kv_heads:
             raise ValueError(f"{num_q_heads} query heads do not group over {num_kv_heads} KV heads")
         self.num_q_heads = num_q_heads
@@ -177,13 +179,24 @@ class TorchPagedAttention(AttentionBackend):
                 decode_q = q_cache.index_select(0, decode.tokens)
                 decode_out = self._attend_decode(decode_q, k_cache, v_cache, decode, scale)
                 out.index_copy_(0, decode.tokens, decode_out)
-        on_amx = self.amx_prefill and head_dim % 32 == 0 and head_dim <= 256
+        native = self.native is not None and head_dim <= 256
+        if self.amx_prefill:
+            native = native and head_dim % 32 == 0
+        else:  # float32, unless the plan's prefill computes in bf16 (then torch's kernel)
+            native = native and head_dim % 16 == 0 and self.prefill_dtype is None
         for row in self._prefill:
-            if on_amx:
+            if native:
                 tokens = slice(row.q_start, row.q_start + row.q_len)
                 prefix = row.kv_len - row.q_len
                 self.native.prefill_attention(
-                    q_cache[tokens], prefix, k_cache, v_cache, row.kv_rows, scale, out[tokens]
+                    q_cache[tokens],
+                    prefix,
+                    k_cache,
+                    v_cache,
+                    row.kv_rows,
+                    scale,
+                    out[tokens],
+                    on_amx=self.amx_prefill,
                 )
             else:
                 self._attend_prefill_row(q_cache, k_rows, v_rows, row, scale, out)

@@ -31,6 +31,7 @@ SOURCES = tuple(
         "decode_attention.c",
         "decode_layer.c",
         "gated_activation.c",
+        "prefill_attention.c",
         "logit_adjustments.c",
         "sampling.c",
         "thread_pool.c",

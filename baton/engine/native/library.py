@@ -49,25 +49,13 @@ class NativeKernels(LinearKernels):
         self._sample_rows = declare(
             library.baton_sample_rows, None, [PTR, I64, I64, ctypes.POINTER(RowSampling), PTR]
         )
-        self._prefill_attention = declare(
-            library.baton_prefill_attention,
-            ctypes.c_int,
-            [
-                PTR,
-                I64,
-                I64,
-                I64,
-                PTR,
-                PTR,
-                PTR,
-                I64,
-                I64,
-                I64,
-                ctypes.c_float,
-                PTR,
-                I64,
-            ],
-        )
+        # A prefill row's attention: bf16 on AMX tiles (amx_attention.c), or float32 with
+        # AVX2 FMAs (prefill_attention.c); the same arguments.
+        prefill_arguments = [PTR, *[I64] * 3, *[PTR] * 3, *[I64] * 3, ctypes.c_float, PTR, I64]
+        self._prefill_attention = {
+            True: declare(library.baton_prefill_attention, ctypes.c_int, prefill_arguments),
+            False: declare(library.baton_prefill_attention_f32, ctypes.c_int, prefill_arguments),
+        }
         self._attention = declare(
             library.baton_decode_attention,
             ctypes.c_int,
@@ -152,17 +140,19 @@ class NativeKernels(LinearKernels):
         kv_rows: torch.Tensor,
         scale: float,
         out: torch.Tensor,
+        on_amx: bool,
     ) -> None:
-        """Causal attention of one prefill row on AMX (amx_attention.c), into `out`: q and out
-        float32 [q_len, q_heads, head_dim] (rows may be strided, each head contiguous), the
-        queries after `prefix` cached keys; kv_rows (int64 [kv_heads * (prefix + q_len)]) each
-        KV head's keys as rows of the float32 caches viewed [-1, head_dim]; head_dim a multiple
-        of 32."""
+        """Causal attention of one prefill row, into `out`: in bf16 on AMX tiles where `on_amx`
+        (amx_attention.c; head_dim a multiple of 32), else in float32 (prefill_attention.c;
+        head_dim a multiple of 16), up to 256 values a head. q and out float32 [q_len, q_heads,
+        head_dim] (rows may be strided, each head contiguous), the queries after `prefix`
+        cached keys; kv_rows (int64 [kv_heads * (prefix + q_len)]) each KV head's keys as rows
+        of the float32 caches viewed [-1, head_dim]."""
         q_len, q_heads, head_dim = q.shape
         for tensor in (q, out):
             if tensor.stride(2) != 1 or tensor.stride(1) != head_dim:
                 raise ValueError("each query head's values must be contiguous")
-        status = self._prefill_attention(
+        status = self._prefill_attention[on_amx](
             q.data_ptr(),
             q.stride(0),
             q_len,
@@ -178,9 +168,11 @@ class NativeKernels(LinearKernels):
             out.stride(0),
         )
         if status == -2:
-            raise MemoryError("the prefill attention could not allocate its tiles")
+            raise MemoryError("the prefill attention could not allocate its buffers")
         if status:
-            raise ValueError(f"no AMX attention for {q_heads} heads of {head_dim} values")
+            raise ValueError(
+                f"no native prefill attention for {q_heads} heads of {head_dim} values"
+            )
 
     def decode_attention(
         self,
