@@ -33,25 +33,26 @@
 typedef struct {
     const float *k_rows, *v_rows; /* the caches viewed [slots * kv_heads, head_dim] */
     const int64_t *kv_rows;       /* head h's key j is row kv_rows[h * kv_len + j] */
-    float *k_t, *v;               /* per KV head: K as [head_dim, kv_pad], V as [kv_pad, head_dim] */
+    float *k_t, *v; /* per KV head: K as [kv_pad / KEY_BLOCK, head_dim, KEY_BLOCK], V as [kv_pad, head_dim] */
     int64_t kv_len, kv_pad, head_dim;
 } PackLoop;
 
-/* One KV head's block of KEY_BLOCK keys: K transposed (a key per column), V as rows; zeros for
- * keys past kv_len, so the last block's tiles read no garbage. */
+/* One KV head's block of KEY_BLOCK keys: K transposed within the block (a key per column, so a
+ * score tile reads one contiguous block), V as rows; zeros for keys past kv_len, so the last
+ * block's tiles read no garbage. */
 static void pack_task(const void *arg, int64_t task) {
     const PackLoop *a = arg;
     const int64_t blocks = a->kv_pad / KEY_BLOCK, head = task / blocks, j0 = task % blocks * KEY_BLOCK;
     const int64_t d = a->head_dim;
-    float *k_t = a->k_t + head * d * a->kv_pad, *v = a->v + head * a->kv_pad * d;
+    float *k_t = a->k_t + head * d * a->kv_pad + j0 * d, *v = a->v + head * a->kv_pad * d;
     for (int64_t j = j0; j < j0 + KEY_BLOCK; j++) {
         if (j < a->kv_len) {
             const int64_t row = a->kv_rows[head * a->kv_len + j];
             const float *k_row = a->k_rows + row * d;
-            for (int64_t i = 0; i < d; i++) k_t[i * a->kv_pad + j] = k_row[i];
+            for (int64_t i = 0; i < d; i++) k_t[i * KEY_BLOCK + j - j0] = k_row[i];
             memcpy(v + j * d, a->v_rows + row * d, d * sizeof(float));
         } else {
-            for (int64_t i = 0; i < d; i++) k_t[i * a->kv_pad + j] = 0.0f;
+            for (int64_t i = 0; i < d; i++) k_t[i * KEY_BLOCK + j - j0] = 0.0f;
             memset(v + j * d, 0, d * sizeof(float));
         }
     }
@@ -78,13 +79,14 @@ static float *thread_scores(int64_t floats) {
 }
 
 /* s[r, j0 .. j0 + 15] = q_r . k_j for the block's `rows` queries (q rows MAX_HEAD_DIM apart). */
-static inline void score_tile(const float *q, int rows, const float *k_t, int64_t kv_pad,
-                              int64_t d, int64_t j0, float *s, int64_t width) {
+static inline void score_tile(const float *q, int rows, const float *k_t, int64_t d, int64_t j0,
+                              float *s, int64_t width) {
+    const float *k_block = k_t + j0 * d;
     __m256 acc[QUERY_BLOCK][2];
     for (int r = 0; r < QUERY_BLOCK; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i++) {
-        const __m256 k0 = _mm256_loadu_ps(k_t + i * kv_pad + j0);
-        const __m256 k1 = _mm256_loadu_ps(k_t + i * kv_pad + j0 + 8);
+        const __m256 k0 = _mm256_load_ps(k_block + i * KEY_BLOCK);
+        const __m256 k1 = _mm256_load_ps(k_block + i * KEY_BLOCK + 8);
         for (int r = 0; r < rows; r++) {
             const __m256 qi = _mm256_broadcast_ss(q + r * MAX_HEAD_DIM + i);
             acc[r][0] = _mm256_fmadd_ps(qi, k0, acc[r][0]);
@@ -120,12 +122,15 @@ static float softmax_row(float *s, int64_t visible, int64_t width, float scale) 
     return hsum8(sum);
 }
 
-/* o[r, n0 .. n0 + 15] = sum over the block's keys of p[r, j] v[j, n0 .. n0 + 15]. */
-static inline void value_tile(const float *p, int rows, int64_t width, int64_t keys,
+/* o[r, n0 .. n0 + 15] (+)= sum over keys j0 .. j1 - 1 of p[r, j] v[j, n0 .. n0 + 15]: the first
+ * span of keys starts o, the others add to it. */
+static inline void value_tile(const float *p, int rows, int64_t width, int64_t j0, int64_t j1,
                               const float *v, int64_t d, int64_t n0, float *o) {
     __m256 acc[QUERY_BLOCK][2];
-    for (int r = 0; r < QUERY_BLOCK; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < keys; j++) {
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++)
+            acc[r][h] = j0 ? _mm256_load_ps(o + r * MAX_HEAD_DIM + n0 + 8 * h) : _mm256_setzero_ps();
+    for (int64_t j = j0; j < j1; j++) {
         const __m256 v0 = _mm256_loadu_ps(v + j * d + n0), v1 = _mm256_loadu_ps(v + j * d + n0 + 8);
         for (int r = 0; r < rows; r++) {
             const __m256 pj = _mm256_broadcast_ss(p + r * width + j);
@@ -134,22 +139,28 @@ static inline void value_tile(const float *p, int rows, int64_t width, int64_t k
         }
     }
     for (int r = 0; r < rows; r++) {
-        _mm256_storeu_ps(o + r * MAX_HEAD_DIM + n0, acc[r][0]);
-        _mm256_storeu_ps(o + r * MAX_HEAD_DIM + n0 + 8, acc[r][1]);
+        _mm256_store_ps(o + r * MAX_HEAD_DIM + n0, acc[r][0]);
+        _mm256_store_ps(o + r * MAX_HEAD_DIM + n0 + 8, acc[r][1]);
     }
 }
+
+/* Keys whose V rows P V takes through all of a head's values before the next span: 64 keys of
+ * head_dim 64 are 16 KB, which stay in L1 for the head_dim / 16 tiles that read them. */
+#define VALUE_SPAN 64
 
 /* Both passes' tiles specialised for each number of rows, so that their loops over rows unroll
  * into registers: the scores of every key block, and P V for every 16 values. */
 #define DEFINE_PASSES(ROWS)                                                                      \
-    static void scores_##ROWS(const float *q, const float *k_t, int64_t kv_pad, int64_t d,      \
-                              int64_t width, float *s) {                                         \
-        for (int64_t j0 = 0; j0 < width; j0 += KEY_BLOCK)                                        \
-            score_tile(q, ROWS, k_t, kv_pad, d, j0, s, width);                                   \
+    static void scores_##ROWS(const float *q, const float *k_t, int64_t d, int64_t width,        \
+                              float *s) {                                                        \
+        for (int64_t j0 = 0; j0 < width; j0 += KEY_BLOCK) score_tile(q, ROWS, k_t, d, j0, s, width); \
     }                                                                                            \
     static void values_##ROWS(const float *p, int64_t width, const float *v, int64_t d,         \
                               float *o) {                                                        \
-        for (int64_t n0 = 0; n0 < d; n0 += 16) value_tile(p, ROWS, width, width, v, d, n0, o);   \
+        for (int64_t j0 = 0; j0 < width; j0 += VALUE_SPAN)                                       \
+            for (int64_t n0 = 0; n0 < d; n0 += 16)                                               \
+                value_tile(p, ROWS, width, j0, j0 + VALUE_SPAN < width ? j0 + VALUE_SPAN : width, \
+                           v, d, n0, o);                                                         \
     }
 DEFINE_PASSES(1)
 DEFINE_PASSES(2)
@@ -158,7 +169,7 @@ DEFINE_PASSES(4)
 DEFINE_PASSES(5)
 DEFINE_PASSES(6)
 
-typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, int64_t, float *);
+typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, float *);
 typedef void (*values_fn)(const float *, int64_t, const float *, int64_t, float *);
 static const scores_fn SCORES[QUERY_BLOCK + 1] = {NULL,     scores_1, scores_2, scores_3,
                                                   scores_4, scores_5, scores_6};
@@ -184,7 +195,7 @@ static void attend_task(const void *arg, int64_t task) {
     _Alignas(32) float o[QUERY_BLOCK][MAX_HEAD_DIM];
     float total[QUERY_BLOCK];
     for (int r = 0; r < rows; r++) memcpy(q[r], a->q + (i0 + r) * a->q_stride + head * d, d * sizeof(float));
-    SCORES[rows](&q[0][0], k_t, a->kv_pad, d, width, s);
+    SCORES[rows](&q[0][0], k_t, d, width, s);
     for (int r = 0; r < rows; r++)
         total[r] = softmax_row(s + r * width, a->prefix + i0 + r + 1, width, a->scale);
     VALUES[rows](s, width, v, d, &o[0][0]);
