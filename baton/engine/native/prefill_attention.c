@@ -79,23 +79,25 @@ static float *thread_scores(int64_t floats) {
 }
 
 /* s[r, j0 .. j0 + 15] = q_r . k_j for the block's `rows` queries (q rows MAX_HEAD_DIM apart). */
-static inline void score_tile(const float *q, int rows, const float *k_t, int64_t d, int64_t j0,
+static inline __attribute__((always_inline)) void score_tile(const float *q, int rows, const float *k_t, int64_t d, int64_t j0,
                               float *s, int64_t width) {
     const float *k_block = k_t + j0 * d;
-    __m256 acc[QUERY_BLOCK][2];
-    for (int r = 0; r < QUERY_BLOCK; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    /* One flat array that the unrolled loops index with constants, so that it lives in
+     * registers: as [rows][2], GCC also stored every accumulator on each iteration. */
+    __m256 acc[2 * QUERY_BLOCK];
+    for (int a = 0; a < 2 * rows; a++) acc[a] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; i++) {
         const __m256 k0 = _mm256_load_ps(k_block + i * KEY_BLOCK);
         const __m256 k1 = _mm256_load_ps(k_block + i * KEY_BLOCK + 8);
         for (int r = 0; r < rows; r++) {
             const __m256 qi = _mm256_broadcast_ss(q + r * MAX_HEAD_DIM + i);
-            acc[r][0] = _mm256_fmadd_ps(qi, k0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(qi, k1, acc[r][1]);
+            acc[2 * r] = _mm256_fmadd_ps(qi, k0, acc[2 * r]);
+            acc[2 * r + 1] = _mm256_fmadd_ps(qi, k1, acc[2 * r + 1]);
         }
     }
     for (int r = 0; r < rows; r++) {
-        _mm256_storeu_ps(s + r * width + j0, acc[r][0]);
-        _mm256_storeu_ps(s + r * width + j0 + 8, acc[r][1]);
+        _mm256_storeu_ps(s + r * width + j0, acc[2 * r]);
+        _mm256_storeu_ps(s + r * width + j0 + 8, acc[2 * r + 1]);
     }
 }
 
@@ -124,24 +126,20 @@ static float softmax_row(float *s, int64_t visible, int64_t width, float scale) 
 
 /* o[r, n0 .. n0 + 15] (+)= sum over keys j0 .. j1 - 1 of p[r, j] v[j, n0 .. n0 + 15]: the first
  * span of keys starts o, the others add to it. */
-static inline void value_tile(const float *p, int rows, int64_t width, int64_t j0, int64_t j1,
+static inline __attribute__((always_inline)) void value_tile(const float *p, int rows, int64_t width, int64_t j0, int64_t j1,
                               const float *v, int64_t d, int64_t n0, float *o) {
-    __m256 acc[QUERY_BLOCK][2];
-    for (int r = 0; r < rows; r++)
-        for (int h = 0; h < 2; h++)
-            acc[r][h] = j0 ? _mm256_load_ps(o + r * MAX_HEAD_DIM + n0 + 8 * h) : _mm256_setzero_ps();
+    __m256 acc[2 * QUERY_BLOCK]; /* flat, as in score_tile */
+    for (int a = 0; a < 2 * rows; a++)
+        acc[a] = j0 ? _mm256_load_ps(o + a / 2 * MAX_HEAD_DIM + n0 + 8 * (a % 2)) : _mm256_setzero_ps();
     for (int64_t j = j0; j < j1; j++) {
         const __m256 v0 = _mm256_loadu_ps(v + j * d + n0), v1 = _mm256_loadu_ps(v + j * d + n0 + 8);
         for (int r = 0; r < rows; r++) {
             const __m256 pj = _mm256_broadcast_ss(p + r * width + j);
-            acc[r][0] = _mm256_fmadd_ps(pj, v0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(pj, v1, acc[r][1]);
+            acc[2 * r] = _mm256_fmadd_ps(pj, v0, acc[2 * r]);
+            acc[2 * r + 1] = _mm256_fmadd_ps(pj, v1, acc[2 * r + 1]);
         }
     }
-    for (int r = 0; r < rows; r++) {
-        _mm256_store_ps(o + r * MAX_HEAD_DIM + n0, acc[r][0]);
-        _mm256_store_ps(o + r * MAX_HEAD_DIM + n0 + 8, acc[r][1]);
-    }
+    for (int a = 0; a < 2 * rows; a++) _mm256_store_ps(o + a / 2 * MAX_HEAD_DIM + n0 + 8 * (a % 2), acc[a]);
 }
 
 /* Keys whose V rows P V takes through all of a head's values before the next span: 64 keys of
