@@ -85,11 +85,11 @@ def test_dequantizing_gives_exactly_the_stored_values(
     assert torch.equal(native.dequantize(compact), values)
 
 
-# Up to 8 rows of x share one pass over the weights (16 with AVX-512, whose rows' sums are taken
-# together from 8 rows); 13, 17 and 32 take several passes, the last one partial for 13 and 17
-# (of one row with AVX-512); 71 outputs split unevenly between the threads.
+# Up to 8 rows of x share one pass over the weights (16 with AVX-512 where they fit L1, as these
+# do, their sums taken together from 12 rows); 13, 17 and 32 take several passes, the last one
+# partial for 13 and 17 (of one row with AVX-512); 71 outputs split unevenly between the threads.
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 13, 16, 17, 32])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 12, 13, 16, 17, 32])
 def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
     native: NativeKernels, compact_format: str, rows: int
 ) -> None:
@@ -97,7 +97,7 @@ def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
 
 
 # Weight rows far longer than a layer's here: rows of x no longer fit in L1 (the AVX-512 sweep
-# then goes over a row's blocks in spans, each adding to y) and the float32 sums are long.
+# then takes 8 a pass) and the float32 sums are long.
 @pytest.mark.parametrize("compact_format", ["bf16", "q4_1"])
 @pytest.mark.parametrize("in_features", [5472, 16416])
 @pytest.mark.parametrize("rows", [13, 16])

@@ -100,6 +100,7 @@ typedef struct {
     float *y;
     const uint8_t *w;
     int64_t m_dim, k_dim, n_dim, row_bytes, rows_per_chunk;
+    int64_t rows_per_pass; /* rows of x each sweep over the chunk's weight rows takes */
 } GemvLoop;
 
 /* Chunks a thread gets on average: enough that a thread descheduled while it holds one delays
@@ -119,19 +120,20 @@ typedef struct {
     SWEEP_ROWS(SWEEP, 11) SWEEP_ROWS(SWEEP, 12) SWEEP_ROWS(SWEEP, 13) SWEEP_ROWS(SWEEP, 14)      \
     SWEEP_ROWS(SWEEP, 15)
 
-/* One chunk of weight rows (CHUNK), swept by SWEEP once per PASS rows of x (CASES: the sweeps
- * for fewer rows, SWEEP_ROWS_1_{PASS - 1}); ATTRS: the function's target attributes, if any. */
-#define DEFINE_CHUNK(CHUNK, SWEEP, ATTRS, PASS, CASES)                                          \
+/* One chunk of weight rows (CHUNK), swept by SWEEP once per rows_per_pass rows of x, at most
+ * MAX_ROWS (CASES: the sweeps for fewer rows, SWEEP_ROWS_1_{MAX_ROWS - 1}); ATTRS: the
+ * function's target attributes, if any. */
+#define DEFINE_CHUNK(CHUNK, SWEEP, ATTRS, MAX_ROWS, CASES)                                      \
     ATTRS static void CHUNK(const void *arg, int64_t chunk) {                                   \
         const GemvLoop *g = arg;                                                                \
         const int64_t n_begin = chunk * g->rows_per_chunk;                                      \
         const int64_t n_end = n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim; \
-        for (int64_t m0 = 0; m0 < g->m_dim; m0 += PASS) {                                       \
+        for (int64_t m0 = 0; m0 < g->m_dim; m0 += g->rows_per_pass) {                           \
             const float *xm = g->x + m0 * g->k_dim;                                             \
             float *ym = g->y + m0 * g->n_dim;                                                   \
-            switch (g->m_dim - m0 < PASS ? (int)(g->m_dim - m0) : PASS) {                       \
+            switch (g->m_dim - m0 < g->rows_per_pass ? g->m_dim - m0 : g->rows_per_pass) {      \
             CASES(SWEEP)                                                                        \
-            default: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, PASS, g->bias, ym); break; \
+            default: SWEEP(xm, g->k_dim, g->w, g->row_bytes, n_begin, n_end, g->n_dim, MAX_ROWS, g->bias, ym); break; \
             }                                                                                   \
         }                                                                                       \
     }
@@ -254,14 +256,13 @@ WIDE static inline void dq16_q4_1(const uint8_t *b, __m512 *w) {
 
 /* Rows of x per sweep of the AVX-512 kernel: its 32 registers hold 16 accumulators, two weight
  * vectors and the dequantizer's constants, so each block is dequantized once per 16 rows, not
- * per 8 (where the AVX2 kernel's 16 registers stop), and a 16-row batch reads W once. */
+ * per 8 (where the AVX2 kernel's 16 registers stop), and a 16-row batch reads W once: SmolLM2's
+ * Q4_1 layers 8-9 % faster at 16 and 32 rows. Only where 16 rows stay in L1 (48 KB here) beside
+ * the weights streaming past (WIDE_PASS_BYTES); longer rows keep 8 a pass: 16 rows of
+ * SmolLM2's 1536-long ones, read from L2, ran 25 % slower, and splitting each weight row into
+ * spans that fit made the 0.5B shape's bf16 layers 2-4 % slower than 8 a pass. */
 #define WIDE_ROWS_PER_PASS 16
-
-/* Bytes of packed x (pack_rows) one span of a weight row's blocks reads: a sweep goes over every
- * weight row of its chunk for one span of blocks, then the next, so that the span's rows stay in
- * L1 (48 KB here) beside the weights streaming through; with SmolLM2's 1536-long rows all 16
- * (96 KB) came from L2, and its down projection ran 25 % slower than at 8 rows. */
-#define WIDE_SPAN_BYTES (40 * 1024)
+#define WIDE_PASS_BYTES (40 * 1024)
 
 /* sums[r] = the sum of acc[r]'s 16 lanes, for r < 16, in one vector: three rounds of in-lane
  * and cross-lane shuffles sum all 16 at once (about 45 instructions, against 16 horizontal sums
@@ -286,14 +287,15 @@ WIDE static inline __m512 lane_sums16(const __m512 *acc) {
                          _mm512_shuffle_f32x4(q01, q23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-/* x's rows as the AVX-512 sweep reads them: each pass of WIDE_ROWS_PER_PASS rows (the last one
- * may have fewer) at the same offset as in x, m0 * k_dim, but block by block: a block's 32
+/* x's rows as the AVX-512 sweep reads them: each pass of rows_per_pass rows (the last one may
+ * have fewer) at the same offset as in x, m0 * k_dim, but block by block: a block's 32
  * floats of the pass's first row, then its second row's, ... So every load is one pointer plus
  * a constant: with a pointer per row, 16 rows ran out of general registers and the compiler
  * reloaded them from the stack, about 28 instructions a block. */
-WIDE static void pack_rows(const float *x, int64_t m_dim, int64_t k_dim, float *packed) {
-    for (int64_t m0 = 0; m0 < m_dim; m0 += WIDE_ROWS_PER_PASS) {
-        const int64_t rows = m_dim - m0 < WIDE_ROWS_PER_PASS ? m_dim - m0 : WIDE_ROWS_PER_PASS;
+WIDE static void pack_rows(const float *x, int64_t m_dim, int64_t k_dim, int64_t rows_per_pass,
+                           float *packed) {
+    for (int64_t m0 = 0; m0 < m_dim; m0 += rows_per_pass) {
+        const int64_t rows = m_dim - m0 < rows_per_pass ? m_dim - m0 : rows_per_pass;
         float *dst = packed + m0 * k_dim;
         for (int64_t blk = 0; blk < k_dim / 32; blk++)
             for (int64_t r = 0; r < rows; r++, dst += 32) {
@@ -305,23 +307,19 @@ WIDE static void pack_rows(const float *x, int64_t m_dim, int64_t k_dim, float *
 }
 
 /* As DEFINE_SWEEP, 16 floats a vector and up to WIDE_ROWS_PER_PASS rows of x packed by
- * pack_rows, span by span of each weight row's blocks (WIDE_SPAN_BYTES; one span for most
- * layers); at least four FMA chains at any number of rows. From 8 rows the rows' sums are taken
- * together (lane_sums16). */
+ * pack_rows; at least four FMA chains at any number of rows. From 12 rows the rows' sums are
+ * taken together (lane_sums16; below, one horizontal sum a row measured as fast). */
 #define DEFINE_WIDE_SWEEP(FMT, DEQUANT, BLOCK_BYTES)                                             \
     WIDE static inline __attribute__((always_inline)) void sweep16_##FMT(                        \
         const float *x, int64_t k_dim, const uint8_t *w, int64_t row_bytes, int64_t n_begin,    \
         int64_t n_end, int64_t n_dim, int rows, const float *bias, float *y) {                  \
         const int chains = rows >= 4 ? 1 : 4 / rows;                                            \
-        const int64_t blocks = k_dim / 32, max_span = WIDE_SPAN_BYTES / (128 * rows);          \
-        const int64_t spans = (blocks + max_span - 1) / max_span;                               \
-        const int64_t span = (blocks + spans - 1) / spans;                                      \
-        for (int64_t b0 = 0; b0 < blocks; b0 += span)                                           \
-        for (int64_t n = n_begin, b1 = b0 + span < blocks ? b0 + span : blocks; n < n_end; n++) { \
+        const int64_t blocks = k_dim / 32;                                                      \
+        for (int64_t n = n_begin; n < n_end; n++) {                                             \
             const uint8_t *row = w + n * row_bytes;                                             \
             __m512 acc[WIDE_ROWS_PER_PASS];                                                     \
             for (int a = 0; a < WIDE_ROWS_PER_PASS; a++) acc[a] = _mm512_setzero_ps();          \
-            for (int64_t blk = b0; blk < b1; blk++) {                                           \
+            for (int64_t blk = 0; blk < blocks; blk++) {                                        \
                 __m512 w16[2];                                                                  \
                 _mm_prefetch((const char *)row + blk * (BLOCK_BYTES) + PREFETCH_AHEAD,          \
                              _MM_HINT_T0);                                                      \
@@ -337,7 +335,7 @@ WIDE static void pack_rows(const float *x, int64_t m_dim, int64_t k_dim, float *
                 }                                                                               \
             }                                                                                   \
             float sums[WIDE_ROWS_PER_PASS];                                                     \
-            if (rows >= 8) {                                                                    \
+            if (rows >= 12) {                                                                   \
                 _mm512_storeu_ps(sums, lane_sums16(acc));                                       \
             } else {                                                                            \
                 for (int r = 0; r < rows; r++) {                                                \
@@ -346,10 +344,8 @@ WIDE static void pack_rows(const float *x, int64_t m_dim, int64_t k_dim, float *
                     sums[r] = _mm512_reduce_add_ps(sum);                                        \
                 }                                                                               \
             }                                                                                   \
-            /* The first span starts y (with the bias), the others add to it. */               \
-            const float add = b0 ? 0.0f : bias ? bias[n] : 0.0f;                                \
-            for (int r = 0; r < rows; r++)                                                      \
-                y[r * n_dim + n] = sums[r] + (b0 ? y[r * n_dim + n] : add);                     \
+            const float add = bias ? bias[n] : 0.0f;                                            \
+            for (int r = 0; r < rows; r++) y[r * n_dim + n] = sums[r] + add;                    \
         }                                                                                       \
     }                                                                                           \
                                                                                                 \
@@ -379,7 +375,10 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
     int64_t rows_per_chunk = (n_dim + chunks_wanted - 1) / chunks_wanted;
     rows_per_chunk = rows_per_chunk > MIN_ROWS_PER_CHUNK ? rows_per_chunk : MIN_ROWS_PER_CHUNK;
     const int wide = avx512 && m_dim >= 2;
+    int64_t rows_per_pass = ROWS_PER_PASS;
     if (wide) {
+        if (WIDE_ROWS_PER_PASS * k_dim * (int64_t)sizeof(float) <= WIDE_PASS_BYTES)
+            rows_per_pass = WIDE_ROWS_PER_PASS;
         /* The packed rows live in a buffer of the calling thread's own, grown as needed and
          * kept: the engine thread calls this for every layer of every step. */
         static __thread float *packed;
@@ -390,10 +389,10 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
             packed_floats = packed ? m_dim * k_dim : 0;
             if (!packed) return -2;
         }
-        pack_rows(x, m_dim, k_dim, packed);
+        pack_rows(x, m_dim, k_dim, rows_per_pass, packed);
         x = packed;
     }
-    const GemvLoop loop = {x, bias, y, w, m_dim, k_dim, n_dim, row_bytes, rows_per_chunk};
+    const GemvLoop loop = {x, bias, y, w, m_dim, k_dim, n_dim, row_bytes, rows_per_chunk, rows_per_pass};
     baton_parallel(chunk_fns[wide][fmt], &loop, (n_dim + rows_per_chunk - 1) / rows_per_chunk);
     return 0;
 }
