@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from helpers import assert_greedy_matches_hf
+from helpers.attention_reference import (
+    attend_prefill_row,
+    causal_float64,
+    flash_error,
+    scattered_prefill_row,
+)
 
 from baton import LLM, SamplingParams
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
@@ -29,19 +34,6 @@ def amx(native: NativeKernels) -> NativeKernels:
     return native
 
 
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
-    """Causal attention in float64 of bf16-rounded q [q_len, heads, d], k/v [kv_heads, keys, d]."""
-    q_len, heads, head_dim = q.shape
-    group = heads // k.shape[0]
-    q, k, v = (t.to(torch.bfloat16).double() for t in (q, k, v))
-    hidden = torch.arange(k.shape[1])[None, :] > (prefix + torch.arange(q_len))[:, None]
-    out = torch.empty(q_len, heads, head_dim, dtype=torch.float64)
-    for head in range(heads):
-        scores = (q[:, head] @ k[head // group].T * head_dim**-0.5).masked_fill(hidden, -torch.inf)
-        out[:, head] = torch.softmax(scores, -1) @ v[head // group]
-    return out
-
-
 # (queries, cached prefix, query heads, KV heads, head_dim): one query; a partial block of
 # grouped heads; blocks of 16 and 32 queries after a prefix; the 0.5B shape's 1024-token prompt;
 # head_dim 128 past a long prefix.
@@ -53,30 +45,14 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -
 def test_attention_matches_a_float64_softmax_of_its_bf16_operands(
     amx: NativeKernels, q_len: int, prefix: int, heads: int, kv_heads: int, head_dim: int
 ) -> None:
-    generator = torch.Generator().manual_seed(q_len + prefix + head_dim)
-    keys, slots = prefix + q_len, 2 * (prefix + q_len) + 5
-    k_cache = torch.randn(slots, kv_heads, head_dim, generator=generator)
-    v_cache = torch.randn(slots, kv_heads, head_dim, generator=generator)
-    # The row's keys lie in scattered slots, as pages do; kv_rows is the backend's head-major
-    # list of cache rows (slot * kv_heads + head).
-    slot_of = torch.randperm(slots, generator=generator)[:keys]
-    kv_rows = (slot_of[None, :] * kv_heads + torch.arange(kv_heads)[:, None]).reshape(-1)
-    # q strided as the model's qkv product holds it; out's other rows stay untouched.
-    qkv = torch.randn(q_len, heads * head_dim + 24, generator=generator)
-    q = qkv[:, : heads * head_dim].view(q_len, heads, head_dim)
-    out = torch.full((q_len + 2, heads, head_dim), torch.nan)
-    amx.prefill_attention(
-        q, prefix, k_cache, v_cache, kv_rows, head_dim**-0.5, out[1:-1], on_amx=True
-    )
-    assert out[0].isnan().all() and out[-1].isnan().all()
-    k, v = k_cache[slot_of].transpose(0, 1), v_cache[slot_of].transpose(0, 1)
-    want = _reference(q, k, v, prefix)
-    error = (out[1:-1].double() - want).abs().max()
+    row = scattered_prefill_row(q_len, prefix, heads, kv_heads, head_dim)
+    out = attend_prefill_row(amx, row, on_amx=True)
+    bf16 = [t.to(torch.bfloat16) for t in (row.q, row.keys, row.values)]
+    want = causal_float64(*bf16, prefix)
+    error = float((out.double() - want).abs().max())
     assert error < BF16_ATTENTION_TOLERANCE
     if prefix == 0:
-        bf16 = [t.to(torch.bfloat16).unsqueeze(0) for t in (q.transpose(0, 1), k, v)]
-        flash = F.scaled_dot_product_attention(*bf16, is_causal=True, enable_gqa=True)
-        assert error <= (flash[0].transpose(0, 1).double() - want).abs().max()
+        assert error <= flash_error(*bf16, want)
 
 
 def test_a_head_dim_the_tiles_cannot_take_is_refused(amx: NativeKernels) -> None:

@@ -1,12 +1,16 @@
 """Paged attention's test batches (K/V in scattered pages) and its reference: per-row causal
-softmax attention in float64, on q's device."""
+softmax attention in float64, on q's device; and one prefill row as the native kernels take it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
 
 from baton.engine.attention.metadata import AttentionMetadata, build_attention_metadata
 from baton.engine.kv_pool import KVPool
+from baton.engine.native.library import NativeKernels
 
 
 def scattered_batch(
@@ -65,3 +69,70 @@ def dense_reference(
         scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
         outputs.append(torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v_full))
     return torch.cat(outputs)
+
+
+@dataclass(frozen=True)
+class PrefillRow:
+    """One prefill row as the native kernels take it: q [q_len, heads, head_dim] strided as the
+    model's qkv product holds it, the caches [slots, kv_heads, head_dim] with the row's keys in
+    scattered slots, kv_rows (the backend's head-major list of cache rows, slot * kv_heads +
+    head), and the row's keys and values [kv_heads, prefix + q_len, head_dim] in order."""
+
+    q: torch.Tensor
+    prefix: int
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    kv_rows: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+
+
+def scattered_prefill_row(
+    q_len: int, prefix: int, heads: int, kv_heads: int, head_dim: int
+) -> PrefillRow:
+    """A random prefill row of `q_len` queries after `prefix` cached keys (seeded by its shape)."""
+    generator = torch.Generator().manual_seed(q_len + prefix + head_dim)
+    keys, slots = prefix + q_len, 2 * (prefix + q_len) + 5
+    k_cache = torch.randn(slots, kv_heads, head_dim, generator=generator)
+    v_cache = torch.randn(slots, kv_heads, head_dim, generator=generator)
+    slot_of = torch.randperm(slots, generator=generator)[:keys]
+    kv_rows = (slot_of[None, :] * kv_heads + torch.arange(kv_heads)[:, None]).reshape(-1)
+    qkv = torch.randn(q_len, heads * head_dim + 24, generator=generator)
+    q = qkv[:, : heads * head_dim].view(q_len, heads, head_dim)
+    k, v = k_cache[slot_of].transpose(0, 1), v_cache[slot_of].transpose(0, 1)
+    return PrefillRow(q, prefix, k_cache, v_cache, kv_rows, k, v)
+
+
+def attend_prefill_row(native: NativeKernels, row: PrefillRow, on_amx: bool) -> torch.Tensor:
+    """The native kernel's output for `row`, written between two rows it must leave alone."""
+    q_len, heads, head_dim = row.q.shape
+    out = torch.full((q_len + 2, heads, head_dim), torch.nan)
+    native.prefill_attention(
+        row.q, row.prefix, row.k_cache, row.v_cache, row.kv_rows, head_dim**-0.5, out[1:-1],
+        on_amx=on_amx,
+    )  # fmt: skip
+    assert out[0].isnan().all() and out[-1].isnan().all()
+    return out[1:-1]
+
+
+def causal_float64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
+    """Causal attention in float64 of q [q_len, heads, d] over k/v [kv_heads, keys, d], the
+    queries after `prefix` keys, scaled by d^-1/2."""
+    q_len, heads, head_dim = q.shape
+    group = heads // k.shape[0]
+    q, k, v = (t.double() for t in (q, k, v))
+    hidden = torch.arange(k.shape[1])[None, :] > (prefix + torch.arange(q_len))[:, None]
+    out = torch.empty(q_len, heads, head_dim, dtype=torch.float64)
+    for head in range(heads):
+        scores = (q[:, head] @ k[head // group].T * head_dim**-0.5).masked_fill(hidden, -torch.inf)
+        out[:, head] = torch.softmax(scores, -1) @ v[head // group]
+    return out
+
+
+def flash_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, want: torch.Tensor) -> float:
+    """torch's causal flash kernel's largest error against `want`, on these operands' dtype."""
+    flash = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=True,
+        enable_gqa=True,
+    )  # fmt: skip
+    return float((flash[0].transpose(0, 1).double() - want).abs().max())

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "amx_tiles.h"
+#include "thread_buffer.h"
 #include "thread_pool.h"
 #include "vector_math512.h"
 
@@ -98,16 +99,7 @@ typedef struct {
 } AttendLoop;
 
 /* A thread's scores and probabilities for one block of queries, kept from task to task. */
-static float *thread_scores(int64_t floats) {
-    static __thread float *scores;
-    static __thread int64_t capacity;
-    if (floats > capacity) {
-        free(scores);
-        scores = aligned_alloc(64, floats * sizeof(float));
-        capacity = scores ? floats : 0;
-    }
-    return scores;
-}
+static __thread ThreadBuffer scores_buffer;
 
 /* Row r's probabilities p = e^(scale * s - max) over its `visible` keys, as bf16 (zeros past
  * them, up to `width`); returns their float32 sum. */
@@ -148,7 +140,7 @@ AMX_TARGET static void attend_task(const void *arg, int64_t task) {
     /* Keys the block's last query sees; query r sees prefix + i0 + r + 1 of them. */
     const int64_t seen = a->prefix + i0 + rows, blocks = (seen + KEY_BLOCK - 1) / KEY_BLOCK;
     const int64_t width = blocks * KEY_BLOCK;
-    float *s = thread_scores(QUERY_BLOCK * width * 3 / 2);
+    float *s = thread_buffer(&scores_buffer, QUERY_BLOCK * width * 3 / 2 * sizeof(float));
     if (!s) {
         atomic_store(a->failed, 1);
         return;
@@ -218,15 +210,9 @@ int baton_prefill_attention(const float *q, int64_t q_stride, int64_t q_len, int
         return -3;
     const int64_t kv_len = prefix + q_len, kv_pad = round_up(kv_len, KEY_BLOCK);
     /* The row's K and V in tile order, in a buffer the calling thread keeps from call to call. */
-    static __thread uint16_t *tiles;
-    static __thread int64_t capacity;
-    const int64_t needed = kv_heads * kv_pad * head_dim * 2 * 2;
-    if (needed > capacity) {
-        free(tiles);
-        tiles = aligned_alloc(64, needed);
-        capacity = tiles ? needed : 0;
-        if (!tiles) return -2;
-    }
+    static __thread ThreadBuffer tiles_buffer;
+    uint16_t *tiles = thread_buffer(&tiles_buffer, kv_heads * kv_pad * head_dim * 2 * 2);
+    if (!tiles) return -2;
     uint16_t *v_tiles = tiles + kv_heads * kv_pad * head_dim;
     const PackLoop pack = {k_cache, v_cache, kv_rows, tiles, v_tiles, kv_len, kv_pad, head_dim};
     baton_parallel(pack_task, &pack, kv_heads * (kv_pad / KEY_BLOCK));

@@ -31,6 +31,7 @@
 
 #include "amx_block_records.h"
 #include "amx_tiles.h"
+#include "thread_buffer.h"
 #include "linear.h"
 #include "thread_pool.h"
 
@@ -226,18 +227,11 @@ AMX_TARGET static void q4_1_chunk(const void *g, int64_t chunk) { block_chunk(g,
 int baton_amx_block_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
                          const uint8_t *records, int64_t n_dim, const float *bias, float *y) {
     /* The rows' parts and block sums, in buffers each calling thread keeps (and grows). */
-    static __thread uint16_t *parts;
-    static __thread float *sums;
-    static __thread int64_t capacity;
+    static __thread ThreadBuffer parts_buffer, sums_buffer;
     const int64_t row_groups = round_up(rows, TILE_N) / TILE_N, k_blocks = k_dim / TILE_K;
-    if (row_groups * TILE_N * k_dim > capacity) {
-        free(parts);
-        free(sums);
-        parts = aligned_alloc(64, row_groups * TILE_N * k_dim * ROW_PARTS * 2);
-        sums = aligned_alloc(64, round_up(row_groups * TILE_N * k_blocks * 4, 64));
-        capacity = parts && sums ? row_groups * TILE_N * k_dim : 0;
-        if (!capacity) return -2;
-    }
+    uint16_t *parts = thread_buffer(&parts_buffer, row_groups * TILE_N * k_dim * ROW_PARTS * 2);
+    float *sums = thread_buffer(&sums_buffer, row_groups * TILE_N * k_blocks * 4);
+    if (!parts || !sums) return -2;
     const SplitLoop split = {x, parts, sums, rows, k_dim};
     baton_parallel(split_group, &split, row_groups);
     const int64_t pairs = round_up(n_dim, 2 * TILE_N) / (2 * TILE_N);

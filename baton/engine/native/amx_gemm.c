@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "amx_tiles.h"
+#include "thread_buffer.h"
 #include "linear.h"
 #include "thread_pool.h"
 #include "vector_math512.h"
@@ -255,15 +256,9 @@ AMX_TARGET int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t ro
     if (epilogue == EPILOGUE_ADD && bias) return -3;
     if (!x_bf16) {
         /* The rows in bf16, in a buffer each calling thread keeps (and grows) from call to call. */
-        static __thread uint16_t *buffer;
-        static __thread int64_t capacity;
-        const int64_t needed = round_up(rows * k_pad * 2, 64);
-        if (needed > capacity) {
-            free(buffer);
-            buffer = aligned_alloc(64, needed);
-            capacity = buffer ? needed : 0;
-            if (!buffer) return -2;
-        }
+        static __thread ThreadBuffer rows_buffer;
+        uint16_t *buffer = thread_buffer(&rows_buffer, rows * k_pad * 2);
+        if (!buffer) return -2;
         const NarrowLoop narrow = {x, buffer, rows, k_dim, k_pad};
         baton_parallel(narrow_rows_task, &narrow, (rows + AMX_BLOCK_ROWS - 1) / AMX_BLOCK_ROWS);
         x_bf16 = buffer;

@@ -44,6 +44,7 @@ HEADERS = tuple(
         "amx_tiles.h",
         "linear.h",
         "sampling.h",
+        "thread_buffer.h",
         "thread_pool.h",
         "vector_math.h",
         "vector_math512.h",

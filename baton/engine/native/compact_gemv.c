@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "linear.h"
+#include "thread_buffer.h"
 #include "thread_pool.h"
 #include "vector_math.h"
 
@@ -379,16 +380,10 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
     if (wide) {
         if (WIDE_ROWS_PER_PASS * k_dim * (int64_t)sizeof(float) <= WIDE_PASS_BYTES)
             rows_per_pass = WIDE_ROWS_PER_PASS;
-        /* The packed rows live in a buffer of the calling thread's own, grown as needed and
-         * kept: the engine thread calls this for every layer of every step. */
-        static __thread float *packed;
-        static __thread int64_t packed_floats;
-        if (packed_floats < m_dim * k_dim) {
-            free(packed);
-            packed = aligned_alloc(64, sizeof(float) * (size_t)(m_dim * k_dim));
-            packed_floats = packed ? m_dim * k_dim : 0;
-            if (!packed) return -2;
-        }
+        /* The engine thread calls this for every layer of every step: its buffer stays. */
+        static __thread ThreadBuffer packed_buffer;
+        float *packed = thread_buffer(&packed_buffer, m_dim * k_dim * (int64_t)sizeof(float));
+        if (!packed) return -2;
         pack_rows(x, m_dim, k_dim, rows_per_pass, packed);
         x = packed;
     }

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "thread_pool.h"
+#include "thread_buffer.h"
 #include "vector_math.h"
 
 /* Queries a task attends. Scores take tiles of its 6 rows by 16 keys, P V tiles of 6 rows by 16
@@ -67,16 +68,7 @@ typedef struct {
 } AttendLoop;
 
 /* A thread's scores (then probabilities) for one block of queries, kept from task to task. */
-static float *thread_scores(int64_t floats) {
-    static __thread float *scores;
-    static __thread int64_t capacity;
-    if (floats > capacity) {
-        free(scores);
-        scores = aligned_alloc(32, floats * sizeof(float));
-        capacity = scores ? floats : 0;
-    }
-    return scores;
-}
+static __thread ThreadBuffer scores_buffer;
 
 /* s[r, j0 .. j0 + 15] = q_r . k_j for the block's `rows` queries (q rows MAX_HEAD_DIM apart). */
 static inline __attribute__((always_inline)) void score_tile(const float *q, int rows, const float *k_t, int64_t d, int64_t j0,
@@ -184,7 +176,7 @@ static void attend_task(const void *arg, int64_t task) {
     /* Keys the block's last query sees; query r sees prefix + i0 + r + 1 of them. */
     const int64_t seen = a->prefix + i0 + rows, blocks = (seen + KEY_BLOCK - 1) / KEY_BLOCK;
     const int64_t width = blocks * KEY_BLOCK;
-    float *s = thread_scores(QUERY_BLOCK * width);
+    float *s = thread_buffer(&scores_buffer, QUERY_BLOCK * width * sizeof(float));
     if (!s) {
         atomic_store(a->failed, 1);
         return;
@@ -217,15 +209,9 @@ int baton_prefill_attention_f32(const float *q, int64_t q_stride, int64_t q_len,
     const int64_t kv_len = prefix + q_len;
     const int64_t kv_pad = (kv_len + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
     /* The row's K and V, in a buffer the calling thread keeps from call to call. */
-    static __thread float *packed;
-    static __thread int64_t capacity;
-    const int64_t needed = 2 * kv_heads * kv_pad * head_dim;
-    if (needed > capacity) {
-        free(packed);
-        packed = aligned_alloc(32, needed * sizeof(float));
-        capacity = packed ? needed : 0;
-        if (!packed) return -2;
-    }
+    static __thread ThreadBuffer packed_buffer;
+    float *packed = thread_buffer(&packed_buffer, 2 * kv_heads * kv_pad * head_dim * sizeof(float));
+    if (!packed) return -2;
     float *v = packed + kv_heads * kv_pad * head_dim;
     const PackLoop pack = {k_cache, v_cache, kv_rows, packed, v, kv_len, kv_pad, head_dim};
     baton_parallel(pack_task, &pack, kv_heads * (kv_pad / KEY_BLOCK));
