@@ -15,3 +15,17 @@ def native() -> NativeKernels:
     if isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2"):
         pytest.skip("the native kernels need AVX2")
     return load_native_kernels()
+
+
+@pytest.fixture
+def prefill_attention_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, bool]]:
+    """(queries, cached prefix, on_amx) of every native prefill attention call the test makes."""
+    calls: list[tuple[int, int, bool]] = []
+    attention = NativeKernels.prefill_attention
+
+    def counting(self, q, prefix, *args, on_amx):
+        calls.append((q.shape[0], prefix, on_amx))
+        return attention(self, q, prefix, *args, on_amx=on_amx)
+
+    monkeypatch.setattr(NativeKernels, "prefill_attention", counting)
+    return calls

@@ -55,39 +55,16 @@ def test_attention_matches_a_float64_softmax_of_its_bf16_operands(
         assert error <= flash_error(*bf16, want)
 
 
-def test_a_head_dim_the_tiles_cannot_take_is_refused(amx: NativeKernels) -> None:
-    q = torch.zeros(4, 2, 48)
-    with pytest.raises(ValueError, match="no native prefill attention"):
-        amx.prefill_attention(
-            q,
-            0,
-            torch.zeros(8, 1, 48),
-            torch.zeros(8, 1, 48),
-            torch.arange(4),
-            1.0,
-            q.clone(),
-            on_amx=True,
-        )
-
-
 def test_a_served_chunked_prefill_attends_on_amx(
     amx: NativeKernels,
     tiny_model_factory: Callable[..., Path],
-    monkeypatch: pytest.MonkeyPatch,
+    prefill_attention_calls: list[tuple[int, int, bool]],
 ) -> None:
     """This machine's plan on a bf16 checkpoint of head_dim 64: a prompt of three chunks (the
     later two after their cached prefix) attends on AMX in every layer, with transformers'
     tokens up to bf16's near-ties."""
     if detect_cpu_capabilities().isa != "amx":
         pytest.skip("the plan is capped below AMX here (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA)")
-    calls = []
-    attention = NativeKernels.prefill_attention
-
-    def counting(self, q, prefix, *args, on_amx):
-        calls.append((q.shape[0], prefix, on_amx))
-        return attention(self, q, prefix, *args, on_amx=on_amx)
-
-    monkeypatch.setattr(NativeKernels, "prefill_attention", counting)
     path = tiny_model_factory(
         "qwen2", weights_dtype=torch.bfloat16, hidden_size=256, num_attention_heads=4
     )
@@ -98,5 +75,5 @@ def test_a_served_chunked_prefill_attends_on_amx(
     [output] = llm.generate([prompt], greedy)
     layers = len(llm.engine.model.layers)
     chunks = [(128, 0, True)] * layers + [(128, 128, True)] * layers + [(44, 256, True)] * layers
-    assert calls == chunks
+    assert prefill_attention_calls == chunks
     assert_greedy_matches_hf(path, prompt, output.token_ids, BF16_TIE_TOLERANCE)

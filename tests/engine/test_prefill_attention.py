@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import assert_greedy_matches_hf
 from helpers.attention_reference import (
     attend_prefill_row,
@@ -42,36 +41,25 @@ def test_attention_matches_a_float64_softmax(
         assert error <= 2 * flash_error(row.q, row.keys, row.values, want)
 
 
-def test_a_head_dim_off_the_vectors_is_refused(native: NativeKernels) -> None:
-    q = torch.zeros(4, 2, 40)
+# The float32 kernel takes head_dim in steps of 16, the AMX one in steps of 32.
+@pytest.mark.parametrize(("on_amx", "head_dim"), [(False, 40), (True, 48)], ids=["f32", "amx"])
+def test_a_head_dim_off_the_kernels_steps_is_refused(
+    native: NativeKernels, on_amx: bool, head_dim: int
+) -> None:
+    if on_amx and not native.amx:
+        pytest.skip("needs a CPU with AMX-BF16 (and a kernel that lends its tiles)")
+    row = scattered_prefill_row(4, 0, 2, 1, head_dim)
     with pytest.raises(ValueError, match="no native prefill attention"):
-        native.prefill_attention(
-            q,
-            0,
-            torch.zeros(8, 1, 40),
-            torch.zeros(8, 1, 40),
-            torch.arange(4),
-            1.0,
-            q.clone(),
-            on_amx=False,
-        )
+        attend_prefill_row(native, row, on_amx=on_amx)
 
 
 def test_a_served_chunked_float32_prefill_attends_natively(
     native: NativeKernels,
     tiny_model_factory: Callable[..., Path],
-    monkeypatch: pytest.MonkeyPatch,
+    prefill_attention_calls: list[tuple[int, int, bool]],
 ) -> None:
     """A float32 checkpoint of head_dim 16: a prompt of three chunks (the later two after their
     cached prefix) attends in the float32 kernel in every layer, with transformers' tokens."""
-    calls = []
-    attention = NativeKernels.prefill_attention
-
-    def counting(self, q, prefix, *args, on_amx):
-        calls.append((q.shape[0], prefix, on_amx))
-        return attention(self, q, prefix, *args, on_amx=on_amx)
-
-    monkeypatch.setattr(NativeKernels, "prefill_attention", counting)
     path = tiny_model_factory("qwen2")
     llm = LLM(str(path), chunk_size=128, dtype="float32")
     prompt = [(13 * j) % 250 for j in range(300)]
@@ -79,5 +67,5 @@ def test_a_served_chunked_float32_prefill_attends_natively(
     [output] = llm.generate([prompt], greedy)
     layers = len(llm.engine.model.layers)
     chunks = [(128, 0, False)] * layers + [(128, 128, False)] * layers
-    assert calls == chunks + [(44, 256, False)] * layers
+    assert prefill_attention_calls == chunks + [(44, 256, False)] * layers
     assert_greedy_matches_hf(path, prompt, output.token_ids)
