@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from baton.engine.compute_plan import isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
@@ -23,7 +24,9 @@ def prefill_attention_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, 
     calls: list[tuple[int, int, bool]] = []
     attention = NativeKernels.prefill_attention
 
-    def counting(self, q, prefix, *args, on_amx):
+    def counting(
+        self: NativeKernels, q: torch.Tensor, prefix: int, *args: object, on_amx: bool
+    ) -> None:
         calls.append((q.shape[0], prefix, on_amx))
         return attention(self, q, prefix, *args, on_amx=on_amx)
 
