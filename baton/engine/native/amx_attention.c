@@ -17,7 +17,6 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "amx_tiles.h"

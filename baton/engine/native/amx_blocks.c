@@ -31,8 +31,8 @@
 
 #include "amx_block_records.h"
 #include "amx_tiles.h"
-#include "thread_buffer.h"
 #include "linear.h"
+#include "thread_buffer.h"
 #include "thread_pool.h"
 
 #define ROW_PARTS 3

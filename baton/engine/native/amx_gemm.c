@@ -24,13 +24,12 @@
  */
 #include <immintrin.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include "amx_tiles.h"
-#include "thread_buffer.h"
 #include "linear.h"
+#include "thread_buffer.h"
 #include "thread_pool.h"
 #include "vector_math512.h"
 

@@ -360,8 +360,8 @@ DEFINE_WIDE_SWEEP(q4_1, dq16_q4_1, 20)
 
 /* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias), 16 floats a vector where `avx512` (the
  * caller checked the CPU has it) and there are two rows or more, else 8. Returns 0, -1 for an
- * unknown format, or -2 if the packed rows could not be allocated. The caller guarantees contiguous float32 x and y, and k_dim a multiple of
- * 32 (one block). */
+ * unknown format, or -2 if the packed rows could not be allocated. The caller guarantees
+ * contiguous float32 x and y, and k_dim a multiple of 32 (one block). */
 int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
                        const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
                        float *y) {

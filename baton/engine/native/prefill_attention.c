@@ -18,11 +18,10 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "thread_pool.h"
 #include "thread_buffer.h"
+#include "thread_pool.h"
 #include "vector_math.h"
 
 /* Queries a task attends. Scores take tiles of its 6 rows by 16 keys, P V tiles of 6 rows by 16
@@ -34,7 +33,8 @@
 typedef struct {
     const float *k_rows, *v_rows; /* the caches viewed [slots * kv_heads, head_dim] */
     const int64_t *kv_rows;       /* head h's key j is row kv_rows[h * kv_len + j] */
-    float *k_t, *v; /* per KV head: K as [kv_pad / KEY_BLOCK, head_dim, KEY_BLOCK], V as [kv_pad, head_dim] */
+    /* Per KV head: K as [kv_pad / KEY_BLOCK, head_dim, KEY_BLOCK], V as [kv_pad, head_dim]. */
+    float *k_t, *v;
     int64_t kv_len, kv_pad, head_dim;
 } PackLoop;
 
@@ -71,8 +71,9 @@ typedef struct {
 static __thread ThreadBuffer scores_buffer;
 
 /* s[r, j0 .. j0 + 15] = q_r . k_j for the block's `rows` queries (q rows MAX_HEAD_DIM apart). */
-static inline __attribute__((always_inline)) void score_tile(const float *q, int rows, const float *k_t, int64_t d, int64_t j0,
-                              float *s, int64_t width) {
+static inline __attribute__((always_inline)) void score_tile(const float *q, int rows,
+                                                             const float *k_t, int64_t d,
+                                                             int64_t j0, float *s, int64_t width) {
     const float *k_block = k_t + j0 * d;
     /* One flat array that the unrolled loops index with constants, so that it lives in
      * registers: as [rows][2], GCC also stored every accumulator on each iteration. */
@@ -109,7 +110,8 @@ static float softmax_row(float *s, int64_t visible, int64_t width, float scale) 
         const __m256 in = _mm256_cmp_ps(lane, _mm256_set1_ps((float)(visible - t)), _CMP_LT_OQ);
         const __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(s + t), scale8);
         /* Masked before the exponential: a key past `visible` may hold any score. */
-        const __m256 e = _mm256_and_ps(in, exp_nonpositive(_mm256_sub_ps(_mm256_min_ps(scaled, shift), shift)));
+        const __m256 shifted = _mm256_sub_ps(_mm256_min_ps(scaled, shift), shift);
+        const __m256 e = _mm256_and_ps(in, exp_nonpositive(shifted));
         sum = _mm256_add_ps(sum, e);
         _mm256_storeu_ps(s + t, e);
     }
@@ -118,8 +120,10 @@ static float softmax_row(float *s, int64_t visible, int64_t width, float scale) 
 
 /* o[r, n0 .. n0 + 15] (+)= sum over keys j0 .. j1 - 1 of p[r, j] v[j, n0 .. n0 + 15]: the first
  * span of keys starts o, the others add to it. */
-static inline __attribute__((always_inline)) void value_tile(const float *p, int rows, int64_t width, int64_t j0, int64_t j1,
-                              const float *v, int64_t d, int64_t n0, float *o) {
+static inline __attribute__((always_inline)) void value_tile(const float *p, int rows,
+                                                             int64_t width, int64_t j0, int64_t j1,
+                                                             const float *v, int64_t d, int64_t n0,
+                                                             float *o) {
     __m256 acc[2 * QUERY_BLOCK]; /* flat, as in score_tile */
     for (int a = 0; a < 2 * rows; a++)
         acc[a] = j0 ? _mm256_load_ps(o + a / 2 * MAX_HEAD_DIM + n0 + 8 * (a % 2)) : _mm256_setzero_ps();
