@@ -106,6 +106,9 @@ class Engine(BatchRunner):
             elif self.plan.amx_tiles:
                 tiled = self.model.tile_compact_weights(native)
                 logger.info("%d linear layers multiply batches of several rows in AMX tiles", tiled)
+            if native.avx512:
+                panelled = self.model.panel_compact_weights(native)
+                logger.info("%d linear layers multiply small batches in panels", panelled)
         float32_kernels = self.dtype == torch.float32 and model_config.head_dim % 8 == 0
         attention_kernels = native if float32_kernels else None
         if attention_kernels is not None:

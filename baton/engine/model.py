@@ -20,6 +20,7 @@ from baton.engine.attention.metadata import AttentionMetadata
 from baton.engine.compact_weights import (
     BLOCK_FORMATS,
     COMPACT_MAX_ROWS,
+    PANEL_FORMATS,
     CompactWeight,
     concat_rows,
 )
@@ -204,6 +205,17 @@ class CausalLM(nn.Module):
                 # tied head's weight is the embedding, which keeps its own reference.
                 module.drop_gemm_weight()
         return tiled
+
+    def panel_compact_weights(self, native: NativeKernels) -> int:
+        """Give linear layers' Q4 compact weights their copy in panels of 16 features, which
+        batches of two rows or more multiply where the CPU has AVX-512 (`native.avx512`);
+        returns how many got one."""
+        panelled = 0
+        for module in self.modules():
+            if isinstance(module, Linear) and module.compact and module.compact.format in PANEL_FORMATS:
+                module.compact = native.with_panels(module.compact)
+                panelled += 1
+        return panelled
 
     def limit_compact_rows(self, max_rows: int) -> None:
         """Let the decoder layers multiply their compact weights in batches of up to `max_rows`

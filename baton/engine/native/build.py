@@ -33,6 +33,7 @@ SOURCES = tuple(
         "gated_activation.c",
         "prefill_attention.c",
         "logit_adjustments.c",
+        "q4_panels.c",
         "sampling.c",
         "thread_pool.c",
     )

@@ -415,6 +415,12 @@ int baton_dequantize(int fmt, const uint8_t *w, int64_t n_dim, int64_t k_dim, in
  * 11.5-12.3; its Q8_0 head at 4 rows 1.42 / 1.45, 6 rows 2.05 / -, 8 rows 2.18 / 1.47. */
 #define AMX_MIN_ROWS 2
 
+/* Rows from which a Q4 weight's panels (q4_panels.c) take a batch rather than the compact
+ * kernel: at 2 rows the compact kernel's sweep was faster, at 3-4 they were level. SmolLM2's
+ * Q4_1 layers on the AMX Xeon with its tiles off (2 threads), compact / panels: 2 rows 7.2-7.6 /
+ * 8.3-8.8 ms, 4 rows 8.9-9.1 / 8.9-9.2, 8 rows 13.4-14.7 / 11.0-11.5, 16 rows 22.9 / 18.4-19.6. */
+#define PANEL_MIN_ROWS 4
+
 static int64_t amx_blocks_min_rows(int64_t format) { return format == FMT_Q8_0 ? 5 : 9; }
 
 int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
@@ -428,6 +434,10 @@ int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
                               EPILOGUE_STORE, y)
                    ? -1
                    : 0;
+    if (m->panels && rows >= PANEL_MIN_ROWS) {
+        baton_q4_panel_gemm(x, rows, m->in_features, m->panels, m->out_features, m->bias, y);
+        return 0;
+    }
     return baton_compact_gemv((int)m->format, (int)m->avx512, x, rows, m->in_features, m->data,
                               m->out_features, m->row_bytes, m->bias, y);
 }

@@ -14,8 +14,8 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
 class Matrix(ctypes.Structure):
-    """A compact weight, its bias and its tile-ordered copy, and the compact kernel's vector
-    width, as linear.h declares them."""
+    """A compact weight, its bias, its tile-ordered copy and its panels, and the compact
+    kernel's vector width, as linear.h declares them."""
 
     _fields_ = (
         ("format", _i64),
@@ -25,6 +25,7 @@ class Matrix(ctypes.Structure):
         ("data", _ptr),
         ("bias", _ptr),
         ("tiles", _ptr),
+        ("panels", _ptr),
         ("avx512", _i64),
     )
 
@@ -40,6 +41,7 @@ class Matrix(ctypes.Structure):
             weight.data.data_ptr(),
             None if bias is None else bias.data_ptr(),
             None if weight.tiles is None else weight.tiles.data_ptr(),
+            None if weight.panels is None else weight.panels.data_ptr(),
             int(avx512),
         )
 
