@@ -212,8 +212,9 @@ class CausalLM(nn.Module):
         returns how many got one."""
         panelled = 0
         for module in self.modules():
-            if isinstance(module, Linear) and module.compact and module.compact.format in PANEL_FORMATS:
-                module.compact = native.with_panels(module.compact)
+            compact = module.compact if isinstance(module, Linear) else None
+            if compact is not None and compact.format in PANEL_FORMATS:
+                module.compact = native.with_panels(compact)
                 panelled += 1
         return panelled
 
