@@ -40,10 +40,9 @@ FORMATS = {
     "q4_1": CompactFormat(4, 32, 20),  # f16 d, f16 m, 16 bytes of nibbles: w = d * q + m
 }
 # The formats whose weights are small integers times a block's scale (plus its minimum), which
-# AMX multiplies in float32 precision (native/amx_blocks.c).
+# AMX multiplies in float32 precision (native/amx_blocks.c) and AVX-512 CPUs also keep in panels
+# of 16 features (native/block_panels.c).
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
-# The formats whose weights AVX-512 CPUs also keep in panels of 16 features (native/q4_panels.c).
-PANEL_FORMATS = ("q4_0", "q4_1")
 # The fewest rows a bf16 weight's tiles multiply (compact_gemv.c's AMX_MIN_ROWS): one row keeps
 # the compact kernel's exact float32 products at the same bytes read.
 TILES_MIN_ROWS = 2
@@ -58,9 +57,9 @@ class CompactWeight:
     multiply instead: a bf16 weight as bf16, from TILES_MIN_ROWS rows (native/amx_gemm.c); a
     block format's integers and scales, widened to bf16 in the kernel, from 5-9 rows
     (native/amx_blocks.c). Either way the tiles take every larger batch, prefill chunks
-    included. `panels`, on AVX-512 CPUs only, holds a Q4_0/Q4_1 weight once more in panels of
-    16 features, which batches of two rows or more (below the tiles') multiply instead
-    (native/q4_panels.c)."""
+    included. `panels`, on AVX-512 CPUs only, holds a block format's weight once more in panels
+    of 16 features, which batches of a few rows or more (below the tiles') multiply instead
+    (native/block_panels.c)."""
 
     format: str
     data: torch.Tensor

@@ -20,7 +20,6 @@ from baton.engine.attention.metadata import AttentionMetadata
 from baton.engine.compact_weights import (
     BLOCK_FORMATS,
     COMPACT_MAX_ROWS,
-    PANEL_FORMATS,
     CompactWeight,
     concat_rows,
 )
@@ -207,13 +206,13 @@ class CausalLM(nn.Module):
         return tiled
 
     def panel_compact_weights(self, native: NativeKernels) -> int:
-        """Give linear layers' Q4 compact weights their copy in panels of 16 features, which
-        batches of two rows or more multiply where the CPU has AVX-512 (`native.avx512`);
-        returns how many got one."""
+        """Give linear layers' block-format compact weights (Q8_0, Q4_0, Q4_1) their copy in
+        panels of 16 features, which batches of a few rows or more multiply where the CPU has
+        AVX-512 (`native.avx512`); returns how many got one."""
         panelled = 0
         for module in self.modules():
             compact = module.compact if isinstance(module, Linear) else None
-            if compact is not None and compact.format in PANEL_FORMATS:
+            if compact is not None and compact.format in BLOCK_FORMATS:
                 module.compact = native.with_panels(compact)
                 panelled += 1
         return panelled

@@ -18,7 +18,7 @@ from helpers.hf_reference import hf_greedy_generate
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
 from baton.checkpoint.load import load_checkpoint
-from baton.engine.compact_weights import COMPACT_MAX_ROWS, FORMATS, PANEL_FORMATS, CompactWeight
+from baton.engine.compact_weights import BLOCK_FORMATS, COMPACT_MAX_ROWS, FORMATS, CompactWeight
 from baton.engine.compute_plan import isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.layers import Linear
@@ -205,10 +205,10 @@ def test_greedy_tokens_from_a_quantized_gguf_equal_transformers_on_its_weights(
     loaded = dict(iter_weights(checkpoint, native))
     assert all(torch.equal(loaded[name], tensor) for name, tensor in dequantized.items())
     assert not reference.load_state_dict(dequantized, strict=False).unexpected_keys
-    if llm.engine.decode_step.native.avx512 and tensor_type in ("Q4_0", "Q4_1"):
-        q4 = [linear for linear in linears if linear.compact.format in PANEL_FORMATS]
-        assert q4 and all(linear.compact.panels is not None for linear in q4)
-    # Five rows a decode step: AVX-512 CPUs multiply Q4 layers' panels (from 4 rows).
+    if llm.engine.decode_step.native.avx512 and tensor_type != "BF16":
+        blocks = [linear for linear in linears if linear.compact.format in BLOCK_FORMATS]
+        assert blocks and all(linear.compact.panels is not None for linear in blocks)
+    # Five rows a decode step: AVX-512 CPUs multiply block layers' panels (from 3 rows).
     prompts = [[1, 2, 3, 4, 5], [40, 41, 42], [7] * 20, [9, 8, 7], [100, 200, 50, 25]]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outputs = llm.generate(prompts, params)

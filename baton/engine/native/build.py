@@ -26,6 +26,7 @@ SOURCES = tuple(
         "amx_attention.c",
         "amx_block_records.c",
         "amx_blocks.c",
+        "block_panels.c",
         "amx_gemm.c",
         "compact_gemv.c",
         "decode_attention.c",
@@ -33,7 +34,6 @@ SOURCES = tuple(
         "gated_activation.c",
         "prefill_attention.c",
         "logit_adjustments.c",
-        "q4_panels.c",
         "sampling.c",
         "thread_pool.c",
     )

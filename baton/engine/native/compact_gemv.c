@@ -415,11 +415,12 @@ int baton_dequantize(int fmt, const uint8_t *w, int64_t n_dim, int64_t k_dim, in
  * 11.5-12.3; its Q8_0 head at 4 rows 1.42 / 1.45, 6 rows 2.05 / -, 8 rows 2.18 / 1.47. */
 #define AMX_MIN_ROWS 2
 
-/* Rows from which a Q4 weight's panels (q4_panels.c) take a batch rather than the compact
- * kernel: at 2 rows the compact kernel's sweep was faster, at 3-4 they were level. SmolLM2's
- * Q4_1 layers on the AMX Xeon with its tiles off (2 threads), compact / panels: 2 rows 7.2-7.6 /
- * 8.3-8.8 ms, 4 rows 8.9-9.1 / 8.9-9.2, 8 rows 13.4-14.7 / 11.0-11.5, 16 rows 22.9 / 18.4-19.6. */
-#define PANEL_MIN_ROWS 4
+/* Rows from which a block weight's panels (block_panels.c) take a batch rather than the compact
+ * kernel: at 2 rows the compact kernel's sweep was faster, at 3 the panels or level. SmolLM2's
+ * layer shapes on the AMX Xeon with its tiles off (2 threads, 120 matrices), compact / panels,
+ * ms: Q4_1 at 2 rows 7.8 / 8.2-8.8, 3 rows 8.5 / 7.1-8.0, 4 rows 9.5 / 8.2-8.7, 16 rows 23.1 /
+ * 19.1-19.8; Q8_0 at 2 rows 8.5 / 9.3, 3 rows 9.1 / 8.6-9.2, 16 rows 22.9 / 18.5-20.3. */
+#define PANEL_MIN_ROWS 3
 
 static int64_t amx_blocks_min_rows(int64_t format) { return format == FMT_Q8_0 ? 5 : 9; }
 
@@ -435,7 +436,8 @@ int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
                    ? -1
                    : 0;
     if (m->panels && rows >= PANEL_MIN_ROWS) {
-        baton_q4_panel_gemm(x, rows, m->in_features, m->panels, m->out_features, m->bias, y);
+        baton_block_panel_gemm((int)m->format, x, rows, m->in_features, m->panels,
+                               m->out_features, m->bias, y);
         return 0;
     }
     return baton_compact_gemv((int)m->format, (int)m->avx512, x, rows, m->in_features, m->data,

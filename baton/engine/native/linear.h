@@ -9,9 +9,9 @@ enum { FMT_BF16 = 0, FMT_F16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4 };
 
 /* A linear layer's compact weight (compact_weights.CompactWeight), its bias (or NULL) and, on
  * AMX CPUs, the same weight in tile order (NULL where there is none): a bf16 weight as bf16
- * (amx_gemm.c), a block format's integers and scales as records (amx_blocks.c); panels: a Q4
- * weight in panels of 16 features (q4_panels.c), on AVX-512 CPUs (NULL where there are none);
- * avx512: the compact kernel may use AVX-512 (the CPU has it and the plan's ISA allows it).
+ * (amx_gemm.c), a block format's integers and scales as records (amx_blocks.c); panels: a
+ * block format's weight in panels of 16 features (block_panels.c), on AVX-512 CPUs (NULL where
+ * there are none); avx512: the compact kernel may use AVX-512 (the CPU has it and the plan's ISA allows it).
  * Mirrored by structs.py's Matrix: keep the field order in step. */
 typedef struct {
     int64_t format, in_features, out_features, row_bytes;
@@ -42,8 +42,8 @@ enum { EPILOGUE_STORE = 0, EPILOGUE_SILU_MUL = 1, EPILOGUE_ADD = 2 };
 int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t k_dim,
                    const uint16_t *tiles, int64_t n_dim, const float *bias, int64_t epilogue,
                    void *y);
-void baton_q4_panel_gemm(const float *x, int64_t rows, int64_t k_dim, const uint8_t *panels,
-                         int64_t n_dim, const float *bias, float *y);
+void baton_block_panel_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
+                            const uint8_t *panels, int64_t n_dim, const float *bias, float *y);
 int baton_amx_block_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
                          const uint8_t *records, int64_t n_dim, const float *bias, float *y);
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from baton.engine.compact_weights import BLOCK_FORMATS, FORMATS, PANEL_FORMATS, CompactWeight
+from baton.engine.compact_weights import BLOCK_FORMATS, FORMATS, CompactWeight
 from baton.engine.native.structs import Matrix
 
 I64, PTR = ctypes.c_int64, ctypes.c_void_p
@@ -56,9 +56,11 @@ class LinearKernels:
             ctypes.c_int,
             [ctypes.c_int, PTR, I64, I64, I64, PTR],
         )
-        self._panels_bytes = declare(library.baton_q4_panels_bytes, I64, [I64, I64])
+        self._panels_bytes = declare(
+            library.baton_block_panels_bytes, I64, [ctypes.c_int, I64, I64]
+        )
         self._pack_panels = declare(
-            library.baton_pack_q4_panels, ctypes.c_int, [ctypes.c_int, PTR, I64, I64, I64, PTR]
+            library.baton_pack_block_panels, ctypes.c_int, [ctypes.c_int, PTR, I64, I64, I64, PTR]
         )
         # Whether this CPU multiplies tiles (AMX-BF16) and Linux let this process use them:
         # asked once, before any thread runs a tile instruction.
@@ -187,16 +189,17 @@ class LinearKernels:
         return replace(weight, tiles=tiles)
 
     def with_panels(self, weight: CompactWeight) -> CompactWeight:
-        """The Q4_0/Q4_1 weight with its copy in panels of 16 features (q4_panels.c), which
-        the AVX-512 kernels multiply from two rows (`self.avx512` must hold)."""
+        """The block weight (Q8_0, Q4_0, Q4_1) with its copy in panels of 16 features
+        (block_panels.c), which the AVX-512 kernels multiply in batches of a few rows or more
+        (`self.avx512` must hold)."""
         if not self.avx512:
             raise ValueError("panels are multiplied with AVX-512 only")
-        if weight.format not in PANEL_FORMATS:
+        if weight.format not in BLOCK_FORMATS:
             raise ValueError(f"{weight.format} weights are not kept in panels")
         n, k = weight.out_features, weight.in_features
         data = weight.data.contiguous()
-        panels = torch.empty(self._panels_bytes(n, k), dtype=torch.uint8)
         kernel_id = FORMATS[weight.format].kernel_id
+        panels = torch.empty(self._panels_bytes(kernel_id, n, k), dtype=torch.uint8)
         if self._pack_panels(kernel_id, data.data_ptr(), n, k, data.shape[1], panels.data_ptr()):
             raise ValueError(f"a {weight.format} matrix of {k} inputs is not whole blocks")
         return replace(weight, panels=panels)

@@ -1,5 +1,5 @@
-"""Q4_0/Q4_1 weights in panels of 16 features (native/q4_panels.c): the AVX-512 kernel that
-multiplies batches of PANEL_MIN_ROWS rows or more."""
+"""Block weights (Q8_0, Q4_0, Q4_1) in panels of 16 features (native/block_panels.c): the
+AVX-512 kernel that multiplies batches of PANEL_MIN_ROWS rows or more."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from baton.engine.compact_weights import CompactWeight
+from baton.engine.compact_weights import BLOCK_FORMATS, CompactWeight
 from baton.engine.compute_plan import isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.native.library import NativeKernels, load_native_kernels
 
 # compact_gemv.c's PANEL_MIN_ROWS: fewer rows read the stored rows.
-PANEL_MIN_ROWS = 4
+PANEL_MIN_ROWS = 3
 
 pytestmark = pytest.mark.skipif(
     isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx512") or shutil.which("cc") is None,
@@ -52,7 +52,7 @@ def _stored(
 
 
 # 40 and 71 features: the last group of 16 is partial, and 71's groups do not pair up evenly.
-@pytest.mark.parametrize("compact_format", ["q4_0", "q4_1"])
+@pytest.mark.parametrize("compact_format", BLOCK_FORMATS)
 @pytest.mark.parametrize("out_features", [40, 71])
 def test_the_panels_hold_each_weight_as_exactly_its_float32_value(
     native: NativeKernels, compact_format: str, out_features: int
@@ -64,17 +64,18 @@ def test_the_panels_hold_each_weight_as_exactly_its_float32_value(
 
 
 # Tiles of up to 12 rows, split evenly (13: 6 + 7; 25: 8 + 8 + 9).
-@pytest.mark.parametrize("compact_format", ["q4_0", "q4_1"])
-@pytest.mark.parametrize("rows", [4, 5, 8, 12, 13, 16, 17, 25, 32])
+@pytest.mark.parametrize("compact_format", BLOCK_FORMATS)
+@pytest.mark.parametrize("rows", [3, 5, 8, 12, 13, 16, 17, 25, 32])
 def test_the_panels_sum_as_a_float32_matmul_does_bias_included(
     native: NativeKernels, compact_format: str, rows: int
 ) -> None:
     _check_against_float64(native, compact_format, rows, out_features=71, in_features=160)
 
 
+@pytest.mark.parametrize("compact_format", ["q8_0", "q4_1"])
 @pytest.mark.parametrize("rows", [5, 16])
-def test_long_weight_rows(native: NativeKernels, rows: int) -> None:
-    _check_against_float64(native, "q4_1", rows, out_features=20, in_features=5472)
+def test_long_weight_rows(native: NativeKernels, compact_format: str, rows: int) -> None:
+    _check_against_float64(native, compact_format, rows, out_features=20, in_features=5472)
 
 
 def _check_against_float64(
@@ -93,18 +94,19 @@ def _check_against_float64(
 def test_the_panels_take_batches_from_their_row_minimum(native: NativeKernels) -> None:
     """Panels packed from another weight than the stored rows show which one a batch read."""
     rng = np.random.default_rng(3)
-    stored, stored_values = _stored(rng, "q4_1", 32, 64)
-    other, other_values = _stored(rng, "q4_1", 32, 64)
-    mixed = CompactWeight("q4_1", stored.data, 64, panels=native.with_panels(other).panels)
+    stored, stored_values = _stored(rng, "q8_0", 32, 64)
+    other, other_values = _stored(rng, "q8_0", 32, 64)
+    mixed = CompactWeight("q8_0", stored.data, 64, panels=native.with_panels(other).panels)
     for rows, values in ((PANEL_MIN_ROWS - 1, stored_values), (PANEL_MIN_ROWS, other_values)):
         x = torch.eye(64)[:rows]
         assert torch.equal(native.gemv(x, mixed, None), values.T[:rows])
 
 
-def test_only_q4_weights_get_panels(native: NativeKernels) -> None:
-    q8, _ = _stored(np.random.default_rng(4), "q8_0", 16, 32)
+def test_only_block_weights_get_panels(native: NativeKernels) -> None:
+    bf16 = CompactWeight.from_tensor(torch.randn(16, 32, dtype=torch.bfloat16))
+    assert bf16 is not None
     with pytest.raises(ValueError, match="not kept in panels"):
-        native.with_panels(q8)
+        native.with_panels(bf16)
     q4, _ = _stored(np.random.default_rng(5), "q4_0", 16, 32)
     with pytest.raises(ValueError, match="AVX-512 only"):
         load_native_kernels(avx512=False).with_panels(q4)
