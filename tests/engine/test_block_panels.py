@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import shutil
 
-import gguf
 import numpy as np
 import pytest
 import torch
+from helpers.compact_reference import check_against_float64, stored_weight
 
 from baton.engine.compact_weights import BLOCK_FORMATS, CompactWeight
 from baton.engine.compute_plan import isa_rank
@@ -24,17 +24,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(autouse=True)
-def private_cache(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The kernels build into a cache of the tests' own."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "panels-cache"))
-
-
-@pytest.fixture
+@pytest.fixture(scope="module")
 def native() -> NativeKernels:
-    """The AVX-512 kernels."""
+    """The kernels with AVX-512 (conftest's keep 8 floats a vector, which has no panels)."""
     return load_native_kernels(avx512=True)
 
 
@@ -43,12 +35,7 @@ def _stored(
 ) -> tuple[CompactWeight, torch.Tensor]:
     """A random weight in `compact_format`, and the float32 values gguf dequantizes it to."""
     weight = rng.normal(size=(out_features, in_features)).astype(np.float32)
-    quant = getattr(gguf.GGMLQuantizationType, compact_format.upper())
-    blocks = gguf.quants.quantize(weight, quant)
-    values = gguf.quants.dequantize(blocks, quant).reshape(weight.shape)
-    return CompactWeight(compact_format, torch.from_numpy(blocks), in_features), (
-        torch.from_numpy(values)
-    )
+    return stored_weight(weight, compact_format)
 
 
 # 40 and 71 features: the last group of 16 is partial, and 71's groups do not pair up evenly.
@@ -69,26 +56,13 @@ def test_the_panels_hold_each_weight_as_exactly_its_float32_value(
 def test_the_panels_sum_as_a_float32_matmul_does_bias_included(
     native: NativeKernels, compact_format: str, rows: int
 ) -> None:
-    _check_against_float64(native, compact_format, rows, out_features=71, in_features=160)
+    check_against_float64(native, compact_format, rows, 71, 160, prepare=native.with_panels)
 
 
 @pytest.mark.parametrize("compact_format", ["q8_0", "q4_1"])
 @pytest.mark.parametrize("rows", [5, 16])
 def test_long_weight_rows(native: NativeKernels, compact_format: str, rows: int) -> None:
-    _check_against_float64(native, compact_format, rows, out_features=20, in_features=5472)
-
-
-def _check_against_float64(
-    native: NativeKernels, compact_format: str, rows: int, out_features: int, in_features: int
-) -> None:
-    rng = np.random.default_rng(rows)
-    compact, values = _stored(rng, compact_format, out_features, in_features)
-    x = torch.from_numpy(rng.normal(size=(rows, in_features)).astype(np.float32))
-    bias = torch.from_numpy(rng.normal(size=out_features).astype(np.float32))
-    expected = (x.double() @ values.double().T + bias.double()).float()
-    atol = 1e-4 * (in_features / 160) ** 0.5  # a float32 sum's error grows like its length's root
-    product = native.gemv(x, native.with_panels(compact), bias)
-    torch.testing.assert_close(product, expected, rtol=1e-5, atol=atol)
+    check_against_float64(native, compact_format, rows, 20, 5472, prepare=native.with_panels)
 
 
 def test_the_panels_take_batches_from_their_row_minimum(native: NativeKernels) -> None:

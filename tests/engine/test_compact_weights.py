@@ -8,11 +8,11 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.compact_reference import check_against_float64, stored_weight
 from helpers.hf_reference import hf_greedy_generate
 
 from baton import LLM, SamplingParams
@@ -48,29 +48,12 @@ def native(request: pytest.FixtureRequest) -> NativeKernels:
     return load_native_kernels(avx512=request.param)
 
 
-def _stored(weight: np.ndarray, compact_format: str) -> tuple[CompactWeight, torch.Tensor]:
-    """`weight` stored in `compact_format`, and the float32 values the stored bytes stand for
-    (as gguf dequantizes them, or as bf16/f16 widen)."""
-    if compact_format in ("bf16", "f16"):
-        dtype = torch.bfloat16 if compact_format == "bf16" else torch.float16
-        stored = torch.from_numpy(weight).to(dtype)
-        compact = CompactWeight.from_tensor(stored)
-        assert compact is not None
-        return compact, stored.float()
-    quant = getattr(gguf.GGMLQuantizationType, compact_format.upper())
-    blocks = gguf.quants.quantize(weight, quant)
-    values = gguf.quants.dequantize(blocks, quant).reshape(weight.shape)
-    return CompactWeight(compact_format, torch.from_numpy(blocks), weight.shape[1]), (
-        torch.from_numpy(values)
-    )
-
-
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
 def test_the_kernel_reads_each_weight_as_exactly_its_float32_value(
     native: NativeKernels, compact_format: str
 ) -> None:
     weight = np.random.default_rng(0).normal(size=(40, 96)).astype(np.float32)
-    compact, values = _stored(weight, compact_format)
+    compact, values = stored_weight(weight, compact_format)
     # One-hot rows pick single weights: no sum, so any difference is in the dequantization.
     assert torch.equal(native.gemv(torch.eye(96), compact, None), values.T)
 
@@ -81,7 +64,7 @@ def test_dequantizing_gives_exactly_the_stored_values(
 ) -> None:
     """What loading a GGUF uses: the whole matrix, bit for bit what gguf's numpy code gives."""
     weight = np.random.default_rng(1).normal(size=(40, 96)).astype(np.float32)
-    compact, values = _stored(weight, compact_format)
+    compact, values = stored_weight(weight, compact_format)
     assert torch.equal(native.dequantize(compact), values)
 
 
@@ -93,7 +76,7 @@ def test_dequantizing_gives_exactly_the_stored_values(
 def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
     native: NativeKernels, compact_format: str, rows: int
 ) -> None:
-    _check_against_float64(native, compact_format, rows, out_features=71, in_features=160)
+    check_against_float64(native, compact_format, rows, out_features=71, in_features=160)
 
 
 # Weight rows far longer than a layer's here: rows of x no longer fit in L1 (the AVX-512 sweep
@@ -104,21 +87,7 @@ def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
 def test_long_weight_rows_in_a_large_batch(
     native: NativeKernels, compact_format: str, in_features: int, rows: int
 ) -> None:
-    _check_against_float64(native, compact_format, rows, out_features=20, in_features=in_features)
-
-
-def _check_against_float64(
-    native: NativeKernels, compact_format: str, rows: int, out_features: int, in_features: int
-) -> None:
-    rng = np.random.default_rng(rows)
-    weight = rng.normal(size=(out_features, in_features)).astype(np.float32)
-    compact, values = _stored(weight, compact_format)
-    x = torch.from_numpy(rng.normal(size=(rows, in_features)).astype(np.float32))
-    bias = torch.from_numpy(rng.normal(size=out_features).astype(np.float32))
-    expected = (x.double() @ values.double().T + bias.double()).float()
-    # A float32 sum's rounding error grows like the square root of its length.
-    atol = 1e-4 * (in_features / 160) ** 0.5
-    torch.testing.assert_close(native.gemv(x, compact, bias), expected, rtol=1e-5, atol=atol)
+    check_against_float64(native, compact_format, rows, out_features=20, in_features=in_features)
 
 
 def test_a_linear_uses_compact_weights_up_to_the_row_limit_only(native: NativeKernels) -> None:
