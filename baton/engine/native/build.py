@@ -32,6 +32,7 @@ SOURCES = tuple(
         "decode_attention.c",
         "decode_layer.c",
         "gated_activation.c",
+        "linear.c",
         "prefill_attention.c",
         "logit_adjustments.c",
         "sampling.c",

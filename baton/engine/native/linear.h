@@ -42,6 +42,9 @@ enum { EPILOGUE_STORE = 0, EPILOGUE_SILU_MUL = 1, EPILOGUE_ADD = 2 };
 int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t k_dim,
                    const uint16_t *tiles, int64_t n_dim, const float *bias, int64_t epilogue,
                    void *y);
+int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
+                       const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
+                       float *y);
 void baton_block_panel_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
                             const uint8_t *panels, int64_t n_dim, const float *bias, float *y);
 int baton_amx_block_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
