@@ -38,9 +38,10 @@ def _stored(
     return stored_weight(weight, compact_format)
 
 
-# 40 and 71 features: the last group of 16 is partial, and 71's groups do not pair up evenly.
+# 8 features: one partial group; 40 and 71: the last group of 16 is partial, and 71's groups do
+# not pair up evenly.
 @pytest.mark.parametrize("compact_format", BLOCK_FORMATS)
-@pytest.mark.parametrize("out_features", [40, 71])
+@pytest.mark.parametrize("out_features", [8, 40, 71])
 def test_the_panels_hold_each_weight_as_exactly_its_float32_value(
     native: NativeKernels, compact_format: str, out_features: int
 ) -> None:
