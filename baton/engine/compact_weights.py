@@ -43,7 +43,7 @@ FORMATS = {
 # AMX multiplies in float32 precision (native/amx_blocks.c) and AVX-512 CPUs also keep in panels
 # of 16 features (native/block_panels.c).
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
-# The fewest rows a bf16 weight's tiles multiply (compact_gemv.c's AMX_MIN_ROWS): one row keeps
+# The fewest rows a bf16 weight's tiles multiply (linear.c's AMX_MIN_ROWS): one row keeps
 # the compact kernel's exact float32 products at the same bytes read.
 TILES_MIN_ROWS = 2
 _TORCH_FORMATS = {torch.bfloat16: "bf16", torch.float16: "f16"}

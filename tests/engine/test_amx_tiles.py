@@ -236,7 +236,7 @@ def test_block_tiles_multiply_in_float32_precision(
     assert (got - want).abs().max() < (bf16_rows - want).abs().max() / 20
 
 
-# The rows from which block tiles pay (compact_gemv.c's amx_blocks_min_rows): Q8_0's compact
+# The rows from which block tiles pay (linear.c's amx_blocks_min_rows): Q8_0's compact
 # kernel reads twice Q4's bytes a weight.
 TILE_MIN_ROWS = {"q8_0": 5, "q4_0": 9, "q4_1": 9}
 

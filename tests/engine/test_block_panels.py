@@ -15,7 +15,7 @@ from baton.engine.compute_plan import isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
 from baton.engine.native.library import NativeKernels, load_native_kernels
 
-# compact_gemv.c's PANEL_MIN_ROWS: fewer rows read the stored rows.
+# linear.c's PANEL_MIN_ROWS: fewer rows read the stored rows.
 PANEL_MIN_ROWS = 3
 
 pytestmark = pytest.mark.skipif(

@@ -44,7 +44,9 @@ static int64_t panel_block_bytes(int fmt) {
                            : 4 * PANEL_FEATURES + 16 * PANEL_FEATURES;
 }
 
-static int is_panel_format(int fmt) { return fmt == FMT_Q8_0 || fmt == FMT_Q4_0 || fmt == FMT_Q4_1; }
+static int is_panel_format(int fmt) {
+    return fmt == FMT_Q8_0 || fmt == FMT_Q4_0 || fmt == FMT_Q4_1;
+}
 
 /* The panels' size in bytes, or -1 for a format that has none. */
 int64_t baton_block_panels_bytes(int fmt, int64_t n_dim, int64_t k_dim) {
@@ -96,8 +98,7 @@ WIDE static inline __attribute__((always_inline)) void panel_tile(
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < groups; v++) acc[r][v] = _mm512_setzero_ps();
     const __m128i low = _mm_set1_epi8(0x0F);
-    const int64_t block_bytes = q8 ? 2 * PANEL_FEATURES + 32 * PANEL_FEATURES
-                                   : 4 * PANEL_FEATURES + 16 * PANEL_FEATURES;
+    const int64_t block_bytes = panel_block_bytes(q8 ? FMT_Q8_0 : FMT_Q4_1);
     for (int64_t b = 0; b < k_dim / 32; b++) {
         const uint8_t *block[2], *quants[2];
         __m512 d[2], m[2];
@@ -107,7 +108,8 @@ WIDE static inline __attribute__((always_inline)) void panel_tile(
             if (!q8) m[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block[v] + 32)));
             quants[v] = block[v] + (q8 ? 2 : 4) * PANEL_FEATURES;
             for (int64_t line = 0; line < block_bytes; line += 64)
-                _mm_prefetch((const char *)block[v] + PREFETCH_BLOCKS * block_bytes + line, _MM_HINT_T0);
+                _mm_prefetch((const char *)block[v] + PREFETCH_BLOCKS * block_bytes + line,
+                             _MM_HINT_T0);
         }
         const float *xb = x + b * 32;
         /* Q8_0: byte row p is input p. Q4: row p's low nibbles are input p, its high ones
@@ -120,23 +122,27 @@ WIDE static inline __attribute__((always_inline)) void panel_tile(
                 __m512 wv[2];
                 for (int v = 0; v < groups; v++) {
                     if (q8) {
-                        wv[v] = _mm512_mul_ps(d[v], _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes[v])));
+                        const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes[v]));
+                        wv[v] = _mm512_mul_ps(d[v], q);
                     } else {
                         const __m128i nibbles = half ? _mm_srli_epi16(bytes[v], 4) : bytes[v];
-                        const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(nibbles, low)));
+                        const __m512 q =
+                            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(nibbles, low)));
                         wv[v] = _mm512_fmadd_ps(d[v], q, m[v]);
                     }
                 }
                 for (int r = 0; r < rows; r++) {
                     const __m512 xr = _mm512_set1_ps(xb[r * k_dim + p + 16 * half]);
-                    for (int v = 0; v < groups; v++) acc[r][v] = _mm512_fmadd_ps(xr, wv[v], acc[r][v]);
+                    for (int v = 0; v < groups; v++)
+                        acc[r][v] = _mm512_fmadd_ps(xr, wv[v], acc[r][v]);
                 }
             }
         }
     }
     for (int v = 0; v < groups; v++) {
         const int64_t n = n0 + PANEL_FEATURES * v;
-        const __mmask16 valid = n_dim - n >= PANEL_FEATURES ? 0xFFFF : (__mmask16)((1u << (n_dim - n)) - 1);
+        const __mmask16 valid =
+            n_dim - n >= PANEL_FEATURES ? 0xFFFF : (__mmask16)((1u << (n_dim - n)) - 1);
         const __m512 add = bias ? _mm512_maskz_loadu_ps(valid, bias + n) : _mm512_setzero_ps();
         for (int r = 0; r < rows; r++)
             _mm512_mask_storeu_ps(y + r * n_dim + n, valid, _mm512_add_ps(acc[r][v], add));
@@ -177,7 +183,8 @@ WIDE static void panel_chunk(const void *arg, int64_t chunk) {
     const PanelLoop *l = arg;
     const int64_t group_bytes = l->k_dim / 32 * panel_block_bytes(l->q8 ? FMT_Q8_0 : FMT_Q4_1);
     const int64_t first = chunk * l->groups_per_chunk;
-    const int64_t end = first + l->groups_per_chunk < l->groups ? first + l->groups_per_chunk : l->groups;
+    const int64_t end =
+        first + l->groups_per_chunk < l->groups ? first + l->groups_per_chunk : l->groups;
     const int64_t tiles = (l->rows + MAX_TILE_ROWS - 1) / MAX_TILE_ROWS;
     for (int64_t g = first; g < end; g += 2) {
         const int groups = end - g >= 2 ? 2 : 1;
@@ -199,6 +206,7 @@ void baton_block_panel_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim
     const int64_t chunks_wanted = CHUNKS_PER_THREAD * (int64_t)omp_get_max_threads();
     int64_t per_chunk = (groups + chunks_wanted - 1) / chunks_wanted;
     per_chunk += per_chunk % 2; /* whole pairs, so only the last group can go alone */
-    const PanelLoop loop = {x, bias, y, panels, fmt == FMT_Q8_0, rows, k_dim, n_dim, groups, per_chunk};
+    const PanelLoop loop = {x,    bias,  y,     panels, fmt == FMT_Q8_0, rows,
+                            k_dim, n_dim, groups, per_chunk};
     baton_parallel(panel_chunk, &loop, (groups + per_chunk - 1) / per_chunk);
 }

@@ -11,8 +11,8 @@ enum { FMT_BF16 = 0, FMT_F16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4 };
  * AMX CPUs, the same weight in tile order (NULL where there is none): a bf16 weight as bf16
  * (amx_gemm.c), a block format's integers and scales as records (amx_blocks.c); panels: a
  * block format's weight in panels of 16 features (block_panels.c), on AVX-512 CPUs (NULL where
- * there are none); avx512: the compact kernel may use AVX-512 (the CPU has it and the plan's ISA allows it).
- * Mirrored by structs.py's Matrix: keep the field order in step. */
+ * there are none); avx512: the compact kernel may use AVX-512 (the CPU has it and the plan's
+ * ISA allows it). Mirrored by structs.py's Matrix: keep the field order in step. */
 typedef struct {
     int64_t format, in_features, out_features, row_bytes;
     const uint8_t *data;
