@@ -21,9 +21,21 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 AVX2_EMULATION = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 # Everything that computes with the engine on bf16 or float32 weights, packed or not.
 GUARDED_TESTS = ["tests/engine", "tests/test_llm.py", "tests/bench/test_offline.py"]
-# The default model (a GGUF) computes in float32 on every CPU, as the rest covers, and its
-# transformers reference alone takes a minute to load: not rerun.
-NOT_RERUN = ["--ignore", "tests/engine/test_default_model.py"]
+# Not rerun: the default model (a GGUF) computes in float32 on every CPU, as the rest covers,
+# and its transformers reference alone takes a minute to load; and the tests whose code has no
+# ISA-dependent path (file parsing, tokenizers, the thread pool's protocol, grammars, drafting
+# rules), which only lengthened the suite.
+ISA_FREE_MODULES = [
+    "tests/engine/test_default_model.py",
+    "tests/engine/test_gguf_file.py",
+    "tests/engine/test_thread_pool.py",
+    "tests/engine/test_grammar.py",
+    "tests/engine/test_flashinfer_api.py",
+    "tests/engine/speculation/test_ngram.py",
+    "tests/engine/speculation/test_draft_budget.py",
+]
+NOT_RERUN = [arg for module in ISA_FREE_MODULES for arg in ("--ignore", module)]
+NOT_RERUN += ["-k", "not tokenizer"]  # test_gguf's tokenizer conversions
 
 
 @pytest.mark.slow
