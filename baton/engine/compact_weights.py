@@ -21,6 +21,11 @@ import torch
 # and 0.5B layer shapes; whole decode steps at 17-32 rows 1.1-2x faster than with float32
 # GEMMs past 16 rows (tiny shape, SmolLM2, 0.5B; docs/benchmarks.md).
 COMPACT_MAX_ROWS = 32
+# Rows up to which a block weight's panels (AVX-512) beat oneDNN's packed float32 GEMM, so that
+# prefill chunks and mixed batches of that size take them too. Measured on the AMX Xeon with its
+# tiles off (SmolLM2's Q4_1 layer shapes, 2 threads): 1.9x faster at 33 rows, 1.45x at 64,
+# 1.09x at 96, even at 128, 0.94x at 144 (docs/benchmarks.md, session 26).
+PANELS_MAX_ROWS = 128
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,7 @@ class CompactWeight:
     (native/amx_blocks.c). Either way the tiles take every larger batch, prefill chunks
     included. `panels`, on AVX-512 CPUs only, holds a block format's weight once more in panels
     of 16 features, which batches of a few rows or more (below the tiles') multiply instead
-    (native/block_panels.c)."""
+    (native/block_panels.c), up to PANELS_MAX_ROWS rows."""
 
     format: str
     data: torch.Tensor
@@ -75,6 +80,11 @@ class CompactWeight:
     def multiplies_any_rows(self) -> bool:
         """The native kernels multiply batches of any size with it: it has tiles."""
         return self.tiles is not None
+
+    @property
+    def panel_max_rows(self) -> int:
+        """The most rows its panels take from the GEMM (PANELS_MAX_ROWS; 0 without panels)."""
+        return PANELS_MAX_ROWS if self.panels is not None else 0
 
     @staticmethod
     def from_tensor(tensor: torch.Tensor) -> CompactWeight | None:

@@ -105,10 +105,12 @@ class Linear(nn.Module):
     def reads_compact(self, rows: int) -> bool:
         """Whether a batch of `rows` rows multiplies the compact weights (else the GEMM): with
         AMX tiles every batch (native/amx_gemm.c, amx_blocks.c: faster than oneDNN's GEMMs at
-        prefill sizes too), else up to `compact_max_rows`."""
+        prefill sizes too), with panels up to their `panel_max_rows`, else up to
+        `compact_max_rows`."""
         if self.compact is None:
             return False
-        return rows <= self.compact_max_rows or self.compact.multiplies_any_rows
+        most = max(self.compact_max_rows, self.compact.panel_max_rows)
+        return rows <= most or self.compact.multiplies_any_rows
 
     def gemm_in_gemm_dtype(self, x: torch.Tensor) -> torch.Tensor:
         """x [tokens, in_features] in `gemm_dtype` -> the product in `gemm_dtype`, no bias."""

@@ -10,9 +10,15 @@ import pytest
 import torch
 from helpers.compact_reference import check_against_float64, stored_weight
 
-from baton.engine.compact_weights import BLOCK_FORMATS, CompactWeight
+from baton.engine.compact_weights import (
+    BLOCK_FORMATS,
+    COMPACT_MAX_ROWS,
+    PANELS_MAX_ROWS,
+    CompactWeight,
+)
 from baton.engine.compute_plan import isa_rank
 from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.layers import Linear
 from baton.engine.native.library import NativeKernels, load_native_kernels
 
 # linear.c's PANEL_MIN_ROWS: fewer rows read the stored rows.
@@ -75,6 +81,34 @@ def test_the_panels_take_batches_from_their_row_minimum(native: NativeKernels) -
     for rows, values in ((PANEL_MIN_ROWS - 1, stored_values), (PANEL_MIN_ROWS, other_values)):
         x = torch.eye(64)[:rows]
         assert torch.equal(native.gemv(x, mixed, None), values.T[:rows])
+
+
+def test_a_layer_sends_batches_up_to_the_panels_row_maximum_to_them(native: NativeKernels) -> None:
+    """A layer whose GEMM weight, stored rows and panels are three different weights: each batch
+    shows which one multiplied it. Past COMPACT_MAX_ROWS the panels keep batches (prefill chunks,
+    mixed batches) up to PANELS_MAX_ROWS; the GEMM takes larger ones, and without panels every
+    batch past COMPACT_MAX_ROWS."""
+    rng = np.random.default_rng(4)
+    stored, stored_values = _stored(rng, "q8_0", 32, 64)
+    other, panel_values = _stored(rng, "q8_0", 32, 64)
+    gemm_values = torch.from_numpy(rng.normal(size=(32, 64)).astype(np.float32))
+    layer = Linear(64, 32, bias=False, dtype=torch.float32, device="cpu")
+    layer.weight.data.copy_(gemm_values)
+    layer.native = native
+    layer.compact = CompactWeight("q8_0", stored.data, 64, panels=native.with_panels(other).panels)
+    one_hot = torch.eye(64).repeat(3, 1)  # each row picks one input: exact in every kernel
+    for rows, values in (
+        (COMPACT_MAX_ROWS + 1, panel_values),
+        (PANELS_MAX_ROWS, panel_values),
+        (PANELS_MAX_ROWS + 1, gemm_values),
+    ):
+        assert torch.equal(layer(one_hot[:rows]), (one_hot[:rows] @ values.T)), rows
+    layer.compact = stored
+    assert torch.equal(
+        layer(one_hot[:COMPACT_MAX_ROWS]), one_hot[:COMPACT_MAX_ROWS] @ stored_values.T
+    )
+    rows = COMPACT_MAX_ROWS + 1
+    assert torch.equal(layer(one_hot[:rows]), one_hot[:rows] @ gemm_values.T)
 
 
 def test_only_block_weights_get_panels(native: NativeKernels) -> None:
