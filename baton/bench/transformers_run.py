@@ -10,6 +10,7 @@ import torch
 
 from baton.bench.offline_workload import EngineResult, Workload, warmup_workload
 from baton.checkpoint.source import GGUF_SUFFIX
+from baton.engine.vector_math_init import initialize_vector_math
 
 
 def run_transformers(
@@ -24,6 +25,8 @@ def run_transformers(
     """
     from transformers import AutoModelForCausalLM
 
+    # MKL's vector math set up on one thread before transformers' RoPE tables use several.
+    initialize_vector_math()
     torch.set_num_threads(num_threads)
     path = Path(model)
     if path.suffix == GGUF_SUFFIX:  # transformers dequantizes a GGUF, as Baton does
