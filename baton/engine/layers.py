@@ -68,10 +68,10 @@ class Linear(nn.Module):
         if self.compact is not None and self.compact.multiplies_any_rows:
             return  # no batch reaches the GEMM (see drop_gemm_weight)
         # The batch-size hint picks oneDNN's blocking. A layer with compact weights multiplies
-        # its packed weight only in batches over COMPACT_MAX_ROWS rows (prefill chunks), which
-        # run 5-18 % faster at 48-160 rows blocked for PREFILL_PACK_ROWS than for one row (the
-        # same at 2048; SmolLM2's layers on Zen 3). The others keep the one-row blocking, which
-        # decode steps use.
+        # its packed weight only in batches over COMPACT_MAX_ROWS rows (PANELS_MAX_ROWS with
+        # panels): prefill chunks, which run 5-18 % faster at 48-160 rows blocked for
+        # PREFILL_PACK_ROWS than for one row (the same at 2048; SmolLM2's layers on Zen 3). The
+        # others keep the one-row blocking, which decode steps use.
         rows = PREFILL_PACK_ROWS.get(self.weight.dtype, 1) if self.compact is not None else 1
         packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), rows)
         self.weight = nn.Parameter(packed, requires_grad=False)
