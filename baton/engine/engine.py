@@ -82,7 +82,8 @@ class Engine(BatchRunner):
             stored_compactly=self.checkpoint.stored_compactly and native is not None,
             gguf=self.checkpoint.gguf_file is not None,
         )
-        logger.info("CPU: %s", self.cpu.summary())
+        if self.device.type == "cpu":  # on a GPU the CPU's ISA and oneDNN play no part
+            logger.info("CPU: %s", self.cpu.summary())
         logger.info("compute plan: %s", self.plan.summary())
         self.dtype = _TORCH_DTYPES[self.plan.dtype]
         self.max_model_len = model_config.served_context_length(config.max_model_len)
