@@ -26,7 +26,9 @@ from baton import LLM, SamplingParams
 from baton.bench.shapes import materialize_shape
 
 PROMPT_TOKENS = 128
-# Names of the CUDA runtime calls in which the CPU waits for the GPU.
+# Names of the CUDA calls that launch a kernel (cudaLaunchKernelExC too), and of those in which
+# the CPU waits for the GPU.
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel")
 WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
 try:  # every thread where this torch can; else (TypeError) only this one
     ALL_THREADS: _ExperimentalConfig | None = _ExperimentalConfig(profile_all_threads=True)
@@ -68,7 +70,7 @@ def main() -> None:
         steps = args.new_tokens  # one prefill step and new_tokens - 1 decode steps
         kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
         gpu_ms = sum(e.self_device_time_total for e in kernels) / 1e3
-        launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel"))
+        launches = sum(e.count for e in events if e.key.startswith(LAUNCHES))
         waits = sum(e.count for e in events if e.key.startswith(WAITS))
         print(
             f"=== {args.shape}, {rows} rows: {wall_ms / steps:.2f} ms a step (wall, unprofiled)"

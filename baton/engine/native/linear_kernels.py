@@ -171,21 +171,15 @@ class LinearKernels:
     def with_tiles(self, weight: CompactWeight) -> CompactWeight:
         """The weight with its tile-ordered copy, for AMX CPUs (`self.amx`): a bf16 weight's
         (amx_gemm.c) or a block format's integers and scales as records (amx_block_records.h)."""
-        n, k = weight.out_features, weight.in_features
-        data = weight.data.contiguous()
         if weight.format == "bf16":
+            n, k = weight.out_features, weight.in_features
+            data = weight.data.contiguous()
             tiles = torch.empty(self._tiles_bytes(n, k) // 2, dtype=torch.int16)
             self._pack_tiles(data.data_ptr(), n, k, data.shape[1], tiles.data_ptr())
             return replace(weight, tiles=tiles)
         if weight.format not in BLOCK_FORMATS:
             raise ValueError(f"{weight.format} weights are not multiplied in tiles")
-        kernel_id = FORMATS[weight.format].kernel_id
-        tiles = torch.empty(self._block_tiles_bytes(kernel_id, n, k), dtype=torch.uint8)
-        status = self._pack_block_tiles(
-            kernel_id, data.data_ptr(), n, k, data.shape[1], tiles.data_ptr()
-        )
-        if status:
-            raise ValueError(f"a {weight.format} matrix of {k} inputs is not whole blocks")
+        tiles = self._repack_blocks(weight, self._block_tiles_bytes, self._pack_block_tiles)
         return replace(weight, tiles=tiles)
 
     def with_panels(self, weight: CompactWeight) -> CompactWeight:
@@ -196,13 +190,20 @@ class LinearKernels:
             raise ValueError("panels are multiplied with AVX-512 only")
         if weight.format not in BLOCK_FORMATS:
             raise ValueError(f"{weight.format} weights are not kept in panels")
+        panels = self._repack_blocks(weight, self._panels_bytes, self._pack_panels)
+        return replace(weight, panels=panels)
+
+    def _repack_blocks(self, weight: CompactWeight, size: Any, pack: Any) -> torch.Tensor:
+        """A block weight's bytes in another layout: `size(format, n, k)` bytes, filled by
+        `pack(format, blocks, n, k, row_bytes, out)` (baton_pack_block_tiles,
+        baton_pack_block_panels)."""
         n, k = weight.out_features, weight.in_features
         data = weight.data.contiguous()
         kernel_id = FORMATS[weight.format].kernel_id
-        panels = torch.empty(self._panels_bytes(kernel_id, n, k), dtype=torch.uint8)
-        if self._pack_panels(kernel_id, data.data_ptr(), n, k, data.shape[1], panels.data_ptr()):
+        out = torch.empty(size(kernel_id, n, k), dtype=torch.uint8)
+        if pack(kernel_id, data.data_ptr(), n, k, data.shape[1], out.data_ptr()):
             raise ValueError(f"a {weight.format} matrix of {k} inputs is not whole blocks")
-        return replace(weight, panels=panels)
+        return out
 
     def dequantize(self, weight: CompactWeight) -> torch.Tensor:
         """The stored matrix as float32 [out_features, in_features]: exactly the values the
