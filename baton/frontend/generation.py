@@ -95,7 +95,13 @@ async def merged_streams(
                 yield index, item
     finally:
         for task in tasks:
-            task.cancel()  # cancelling a pump closes its stream, aborting the request
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        # A pump cancelled inside its stream closed it; one cancelled while it waited for room
+        # in the queue (a reader that fell behind) left it open, which only the garbage
+        # collector would close: close each, so that every request is aborted now.
+        for stream in streams.values():
+            await stream.aclose()  # type: ignore[attr-defined]
 
 
 @dataclass

@@ -100,7 +100,7 @@ def _tokenize_body(raw: bytes) -> TokenizeTextBody | TokenizeChatBody:
     """A chat request if the body has `messages`, else a completion one (vLLM's union)."""
     try:
         fields: Any = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting past Python's stack, too
         fields = None  # the model's own parse reports it, as for every other route
     if isinstance(fields, dict) and fields.get("messages") is not None:
         return TokenizeChatBody.model_validate_json(raw)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 
 import httpx
@@ -116,6 +117,46 @@ def test_concurrent_streams_with_disconnects(frontend: BatonConfig, offline: LLM
     assert after["baton:num_requests_running"] == 0
     generated = after["baton:generation_tokens_total"] - before["baton:generation_tokens_total"]
     assert generated < len(completed) * MAX_TOKENS + hung_up * HANG_UP_MAX_TOKENS // 2
+
+
+def test_a_stream_that_fell_behind_is_aborted_when_its_client_leaves(
+    frontend: BatonConfig,
+) -> None:
+    """A reader that stops reading gets its choices paused on the server; hanging up then
+    must abort them at once, not leave them paused with their pages held."""
+    # Enough bytes (top-5 logprobs on every token) to fill the socket buffers on the way.
+    choices, max_tokens = 16, 480
+    body = json.dumps(
+        {
+            "model": frontend.served_model_name,
+            "prompt": "Once upon a time",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "n": choices,
+            "logprobs": 5,
+        }
+    ).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with httpx.Client(base_url=base_url(frontend), timeout=30) as client:
+        before = wait_idle(client)
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once
+        reader.connect((frontend.host, frontend.port))
+        reader.sendall(head + body)  # and reads nothing
+        deadline = time.monotonic() + 30
+        while scrape(client)["baton:num_requests_paused"] == 0:
+            assert time.monotonic() < deadline, "the unread choices were never paused"
+            time.sleep(0.1)
+        reader.close()
+        after = wait_idle(client)
+    assert after["baton:num_requests_running"] == 0
+    assert after["baton:kv_cache_usage_perc"] == 0
+    generated = after["baton:generation_tokens_total"] - before["baton:generation_tokens_total"]
+    assert generated < choices * max_tokens  # aborted, not run to the end
 
 
 def test_non_streamed_request_aborts_when_client_leaves(frontend: BatonConfig) -> None:

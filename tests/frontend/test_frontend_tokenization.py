@@ -84,6 +84,8 @@ def test_bad_requests_are_openai_errors(
 def test_malformed_json_is_a_400(http: httpx.Client) -> None:
     assert_error(http.post("/tokenize", content=b"{"), 400, "invalid_request")
     assert_error(http.post("/detokenize", content=b"[1"), 400, "invalid_request")
+    nested = b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    assert_error(http.post("/tokenize", content=nested), 400, "invalid_request")
 
 
 def test_an_explicit_null_takes_the_default_as_in_vllm(http: httpx.Client, offline: LLM) -> None:
