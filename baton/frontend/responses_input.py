@@ -1,7 +1,7 @@
 """The `input` of a Responses request, and the conversation it becomes for the chat path.
 
-Items are OpenAI's, as vLLM maps them onto chat messages: a message keeps its role (but
-"developer", which chat templates know as "system"), a `function_call` becomes an assistant
+Items are OpenAI's, as vLLM maps them onto chat messages: a message keeps its role (the
+chat path renders "developer" as "system"), a `function_call` becomes an assistant
 turn's tool call and a `function_call_output` the "tool" turn answering it. The reasoning,
 message and function calls of one assistant turn, as a response returns them, are rendered as
 that one turn: its `reasoning`, content and `tool_calls`. Only text content is supported.
@@ -15,8 +15,6 @@ from pydantic import Discriminator, Field, Tag
 
 from baton.frontend.protocol import StrictModel
 
-# Chat's name for a Responses role.
-CHAT_ROLES = {"developer": "system"}
 # A chat message, as ChatCompletionRequest takes it.
 ChatTurn = dict[str, Any]
 
@@ -49,7 +47,7 @@ class MessageItem(StrictModel):
         """Append the message; an assistant's fills the turn its reasoning opened."""
         content = _chat_content(self.content)
         if self.role != "assistant":
-            turns.append({"role": CHAT_ROLES.get(self.role, self.role), "content": content})
+            turns.append({"role": self.role, "content": content})
             return None
         if assistant is not None and assistant["content"] is None and "tool_calls" not in assistant:
             assistant["content"] = content

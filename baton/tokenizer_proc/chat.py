@@ -16,7 +16,9 @@ right after the final message's content (no newline), for the model to continue 
 fallback has no variables: `chat_template_kwargs`, `documents` and `reasoning_effort` have
 nothing to change there.
 
-Roles are limited to system, user, assistant and tool; any other role is a ValueError. An
+Roles are limited to system, user, assistant and tool, and OpenAI's developer, which newer
+models take as their system prompt and templates know as "system" (vLLM passes it on as it is,
+which most templates drop or refuse); any other role is a ValueError. An
 assistant's tool calls reach the template as Hugging Face templates read them: each call's
 arguments as an object, as vLLM passes them (OpenAI's wire format has them as JSON text), and
 its reasoning as both `reasoning` and `reasoning_content`, as vLLM passes it. The fallback writes
@@ -34,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from jinja2 import TemplateError
 
 from baton.chat_options import ChatOptions
@@ -41,7 +44,9 @@ from baton.checkpoint.tokenizer import Tokenizer
 from baton.messages import ChatMessage
 from baton.validation import RequestError
 
-CHAT_ROLES = ("system", "user", "assistant", "tool")
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+# Roles rendered under another name (see the module's docstring).
+ROLE_ALIASES = {"developer": "system"}
 FALLBACK_REPLY_CUE = "assistant:"
 
 
@@ -73,6 +78,10 @@ def chat_prompt(
                 f"messages[{index}].role is {message.role!r}; expected one of "
                 f"{', '.join(CHAT_ROLES)}"
             )
+    messages = [
+        msgspec.structs.replace(m, role=ROLE_ALIASES[m.role]) if m.role in ROLE_ALIASES else m
+        for m in messages
+    ]
     if tokenizer.chat_template is not None:
         conversation = [_template_message(m) for m in messages]
         text = tokenizer.chat_template.render(

@@ -100,7 +100,19 @@ def test_template_options_and_variables(stories_tokenizer: Tokenizer) -> None:
     assert continued == encoded(turns)
 
 
-@pytest.mark.parametrize("role", ["function", "developer", "", "User"])
+def test_a_developer_message_is_a_system_one(stories_tokenizer: Tokenizer) -> None:
+    """OpenAI's developer role renders as "system", in the fallback and in a template."""
+    developer = [ChatMessage(role="developer", content="You are terse."), CONVERSATION[1]]
+    assert render_chat(stories_tokenizer, developer) == render_chat(stories_tokenizer, CONVERSATION)
+    stories_tokenizer.chat_template = ChatTemplate(
+        BRACKET_TEMPLATE, stories_tokenizer.special_tokens
+    )
+    assert chat_prompt(stories_tokenizer, developer).text == (
+        "[system]You are terse.[user]Once upon a time[assistant]"
+    )
+
+
+@pytest.mark.parametrize("role", ["function", "", "User", "Developer"])
 def test_unsupported_role_is_rejected(random_checkpoint: Checkpoint, role: str) -> None:
     messages = [ChatMessage(role="user", content="a"), ChatMessage(role=role, content="b")]
     with pytest.raises(ValueError, match=r"messages\[1\]\.role"):
