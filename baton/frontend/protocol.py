@@ -43,9 +43,16 @@ class StrictModel(BaseModel):
 
 
 class StreamOptions(StrictModel):
-    """`stream_options`: `include_usage` adds a last chunk with `usage` and no choices."""
+    """`stream_options`: `include_usage` adds a last chunk with `usage` and no choices.
+    vLLM's `continuous_usage_stats` (usage in every chunk) is refused, not ignored."""
 
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _no_continuous_usage(cls, value: bool) -> bool:
+        return _must_be(value, (False,), "continuous_usage_stats")
 
 
 def _must_be(value: Any, allowed: tuple[Any, ...], what: str) -> Any:
@@ -106,6 +113,19 @@ class SamplingRequest(NullMeansDefault, ConstraintFields):
     # Baton's extension: each choice carries its request's stats (queue, prompt and decode times,
     # TTFT, tokens/s, cached tokens, preemptions), in the final chunk when streamed.
     return_stats: bool = False
+    # vLLM's beam search, which Baton does not have: refused, not ignored.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+
+    @field_validator("use_beam_search")
+    @classmethod
+    def _no_beam_search(cls, value: bool) -> bool:
+        return _must_be(value, (False,), "use_beam_search")
+
+    @field_validator("length_penalty")
+    @classmethod
+    def _no_length_penalty(cls, value: float) -> float:
+        return _must_be(value, (1.0,), "length_penalty other than 1 (beam search)")
 
     @field_validator("logit_bias", mode="before")
     @classmethod
@@ -178,6 +198,12 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = None
     best_of: int | None = None
     add_special_tokens: bool = True
+    prompt_embeds: Any = None  # vLLM's; refused, not ignored
+
+    @field_validator("prompt_embeds")
+    @classmethod
+    def _no_prompt_embeds(cls, value: Any) -> Any:
+        return _must_be(value, (), "prompt_embeds")
 
     @field_validator("max_tokens")
     @classmethod
@@ -196,4 +222,4 @@ class CompletionRequest(SamplingRequest):
     @field_validator("best_of")
     @classmethod
     def _no_best_of(cls, value: int | None) -> int | None:
-        return _must_be(value, (1,), "best_of > 1")
+        return _must_be(value, (1,), "best_of other than 1")

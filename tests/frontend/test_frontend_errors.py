@@ -91,6 +91,17 @@ def test_malformed_json_is_400(http: httpx.Client) -> None:
         ("/v1/chat/completions", {**CHAT, "allowed_token_ids": [-1]}, "allowed_token_ids.0"),
         ("/v1/chat/completions", {**CHAT, "bad_words": ["  "]}, "bad_words"),
         ("/v1/completions", {**VALID, "bad_words": "no"}, "bad_words"),
+        # vLLM's options Baton does not implement are refused, never silently ignored.
+        ("/v1/completions", {**VALID, "use_beam_search": True}, "use_beam_search"),
+        ("/v1/chat/completions", {**CHAT, "use_beam_search": True}, "use_beam_search"),
+        ("/v1/completions", {**VALID, "length_penalty": 2.0}, "length_penalty"),
+        ("/v1/completions", {**VALID, "prompt_embeds": "AAAA"}, "prompt_embeds"),
+        ("/v1/completions", {**VALID, "best_of": 0}, "best_of"),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "stream": True, "stream_options": {"continuous_usage_stats": True}},
+            "stream_options.continuous_usage_stats",
+        ),
     ],
 )
 def test_invalid_fields_are_400(
