@@ -101,8 +101,13 @@ class GrammarCompiler:
         if compiled is None:
             tokenizer = self._llguidance()
             compiled = on_large_stack(lambda: LLMatcher(tokenizer, grammar, log_level=0))
+            # Some grammars fail only once a mask is asked for (a schema referring only to
+            # itself): the first one, which the request's first step needs anyway, is asked
+            # for here, so that they are the request's error, not a failed generation.
+            if not compiled.is_error():
+                compiled.compute_bitmask()
             if compiled.is_error():
-                error = compiled.get_error().strip()
+                error = next(iter(compiled.get_error().strip().splitlines()), "")
                 raise GrammarError(f"the constraint does not compile: {error}")
             self._compiled[grammar] = compiled
             if len(self._compiled) > CACHED_GRAMMARS:
@@ -166,6 +171,13 @@ class GrammarMasks:
             self._executor.unsafe_compute_mask_ptr(
                 constrained, ctypes.addressof(bits), words * 4, len(constrained)
             )
+            # A grammar can also fail while its mask is computed (llguidance's lexer past its
+            # limits, on a pathological regex): the mask it leaves allows at most the end of
+            # the output, which must not pass for a grammar that completed.
+            for index, (matcher, _) in zip(indices, constrained):
+                if matcher.is_error():
+                    _log_failure(rows[index], "failed on its mask")  # type: ignore[arg-type]
+                    failed.append(index)
         return StepMasks(indices, bits, words, failed)
 
     def apply(self, logits: torch.Tensor, rows: Sequence[GrammarRow | None]) -> list[int]:
@@ -223,5 +235,6 @@ def _log_failure(row: GrammarRow, what: str) -> None:
         what,
         row.num_outputs,
         matcher.num_consumed,
-        matcher.matcher.get_error().strip() or "no error from llguidance",
+        # The first line: what follows is llguidance's whole parser state.
+        next(iter(matcher.matcher.get_error().strip().splitlines()), "no error from llguidance"),
     )

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from llguidance import LLMatcher
 
 from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
-from baton.engine.grammar import GrammarCompiler, GrammarError, GrammarMasks, GrammarRow
+from baton.engine.grammar import (
+    GrammarCompiler,
+    GrammarError,
+    GrammarMasks,
+    GrammarMatcher,
+    GrammarRow,
+)
 from baton.structured_outputs import StructuredOutputsParams
 
 EOS = 257
@@ -71,6 +78,20 @@ def test_rows_that_cannot_go_on_are_reported(compiler: GrammarCompiler) -> None:
     assert masks.apply(torch.zeros(1, VOCAB), [GrammarRow(matcher, 1)]) == [0]
 
 
+def test_a_grammar_that_fails_on_its_mask_is_reported_not_taken_for_complete(
+    compiler: GrammarCompiler,
+) -> None:
+    """A matcher can fail while its mask is computed (llguidance's lexer giving up, or a
+    schema that is only a reference to itself). The mask it leaves allows only EOS, which
+    would end the output as if the grammar were complete. (The compiler asks for the first
+    mask itself and refuses such a schema; this matcher skips it, as a later mask would.)"""
+    grammar = StructuredOutputsParams(json={"$ref": "#"}).llguidance_grammar()
+    matcher = GrammarMatcher(LLMatcher(compiler._llguidance(), grammar, log_level=0))
+    logits = torch.zeros(1, VOCAB)
+    assert GrammarMasks().apply(logits, [GrammarRow(matcher, 0)]) == [0]
+    assert allowed(logits[0]) == {EOS}  # what the failure would otherwise have sampled
+
+
 def test_min_tokens_yields_to_a_complete_grammar(compiler: GrammarCompiler) -> None:
     """A grammar that allows only a stop token ends the output, min_tokens or not (else the
     row would have no token at all); a grammar with other tokens left keeps the suppression."""
@@ -119,6 +140,9 @@ def test_a_grammar_the_tokenizer_cannot_serve_is_a_grammar_error(
     vocabulary lacks."""
     with pytest.raises(GrammarError, match="does not compile"):
         compiler.matcher(StructuredOutputsParams(grammar="start: <[99999]>"))
+    # A schema that is only a reference to itself fails at its first mask.
+    with pytest.raises(GrammarError, match="does not compile"):
+        compiler.matcher(StructuredOutputsParams(json={"$ref": "#"}))
 
 
 @pytest.mark.parametrize(
