@@ -16,6 +16,7 @@ import msgspec
 import zmq
 
 from baton.addresses import ServerAddresses
+from baton.checkpoint.model_config import CheckpointError
 from baton.config import BatonConfig, ConfigurationError
 from baton.cpu_binding import bind_service_process
 from baton.messages import Codec
@@ -41,6 +42,17 @@ class ProcessReady(msgspec.Struct, tag="ready", kw_only=True):
 
 
 LauncherMessage = ProcessReady
+
+
+class StartError(RuntimeError):
+    """A process could not start, for a reason its message says (its log has the details)."""
+
+
+# Failures at start-up whose message says what is wrong: a configuration that cannot work, a
+# port taken or an address that cannot be bound (OSError, zmq's), an unreadable checkpoint.
+# Before the process serves they are logged and reported in one line, as a bad flag is; later,
+# and for anything else, with their traceback.
+ONE_LINE_START_ERRORS = (ConfigurationError, CheckpointError, StartError, OSError, zmq.ZMQError)
 
 _PR_SET_PDEATHSIG = 1
 # The longest a child's loop waits on its sockets. A process-directed signal (the launcher's
@@ -68,12 +80,14 @@ class ReadyReporter:
 
     def __init__(self, context: zmq.Context, name: str, launcher_address: str) -> None:
         self.name = name
+        self.serving = False  # whether `ready` was sent
         self._socket = context.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.LINGER, 1000)
         self._socket.connect(launcher_address)
         self._codec = Codec(LauncherMessage)
 
     def ready(self, **info: str) -> None:
+        self.serving = True
         self._socket.send(self._codec.encode(ProcessReady(name=self.name, info=info)))
 
     def failed(self, error: str) -> None:
@@ -112,13 +126,15 @@ def run_child(
         serve(config, addresses, context, reporter)
     except SystemExit:
         pass
-    except ConfigurationError as error:  # names its fix: one line, no traceback
-        logger.error("%s", error)
-        reporter.failed(str(error))
-        exit_code = 1
-    except Exception:
-        logger.exception("%s failed", name)
-        reporter.failed(traceback.format_exc(limit=5))
+    except Exception as error:
+        if isinstance(error, ConfigurationError) or (
+            not reporter.serving and isinstance(error, ONE_LINE_START_ERRORS)
+        ):
+            logger.error("%s", error)
+            reporter.failed(str(error))
+        else:
+            logger.exception("%s failed", name)
+            reporter.failed(traceback.format_exc(limit=5))
         exit_code = 1
     # A second SIGTERM while tearing down must not interrupt it.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

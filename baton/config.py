@@ -35,6 +35,9 @@ class ConfigurationError(ValueError):
     A server process that meets one at start-up reports it in one line, not a traceback."""
 
 
+MAX_PORT = 65535
+
+
 @dataclass(frozen=True)
 class BatonConfig:
     """Everything a Baton engine, scheduler and server is configured with.
@@ -142,6 +145,15 @@ class BatonConfig:
         if self.batch_order not in BATCH_ORDERS:
             raise ValueError(f"unknown batch_order {self.batch_order!r}")
         validate_setting(self.omp_threads_bind)
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if not 0 <= self.port <= MAX_PORT:  # 0: any free port
+            raise ValueError(f"--port must be a TCP port, 0-{MAX_PORT}, got {self.port}")
+        if self.zmq_port is not None and not 1 <= self.zmq_port < MAX_PORT:
+            raise ValueError(  # it binds the next port too
+                f"--zmq-port must be 1-{MAX_PORT - 1} (it binds the next port too), "
+                f"got {self.zmq_port}"
+            )
         if self.api_key and self.zmq_port is not None:
             # The ZMQ client protocol carries no credentials: on tcp it would bypass the key. Its
             # default ipc sockets sit in a 0700 directory, reachable by this user only.

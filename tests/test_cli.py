@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,23 @@ def test_zmq_tcp_port_with_an_api_key_is_refused(capsys: pytest.CaptureFixture) 
 def test_a_stream_interval_under_one_is_refused(value: str) -> None:
     with pytest.raises(SystemExit, match="stream_interval must be >= 1"):
         config_from_args(build_parser().parse_args(["launch", "--stream-interval", value]))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--port", "70000"], "--port must be a TCP port, 0-65535, got 70000"),
+        (["--port", "-1"], "--port must be a TCP port"),
+        (["--zmq-port", "65535"], "--zmq-port must be 1-65534 (it binds the next port too)"),
+        (["--zmq-port", "0"], "--zmq-port must be 1-65534"),
+        (["--num-threads", "0"], "num_threads must be >= 1, got 0"),
+    ],
+)
+def test_ports_and_thread_counts_out_of_range_are_refused(flags: list[str], message: str) -> None:
+    """A port past 65535 once served on another one (uvicorn wraps it), 0 threads meant the
+    default."""
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        config_from_args(build_parser().parse_args(["launch", *flags]))
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan"])

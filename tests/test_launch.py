@@ -7,7 +7,9 @@ import ctypes
 import json
 import os
 import platform
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -327,6 +329,39 @@ def test_a_reasoning_parser_the_model_cannot_mark_is_refused_in_one_line(
     assert record.getMessage() == (
         "tokenizer failed to start: --reasoning-parser qwen3 needs <think> as one token of the "
         "model's vocabulary, and this model has none: drop --reasoning-parser"
+    )
+
+
+def test_an_unreadable_checkpoint_is_refused_in_one_line(
+    stories260k_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the scheduler reads the weights: its CheckpointError once came as tracebacks."""
+    from baton import launch
+
+    model = tmp_path / "truncated"
+    shutil.copytree(stories260k_dir, model)
+    with open(model / "model.safetensors", "r+b") as weights:
+        weights.truncate(1000)
+    assert launch.main(["--model", str(model), "--port", "0"]) == 1
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.getMessage() == (
+        f"scheduler failed to start: {model / 'model.safetensors'}: unreadable safetensors: "
+        "Error while deserializing header: invalid header length"
+    )
+
+
+def test_a_port_in_use_is_refused_in_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    from baton import launch
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert launch.main(["--model", "baton-random", "--port", str(port)]) == 1
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.getMessage() == (
+        f"frontend failed to start: the HTTP server could not start on 127.0.0.1:{port} "
+        "(uvicorn's error is above)"
     )
 
 

@@ -12,7 +12,7 @@ import zmq
 
 from baton.addresses import ServerAddresses
 from baton.checkpoint.source import resolve_model
-from baton.child_process import ReadyReporter
+from baton.child_process import ReadyReporter, StartError
 from baton.client import BatonClient
 from baton.config import BatonConfig
 from baton.frontend.app import create_app, served_model_name
@@ -31,7 +31,7 @@ GRACEFUL_SHUTDOWN_S = 2
 STARTED_POLL_S = 0.05
 
 
-class FrontendStartError(RuntimeError):
+class FrontendStartError(StartError):
     """uvicorn exited before serving (port taken, or the pipeline never answered)."""
 
 
@@ -90,5 +90,8 @@ async def _serve(server: uvicorn.Server) -> None:
         await server.serve()
     except SystemExit as stopped:
         if not server.started:  # uvicorn exits on a startup failure; make it an error
-            raise FrontendStartError(f"uvicorn failed to start (exit {stopped.code})") from stopped
+            host, port = server.config.host, server.config.port
+            raise FrontendStartError(
+                f"the HTTP server could not start on {host}:{port} (uvicorn's error is above)"
+            ) from stopped
         raise
