@@ -32,7 +32,9 @@ class BatchPolicy:
     most urgent first) and stops at the first request whose chunk does not fit in the pages that
     remain after a one-page reserve per decoding sequence. When a decode cannot get a page the
     least urgent running sequence is preempted (`preempt` callback), which may be the sequence
-    itself.
+    itself. A paused sequence (its client stopped reading) goes first, for a decode and for an
+    admission alike: it holds pages it is not using, and its client may never read again, so
+    one slow reader must not keep the pages every other request waits for.
 
     With speculative decoding a decode becomes a speculative step of up to
     `num_speculative_tokens` drafts, fewer near max_tokens or the context's end or the token
@@ -108,10 +110,13 @@ class BatchPolicy:
             seq.match_and_add_prefix(self.kv)
         num_tokens = min(budget, seq.prefill_len - seq.kv_position)
         pages_needed = self.kv.pages_for(seq.kv_position + num_tokens) - len(seq.page_table)
-        reserve = sum(1 for running in self.running if running.prefill_done)
-        if pages_needed + reserve > self.kv.available_pages:
-            seq.release(self.kv)  # drops the prefix lock taken above; nothing was computed
-            return None
+        while True:
+            reserve = sum(1 for running in self.running if running.prefill_done)
+            if pages_needed + reserve <= self.kv.available_pages:
+                break
+            if not self._preempt_paused():
+                seq.release(self.kv)  # drops the prefix lock taken above; nothing was computed
+                return None
         row = ScheduledRow(seq, seq.schedule_prefill(num_tokens, self.kv), entered_slot=True)
         self.waiting.remove(seq)
         seq.admit(self.free_slots.pop(), row.step)
@@ -147,13 +152,24 @@ class BatchPolicy:
                     if num_drafts:
                         num_drafts = 0
                         continue
-                    # Preempt from the back: never a sequence already in this batch (they are
-                    # all in front of `seq`), possibly `seq` itself.
+                    # A paused sequence first (none is in this batch), else from the back:
+                    # never a sequence already in this batch (they are all in front of
+                    # `seq`), possibly `seq` itself.
+                    if self._preempt_paused():
+                        continue
                     victim = self.running[-1]
                     pages_freed_now = self.preempt(victim)
                     if victim is seq or not pages_freed_now:
                         break
         return rows
+
+    def _preempt_paused(self) -> bool:
+        """Preempt the least urgent paused running sequence whose pages come back now (it is
+        in no batch in flight); False if there is none."""
+        for seq in reversed(self.running):
+            if seq.paused and not seq.in_flight_batches:
+                return self.preempt(seq)
+        return False
 
     def _num_drafts(self, seq: Sequence) -> int:
         """How many drafts `seq`'s next decode verifies (0: a plain decode). Each draft may

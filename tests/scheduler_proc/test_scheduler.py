@@ -222,6 +222,57 @@ def test_a_request_paused_while_waiting_is_not_admitted_until_resumed(
     assert [tokens[str(i)] for i in range(6)] == reference[:6]
 
 
+@pytest.mark.parametrize("disable_overlap", [False, True], ids=["overlap", "plain"])
+def test_paused_requests_give_their_pages_to_the_ones_whose_clients_read(
+    tiny_llama_dir: Path, reference: list[list[int]], disable_overlap: bool
+) -> None:
+    """Two paused requests hold 29 of 40 pages; a third, whose client reads, needs more than
+    the rest. Paused ones are preempted for it (they once kept the pages, and the third
+    waited forever), then, resumed, finish with their undisturbed tokens."""
+    config = BatonConfig(
+        model=str(tiny_llama_dir),
+        dtype="float32",
+        page_size=4,
+        num_pages=40,
+        max_model_len=160,
+        disable_overlap=disable_overlap,
+    )
+    scheduler = Scheduler(config)
+    requests = prompts(24)
+    paused_ids, reading_id = ("19", "1"), "6"  # prompts of 55, 52 and 51 tokens
+    tokens: dict[str, list[int]] = {rid: [] for rid in (*paused_ids, reading_id)}
+
+    def step() -> None:
+        for output in scheduler.step():
+            tokens[output.rid].extend(output.new_token_ids)
+
+    for rid in paused_ids:
+        scheduler.add_request(rid, requests[int(rid)], GREEDY)
+    while min(len(tokens[rid]) for rid in paused_ids) < 3:
+        step()
+    for rid in paused_ids:
+        scheduler.set_paused(rid, True)
+    for _ in range(3):  # the batches already in flight finish
+        step()
+    assert scheduler.aggregate_stats().used_pages >= 29
+    scheduler.add_request(reading_id, requests[int(reading_id)], GREEDY)
+    for _ in range(500):
+        if reading_id not in scheduler.requests:
+            break
+        step()
+    assert tokens[reading_id] == reference[int(reading_id)]
+    # The least urgent paused request (the later one) made room; the other one was enough.
+    assert scheduler.requests["1"].status is SequenceStatus.WAITING_PREEMPT
+    assert scheduler.requests["1"].page_table == []
+    for rid in paused_ids:
+        scheduler.set_paused(rid, False)
+    while scheduler.has_unfinished_requests():
+        step()
+    for rid in paused_ids:
+        assert tokens[rid] == reference[int(rid)]
+    assert scheduler.aggregate_stats().used_pages == 0
+
+
 def test_stream_interval_sends_the_first_token_then_every_n(
     tiny_llama_dir: Path, reference: list[list[int]]
 ) -> None:
