@@ -180,15 +180,6 @@ class BatonClient(ClientConnection):
         assert result is not None  # a stream ends with a finished delta or raises
         return result
 
-    def fail_open_requests(self, code: ErrorCode, message: str) -> int:
-        """End every open request of this client (stats round trips included) with
-        ServerError(code, message) and abort it on the server. Returns how many there were."""
-        for request_id, queue in self._queues.items():
-            queue.put_nowait(ErrorReply(request_id=request_id, code=code, message=message))
-            # The stream ends on an error as on a finished request, sending no abort itself.
-            self._requests.send(self._encoder.encode(AbortRequest(request_id=request_id)))
-        return len(self._queues)
-
     async def abort(self, request_id: str) -> None:
         """Abort a request by id (its stream then ends with finish_reason "abort")."""
         await self._requests.send(self._encoder.encode(AbortRequest(request_id=request_id)))

@@ -1,6 +1,10 @@
 """A client's connection to a Baton server over ZMQ: its two sockets, the handshake, and the
 replies routed to each open request's queue.
 
+Liveness: the server sends a Heartbeat every second; when a client with open requests hears
+nothing for SERVER_SILENCE_S (the server died or was stopped), they end with a typed
+"unavailable" error instead of waiting forever.
+
 Backpressure: a request whose reader falls behind (PAUSE_AT_UNREAD deltas unread) is paused on the
 server, which keeps its pages but computes nothing more for it, and resumed once read. Any number
 of clients may talk to one server; each gets only its own replies.
@@ -14,20 +18,37 @@ import uuid
 import zmq
 import zmq.asyncio
 
-from baton.messages import ClientMessage, ClientReply, Codec, Hello, HelloAck, PauseRequest
+from baton.messages import (
+    HEARTBEAT_INTERVAL_S,
+    AbortRequest,
+    ClientMessage,
+    ClientReply,
+    Codec,
+    ErrorCode,
+    ErrorReply,
+    Heartbeat,
+    Hello,
+    HelloAck,
+    PauseRequest,
+)
 
 # Backpressure: a request with this many deltas its reader has not taken is paused on the server,
 # and resumed once no more than RESUME_AT_UNREAD are left.
 PAUSE_AT_UNREAD = 64
 RESUME_AT_UNREAD = 8
+# Open requests fail after this long without a word from the server (heartbeats included).
+SERVER_SILENCE_S = 10 * HEARTBEAT_INTERVAL_S
 
 
 class ClientConnection:
     """Talks to a server's tokenizer (requests) and detokenizer (replies) sockets; `BatonClient`
     adds the requests."""
 
-    def __init__(self, requests: str, replies: str) -> None:
+    def __init__(
+        self, requests: str, replies: str, server_silence_s: float = SERVER_SILENCE_S
+    ) -> None:
         self._addresses = (requests, replies)
+        self._server_silence_s = server_silence_s
         self.client_id = uuid.uuid4().bytes
         self._context = zmq.asyncio.Context()
         self._requests = self._context.socket(zmq.DEALER)
@@ -40,6 +61,8 @@ class ClientConnection:
         self._queues: dict[str, asyncio.Queue] = {}
         self._paused: set[str] = set()  # requests paused on the server for their slow reader
         self._receiver: asyncio.Task | None = None
+        self._watchdog: asyncio.Task | None = None
+        self._last_heard = 0.0  # the event loop's time of the server's last message
 
     async def connect(self, timeout: float = 30.0) -> None:
         """Connect and wait until the server can route replies to this client."""
@@ -56,19 +79,33 @@ class ClientConnection:
                 acked = isinstance(
                     self._decoder.decode_or_none(await self._replies.recv()), HelloAck
                 )
+        self._last_heard = asyncio.get_running_loop().time()
         self._receiver = asyncio.create_task(self._receive())
+        self._watchdog = asyncio.create_task(self._watch())
 
     async def close(self) -> None:
-        if self._receiver is not None:
-            self._receiver.cancel()
+        for task in (self._receiver, self._watchdog):
+            if task is not None:
+                task.cancel()
         self._requests.close()
         self._replies.close()
         self._context.term()
 
+    def fail_open_requests(self, code: ErrorCode, message: str) -> int:
+        """End every open request of this client (stats round trips included) with
+        ServerError(code, message) and abort it on the server. Returns how many there were."""
+        for request_id, queue in self._queues.items():
+            queue.put_nowait(ErrorReply(request_id=request_id, code=code, message=message))
+            # The stream ends on an error as on a finished request, sending no abort itself.
+            self._requests.send(self._encoder.encode(AbortRequest(request_id=request_id)))
+        return len(self._queues)
+
     async def _receive(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             reply = self._decoder.decode_or_none(await self._replies.recv())
-            if reply is None or isinstance(reply, HelloAck):
+            self._last_heard = loop.time()
+            if reply is None or isinstance(reply, HelloAck | Heartbeat):
                 continue
             for item in reply.items:
                 queue = self._queues.get(item.request_id)
@@ -77,6 +114,18 @@ class ClientConnection:
                 queue.put_nowait(item)
                 if queue.qsize() >= PAUSE_AT_UNREAD and item.request_id not in self._paused:
                     self._set_paused(item.request_id, True)
+
+    async def _watch(self) -> None:
+        """Fail the open requests once the server has been silent for SERVER_SILENCE_S."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+            silent = loop.time() - self._last_heard
+            if self._queues and silent > self._server_silence_s:
+                self.fail_open_requests(
+                    "unavailable", f"the server has not answered for {silent:.0f} s"
+                )
+                self._last_heard = loop.time()  # once per silence, not every second
 
     def _set_paused(self, request_id: str, paused: bool) -> None:
         if paused:

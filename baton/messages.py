@@ -217,7 +217,16 @@ class HelloAck(msgspec.Struct, tag="hello_ack"):
     """The detokenizer can now route replies to this client."""
 
 
-ClientReply = Replies | HelloAck
+class Heartbeat(msgspec.Struct, tag="heartbeat"):
+    """Sent to every connected client each HEARTBEAT_INTERVAL_S: the server is alive (a client
+    whose open requests hear nothing for long fails them), and the send itself finds clients
+    that are gone, even those whose requests are all paused and so get no replies."""
+
+
+# How often the detokenizer sends each connected client a Heartbeat.
+HEARTBEAT_INTERVAL_S = 1.0
+
+ClientReply = Replies | HelloAck | Heartbeat
 DetokenizerClientMessage = Hello
 
 

@@ -20,7 +20,7 @@ from baton.chat_options import ChatOptions
 from baton.client import BatonClient, ServerError
 from baton.config import BatonConfig
 from baton.launch import Server
-from baton.messages import ChatMessage, ClientReply, Codec, ErrorReply, Hello
+from baton.messages import ChatMessage, ClientReply, Codec, ErrorReply, Hello, HelloAck
 from baton.structured_outputs import StructuredOutputsParams
 
 STORY_PROMPTS = ["The little dog", "One day, a girl named Sue", "Lily and Tom went to the park"]
@@ -447,3 +447,68 @@ def test_a_reader_that_falls_behind_pauses_its_request(server: Server, offline: 
     assert paused.used_pages > 0  # it kept its pages while paused
     assert token_ids == expected
     assert after.paused_requests == 0 and after.running_requests == 0
+
+
+def test_a_vanished_client_whose_requests_are_all_paused_is_found_by_the_heartbeat(
+    server: Server,
+) -> None:
+    """A client that stopped reading (its requests paused, so no reply goes to it) and then
+    vanished: the heartbeat's send finds it gone, and its requests are aborted, their pages
+    freed (they once stayed until a reply was sent to it, which never came)."""
+    params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+
+    async def main():
+        observer, client = await connected(server), await connected(server)
+        try:
+            streams = [client.stream(prompt, params) for prompt in STORY_PROMPTS]
+            for stream in streams:
+                assert (await anext(stream)).admission  # then stop reading
+            for _ in range(200):  # up to 10 s for the server to pause them
+                await asyncio.sleep(0.05)
+                if (await observer.stats()).paused_requests == len(streams):
+                    break
+            await client.close()  # gone, without an abort: its streams are left open
+            return await wait_idle(observer)
+        finally:
+            await observer.close()
+
+    after = run(main())
+    assert after.used_pages == 0 and after.running_requests == after.paused_requests == 0
+
+
+def test_open_requests_fail_when_the_server_falls_silent() -> None:
+    """A server that died or stopped sends no heartbeat: the client's open requests end with
+    a typed error instead of waiting forever. Here the "server" answers the handshake only."""
+    context = zmq.asyncio.Context()
+    requests, replies = context.socket(zmq.ROUTER), context.socket(zmq.ROUTER)
+    requests_port, replies_port = free_port(), free_port()
+    requests.bind(f"tcp://127.0.0.1:{requests_port}")
+    replies.bind(f"tcp://127.0.0.1:{replies_port}")
+    codec: Codec[ClientReply] = Codec(ClientReply)
+
+    async def main() -> float:
+        client = BatonClient(
+            f"tcp://127.0.0.1:{requests_port}",
+            f"tcp://127.0.0.1:{replies_port}",
+            server_silence_s=1.0,
+        )
+
+        async def handshake() -> None:
+            client_id, _ = await replies.recv_multipart()
+            await replies.send_multipart([client_id, codec.encode(HelloAck())])
+
+        await asyncio.gather(client.connect(), handshake())
+        started = asyncio.get_running_loop().time()
+        try:
+            with pytest.raises(ServerError, match="unavailable: the server has not answered"):
+                await asyncio.wait_for(client.generate("Hi", SamplingParams(max_tokens=4)), 10)
+        finally:
+            await client.close()
+        return asyncio.get_running_loop().time() - started
+
+    try:
+        assert run(main()) < 5
+    finally:
+        requests.close(linger=0)
+        replies.close(linger=0)
+        context.term()

@@ -8,6 +8,7 @@ are batched per client per handled message.
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 
@@ -16,7 +17,15 @@ from baton.checkpoint.load import load_checkpoint
 from baton.child_process import IDLE_POLL_MS, ReadyReporter
 from baton.config import BatonConfig
 from baton.detokenizer_proc.service import DetokenizerService, Handled
-from baton.messages import ClientReply, Codec, DetokenizerClientMessage, HelloAck, Replies
+from baton.messages import (
+    HEARTBEAT_INTERVAL_S,
+    ClientReply,
+    Codec,
+    DetokenizerClientMessage,
+    Heartbeat,
+    HelloAck,
+    Replies,
+)
 from baton.process_messages import AbortRid, DetokenizerMessage, SchedulerMessage, Shutdown
 
 logger = logging.getLogger(__name__)
@@ -30,7 +39,8 @@ def _readable(socket: zmq.Socket) -> bool:
 
 
 class _ClientRouter:
-    """The client-facing ROUTER: Hello handshakes, and replies that detect vanished clients."""
+    """The client-facing ROUTER: Hello handshakes, replies and heartbeats, whose sends detect
+    vanished clients."""
 
     def __init__(
         self, socket: zmq.Socket, service: DetokenizerService, to_scheduler: zmq.Socket
@@ -41,6 +51,8 @@ class _ClientRouter:
         self._inbound: Codec[DetokenizerClientMessage] = Codec(DetokenizerClientMessage)
         self._outbound: Codec[ClientReply] = Codec(ClientReply)
         self._scheduler_codec: Codec[SchedulerMessage] = Codec(SchedulerMessage)
+        self._clients: set[bytes] = set()  # those that said Hello and are not known gone
+        self._heartbeat = self._outbound.encode(Heartbeat())
 
     def answer_hellos(self) -> None:
         """Answer every Hello waiting on the socket; anything else is logged and dropped."""
@@ -51,7 +63,13 @@ class _ClientRouter:
                 continue
             client_id, frame = frames
             if self._inbound.decode_or_none(frame) is not None:
+                self._clients.add(client_id)
                 self._send(client_id, self._outbound.encode(HelloAck()))
+
+    def send_heartbeats(self) -> None:
+        """A Heartbeat to every connected client (a copy of the set: a gone one leaves it)."""
+        for client_id in list(self._clients):
+            self._send(client_id, self._heartbeat)
 
     def deliver(self, handled: Handled) -> None:
         """Send each client its batch (encoded once) and the scheduler its aborts."""
@@ -73,6 +91,7 @@ class _ClientRouter:
             if error.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
                 raise
             logger.info("client %s is gone; aborting its requests", client_id.hex())
+            self._clients.discard(client_id)
             self.send_to_scheduler(self._service.client_vanished(client_id))
 
 
@@ -96,8 +115,12 @@ def serve(
     poller.register(inbox, zmq.POLLIN)
     poller.register(replies, zmq.POLLIN)
     reporter.ready()
+    next_heartbeat = time.monotonic()
     while True:
-        events = dict(poller.poll(IDLE_POLL_MS))
+        events = dict(poller.poll(min(IDLE_POLL_MS, int(HEARTBEAT_INTERVAL_S * 1000))))
+        if time.monotonic() >= next_heartbeat:
+            router.send_heartbeats()
+            next_heartbeat = time.monotonic() + HEARTBEAT_INTERVAL_S
         if replies in events:
             router.answer_hellos()
         if inbox not in events:
