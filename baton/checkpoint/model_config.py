@@ -98,25 +98,31 @@ class ModelConfig:
         if hidden_act != "silu":
             raise CheckpointError(f"config.json: unsupported hidden_act {hidden_act!r} (only silu)")
         _reject_sliding_window(config)
-        num_heads = int(config["num_attention_heads"])
-        hidden_size = int(config["hidden_size"])
-        head_dim = config.get("head_dim") or hidden_size // num_heads
+        sizes = {key: _positive_int(config, key) for key in _REQUIRED_KEYS}
+        num_heads, hidden_size = sizes["num_attention_heads"], sizes["hidden_size"]
+        num_kv_heads = _positive_int(config, "num_key_value_heads", num_heads)
+        if num_heads % num_kv_heads:
+            raise CheckpointError(
+                f"config.json: num_attention_heads {num_heads} is not a multiple of "
+                f"num_key_value_heads {num_kv_heads}"
+            )
+        head_dim = _positive_int(config, "head_dim", hidden_size // num_heads or None)
         rope_theta, rope_scaling = _rope(config)
         attention_bias = bool(config.get("attention_bias", False))
         is_qwen2 = architecture == "Qwen2ForCausalLM"
         return cls(
             architecture=architecture,
-            vocab_size=int(config["vocab_size"]),
+            vocab_size=sizes["vocab_size"],
             hidden_size=hidden_size,
-            intermediate_size=int(config["intermediate_size"]),
-            num_layers=int(config["num_hidden_layers"]),
+            intermediate_size=sizes["intermediate_size"],
+            num_layers=sizes["num_hidden_layers"],
             num_heads=num_heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
-            head_dim=int(head_dim),
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=int(config["max_position_embeddings"]),
+            max_position_embeddings=sizes["max_position_embeddings"],
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v biases and never an o_proj bias; Llama and Qwen3 put both
             # under `attention_bias`.
@@ -128,6 +134,17 @@ class ModelConfig:
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=token_id_tuple(config.get("eos_token_id")),
         )
+
+
+def _positive_int(config: dict[str, Any], key: str, default: int | None = None) -> int:
+    """config[key] (or `default` where it is absent or null) as a positive integer; a
+    CheckpointError naming the key otherwise (a string or a negative count once got through)."""
+    value = config.get(key)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"config.json: {key} must be a positive integer, got {value!r}")
+    return value
 
 
 def token_id_tuple(value: int | list[int] | None) -> tuple[int, ...]:

@@ -118,6 +118,14 @@ def test_defaults_list_eos_and_dtype_key() -> None:
         ({"hidden_act": "gelu"}, "gelu"),
         ({"use_sliding_window": True}, "sliding"),
         ({"num_hidden_layers": None}, "num_hidden_layers"),
+        # Values that once loaded, or failed with a message naming no key.
+        ({"num_hidden_layers": -1}, "num_hidden_layers must be a positive integer, got -1"),
+        ({"vocab_size": 0}, "vocab_size must be a positive integer, got 0"),
+        ({"hidden_size": "abc"}, "hidden_size must be a positive integer, got 'abc'"),
+        ({"intermediate_size": 2.5}, "intermediate_size must be a positive integer"),
+        ({"num_key_value_heads": True}, "num_key_value_heads must be a positive integer"),
+        ({"head_dim": 0}, "head_dim must be a positive integer"),
+        ({"num_attention_heads": 4, "num_key_value_heads": 3}, "not a multiple"),
     ],
 )
 def test_unsupported_configs_are_rejected(tiny_llama_dir: Path, change: dict, message: str) -> None:
