@@ -28,6 +28,19 @@ def reference(tiny_llama_dir: Path) -> list[list[int]]:
     return [o.token_ids for o in llm.generate(prompts(24), GREEDY)]
 
 
+def pressured_config(model_dir: Path, disable_overlap: bool = False) -> BatonConfig:
+    """40 pages of 4 tokens = 160 tokens, for requests of up to 84 tokens each (prompts(): up
+    to 60, and 24 outputs): the longest request the pool can hold is the context."""
+    return BatonConfig(
+        model=str(model_dir),
+        dtype="float32",
+        page_size=4,
+        num_pages=40,
+        max_model_len=160,
+        disable_overlap=disable_overlap,
+    )
+
+
 def run_all(scheduler: Scheduler, requests: list[list[int]]) -> dict[str, list[int]]:
     for index, prompt in enumerate(requests):
         scheduler.add_request(str(index), prompt, GREEDY)
@@ -42,15 +55,7 @@ def run_all(scheduler: Scheduler, requests: list[list[int]]) -> dict[str, list[i
 def test_kv_pressure_preempts_and_recovers(
     tiny_llama_dir: Path, reference: list[list[int]], disable_overlap: bool
 ) -> None:
-    # 40 pages of 4 tokens = 160 tokens for 24 requests of up to 84 tokens each.
-    config = BatonConfig(
-        model=str(tiny_llama_dir),
-        dtype="float32",
-        page_size=4,
-        num_pages=40,
-        max_model_len=160,  # the longest request the pool can hold
-        disable_overlap=disable_overlap,
-    )
+    config = pressured_config(tiny_llama_dir, disable_overlap)
     scheduler = Scheduler(config)
     tokens = run_all(scheduler, prompts(24))
     assert [tokens[str(i)] for i in range(24)] == reference
@@ -202,10 +207,7 @@ def test_a_request_paused_while_waiting_is_not_admitted_until_resumed(
 ) -> None:
     """Paused before its admission: it takes no pages while the others run under KV pressure
     (the queue's later requests pass it), then, resumed, finishes with its undisturbed tokens."""
-    config = BatonConfig(
-        model=str(tiny_llama_dir), dtype="float32", page_size=4, num_pages=40, max_model_len=160
-    )
-    scheduler = Scheduler(config)
+    scheduler = Scheduler(pressured_config(tiny_llama_dir))
     run_prompts = prompts(24)[:6]
     for index, prompt in enumerate(run_prompts):
         scheduler.add_request(str(index), prompt, GREEDY)
@@ -229,15 +231,7 @@ def test_paused_requests_give_their_pages_to_the_ones_whose_clients_read(
     """Two paused requests hold 29 of 40 pages; a third, whose client reads, needs more than
     the rest. Paused ones are preempted for it (they once kept the pages, and the third
     waited forever), then, resumed, finish with their undisturbed tokens."""
-    config = BatonConfig(
-        model=str(tiny_llama_dir),
-        dtype="float32",
-        page_size=4,
-        num_pages=40,
-        max_model_len=160,
-        disable_overlap=disable_overlap,
-    )
-    scheduler = Scheduler(config)
+    scheduler = Scheduler(pressured_config(tiny_llama_dir, disable_overlap))
     requests = prompts(24)
     paused_ids, reading_id = ("19", "1"), "6"  # prompts of 55, 52 and 51 tokens
     tokens: dict[str, list[int]] = {rid: [] for rid in (*paused_ids, reading_id)}
