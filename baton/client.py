@@ -135,7 +135,9 @@ class BatonClient(ClientConnection):
         finally:
             del self._queues[request_id]
             self._paused.discard(request_id)
-            if not finished:  # cancelled or closed early: free the server-side request
+            # Cancelled or closed early: free the server-side request, unless this client is
+            # closed already (the server then finds it gone and aborts the request itself).
+            if not finished and not self._requests.closed:
                 self._requests.send(self._encoder.encode(AbortRequest(request_id=request_id)))
 
     async def generate(

@@ -121,7 +121,9 @@ class ClientConnection:
         while True:
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
             silent = loop.time() - self._last_heard
-            if self._queues and silent > self._server_silence_s:
+            # A message already waiting (this loop was busy, not the server) is not silence.
+            waiting = self._replies.get(zmq.EVENTS) & zmq.POLLIN
+            if self._queues and silent > self._server_silence_s and not waiting:
                 self.fail_open_requests(
                     "unavailable", f"the server has not answered for {silent:.0f} s"
                 )
