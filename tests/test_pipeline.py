@@ -469,6 +469,8 @@ def test_a_vanished_client_whose_requests_are_all_paused_is_found_by_the_heartbe
                 await asyncio.sleep(0.05)
                 if (await observer.stats()).paused_requests == len(streams):
                     break
+            else:
+                raise AssertionError("the unread requests were never all paused")
             await client.close()  # gone, without an abort: its streams are left open
             return await wait_idle(observer)
         finally:

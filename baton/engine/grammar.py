@@ -107,8 +107,7 @@ class GrammarCompiler:
             if not compiled.is_error():
                 compiled.compute_bitmask()
             if compiled.is_error():
-                error = next(iter(compiled.get_error().strip().splitlines()), "")
-                raise GrammarError(f"the constraint does not compile: {error}")
+                raise GrammarError(f"the constraint does not compile: {_first_line(compiled)}")
             self._compiled[grammar] = compiled
             if len(self._compiled) > CACHED_GRAMMARS:
                 self._compiled.popitem(last=False)
@@ -235,6 +234,10 @@ def _log_failure(row: GrammarRow, what: str) -> None:
         what,
         row.num_outputs,
         matcher.num_consumed,
-        # The first line: what follows is llguidance's whole parser state.
-        next(iter(matcher.matcher.get_error().strip().splitlines()), "no error from llguidance"),
+        _first_line(matcher.matcher) or "no error from llguidance",
     )
+
+
+def _first_line(matcher: LLMatcher) -> str:
+    """The first line of a matcher's error (what follows is llguidance's whole parser state)."""
+    return next(iter(matcher.get_error().strip().splitlines()), "")
