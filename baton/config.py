@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from baton.cpu_binding import AUTO, validate_setting
-from baton.engine.compute_plan import isa_rank
+from baton.hardware import isa_rank
 from baton.speculative_config import SpeculativeConfig
 
 # --tool-call-parser's choices (baton/frontend/tool_parsers.py): "hermes" reads `<tool_call>
@@ -57,7 +57,7 @@ class BatonConfig:
     # auto | nobind | a CPU list ("1-3"): the engine's cores, the rest for the other server
     # threads; vLLM's VLLM_CPU_OMP_THREADS_BIND. See baton/cpu_binding.py.
     omp_threads_bind: str = AUTO
-    # Plan the computation for at most this ISA (see baton/engine/compute_plan.py); None = what
+    # Plan the computation for at most this ISA (see baton/engine/cpu/compute_plan.py); None = what
     # the CPU has. It can only lower the detected level: a CPU never gains instructions.
     max_cpu_isa: str | None = None
     seed: int = 0

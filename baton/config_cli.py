@@ -16,7 +16,7 @@ from baton.config import (
     TOOL_CALL_PARSERS,
     BatonConfig,
 )
-from baton.engine.compute_plan import DTYPES, ISA_LEVELS
+from baton.hardware import DTYPES, ISA_LEVELS
 from baton.speculative_config import SpeculativeConfig
 
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import msgspec
 
+from baton.checkpoint.json_files import read_json
 from baton.checkpoint.model_config import CheckpointError
-from baton.checkpoint.source import read_json, resolve_model
+from baton.checkpoint.source import resolve_model
 from baton.config import BatonConfig
 from baton.sampling_params import InvalidSamplingParam, SamplingParams
 

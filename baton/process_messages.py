@@ -107,7 +107,7 @@ class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True):
     priority: int = 0
     deadline_ms: float | None = None
     # The token that ends the reasoning the reply opens in (`started.in_reasoning`): the
-    # request's constraint, if any, applies only after it (engine/grammar.py).
+    # request's constraint, if any, applies only after it (engine/batch/grammar.py).
     reasoning_end_token: int | None = None
 
 

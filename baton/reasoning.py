@@ -11,7 +11,7 @@ writes first is dropped. A reply whose block never closes (cut by `max_tokens`) 
 reasoning, and one whose prompt closed the block is all content.
 
 The tags must be single tokens that decode to their text (checked at start-up), so they also
-mark where a constraint starts (engine/grammar.py) and cannot hide in special-token skipping.
+mark where a constraint starts (engine/batch/grammar.py) and cannot hide in special-token skipping.
 """
 
 from __future__ import annotations

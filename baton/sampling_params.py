@@ -50,7 +50,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     (-1: the last max_model_len), as vLLM's; `structured_outputs` constrains the output to a JSON
     schema, a regular expression, a choice or a grammar, as vLLM's.
     Penalties, `logit_bias`, `allowed_token_ids` (only these may be sampled) and `bad_words`
-    (never generated) act as vLLM's (engine/logit_adjustments.py), greedy rows included.
+    (never generated) act as vLLM's (engine/sampling/logit_adjustments.py), greedy rows included.
     """
 
     temperature: float = 1.0

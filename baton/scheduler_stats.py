@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 
-from baton.engine.compute_plan import ComputePlan, CpuCapabilities
+from baton.hardware import ComputePlan, CpuCapabilities
 
 
 class RequestStats(msgspec.Struct, kw_only=True):

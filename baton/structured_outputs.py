@@ -3,7 +3,7 @@
 choices, or a grammar), and its translation into an llguidance grammar.
 
 The scheduler process compiles the grammar against the model's tokenizer and the engine masks
-each step's logits with it (engine/grammar.py); this module needs neither, so the frontend and
+each step's logits with it (engine/batch/grammar.py); this module needs neither, so the frontend and
 the tokenizer process check a constraint here, before it reaches them. Each process translates
 a constraint once (the choices of a request share it; the last few are kept), on the
 large-stack worker (baton/large_stack.py): llguidance recurses once per level of a grammar.

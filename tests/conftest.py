@@ -11,7 +11,7 @@ from helpers import TINY_VARIANTS, write_tiny_checkpoint
 
 from baton.checkpoint.load import Checkpoint, load_checkpoint
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
-from baton.engine.vector_math_init import initialize_vector_math
+from baton.engine.cpu.vector_math import initialize_vector_math
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STORIES260K_DIR = REPO_ROOT / ".." / "shared" / "models" / "stories260K"
@@ -21,7 +21,8 @@ TinyModelFactory = Callable[..., Path]
 
 def pytest_configure(config: pytest.Config) -> None:
     """The transformers references compute their RoPE with torch's cos as the engine does, and a
-    test may build one before any engine: MKL's vector math set up first (vector_math_init.py)."""
+    test may build one before any engine: MKL's vector math set up first
+    (engine/cpu/vector_math.py)."""
     initialize_vector_math()
 
 

@@ -20,7 +20,7 @@ from helpers import (
 from baton import LLM, SamplingParams
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.config import ConfigurationError
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.cpu.capabilities import detect_cpu_capabilities
 from baton.validation import PromptTooLongError, RequestError
 
 PROMPT_LENGTHS = (1, 5, 17, 40, 64, 100, 200, 300)

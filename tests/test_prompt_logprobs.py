@@ -14,7 +14,7 @@ import torch
 
 from baton import LLM, SamplingParams
 from baton.config import BatonConfig
-from baton.engine.batch_sampling import SCORING_SLICE_ROWS
+from baton.engine.sampling.torch_rows import SCORING_SLICE_ROWS
 from baton.sampling_params import InvalidSamplingParam
 from baton.scheduler_proc.scheduler import Scheduler
 from baton.validation import RequestError

@@ -54,8 +54,9 @@ from baton.checkpoint.load import load_checkpoint
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.checkpoint.source import GGUF_SUFFIX, default_model, load_model_config
 from baton.cpu_binding import default_num_threads
-from baton.engine.compute_plan import DTYPES, choose_compute_plan
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.cpu.capabilities import detect_cpu_capabilities
+from baton.engine.cpu.compute_plan import choose_compute_plan
+from baton.hardware import DTYPES
 
 # The default model (SmolLM2-135M-Instruct) from its GGUF: 30 thin layers, a real model.
 SMOLLM2_SHAPE = "smollm2-135m"

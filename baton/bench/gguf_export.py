@@ -19,8 +19,12 @@ import torch
 
 from baton.checkpoint.gguf_metadata import GGUF_ARCHITECTURES
 from baton.checkpoint.load import load_checkpoint
-from baton.engine.gguf_names import gguf_tensor_name, permute_rows, permuted_heads
-from baton.engine.weights import iter_weights
+from baton.engine.weights.checkpoint_tensors import iter_weights
+from baton.engine.weights.gguf_names import (
+    gguf_tensor_name,
+    permute_rows,
+    permuted_heads,
+)
 
 _TENSOR_TYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 

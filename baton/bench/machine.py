@@ -11,8 +11,8 @@ from typing import Any
 import msgspec
 import torch
 
-from baton.engine.compute_plan import CpuCapabilities
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.cpu.capabilities import detect_cpu_capabilities
+from baton.hardware import CpuCapabilities
 
 COPY_BYTES = 256 << 20  # far beyond any L3 here (32 MiB): the copy streams through DRAM
 

@@ -21,9 +21,9 @@ from baton.bench.output import write_report
 from baton.config import BatonConfig
 from baton.config_cli import add_config_args, config_from_args
 from baton.engine.attention.metadata import build_attention_metadata
+from baton.engine.batch.forward_batch import ForwardBatch
 from baton.engine.engine import Engine
-from baton.engine.forward_batch import ForwardBatch
-from baton.engine.layers import Linear
+from baton.engine.models.layers import Linear
 from baton.sampling_params import SamplingParams
 
 _GREEDY = SamplingParams(temperature=0, max_tokens=1)

@@ -10,7 +10,7 @@ import torch
 
 from baton.bench.offline_workload import EngineResult, Workload, warmup_workload
 from baton.checkpoint.source import GGUF_SUFFIX
-from baton.engine.vector_math_init import initialize_vector_math
+from baton.engine.cpu.vector_math import initialize_vector_math
 
 
 def run_transformers(

@@ -1,5 +1,6 @@
 """GGUF checkpoints (llama.cpp's single-file format): architecture and tokenizer from the file
-alone, as vLLM and llama.cpp load them; the weights are the engine's (engine/gguf_weights.py).
+alone, as vLLM and llama.cpp load them; the weights are the engine's
+(engine/weights/gguf_weights.py).
 
 Parsing a GGUF's metadata takes seconds (a 49K-token vocabulary is read entry by entry), and every
 server process needs the config and most need the tokenizer, so the first load converts the

@@ -3,8 +3,9 @@ stop tokens (source.py says where its files are).
 
 Loading validates everything but the tensors themselves up front (config, tokenizer, which
 safetensors files exist), so a bad checkpoint fails with a `CheckpointError` naming the file
-before any memory is spent; the engine then streams the tensors (engine/weights.py). Nothing
-here imports torch: every server process resolves the model, only the scheduler computes.
+before any memory is spent; the engine then streams the tensors
+(engine/weights/checkpoint_tensors.py). Nothing here imports torch: every server process resolves
+the model, only the scheduler computes.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from pathlib import Path
 
 from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
 from baton.checkpoint.chat_template import read_chat_template
+from baton.checkpoint.json_files import read_json
 from baton.checkpoint.model_config import CheckpointError, ModelConfig, token_id_tuple
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
-from baton.checkpoint.source import read_json, resolve_model, safetensors_files
+from baton.checkpoint.source import resolve_model, safetensors_files
 from baton.checkpoint.tokenizer import Tokenizer
 
 __all__ = ["Checkpoint", "CheckpointError", "load_checkpoint"]

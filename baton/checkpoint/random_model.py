@@ -2,8 +2,8 @@
 installed): a small random-weight Llama with the byte-level tokenizer (byte_tokenizer.py).
 
 Nothing is read from disk: the config is a constant, and the engine draws the weights from a
-fixed seed (engine/random_weights.py), so every run serves exactly the same model. The output is
-gibberish, but it exercises the whole engine.
+fixed seed (engine/weights/random_weights.py), so every run serves exactly the same model. The
+output is gibberish, but it exercises the whole engine.
 """
 
 from __future__ import annotations

@@ -6,20 +6,19 @@ The default model is SmolLM2-135M-Instruct, a real chat model, from the `llm-smo
 default falls back to the built-in random model, which needs no files but answers gibberish.
 
 This and config.json are all the launcher and the frontend read of a model: neither torch nor
-the tokenizers library is imported here (load.py adds the tokenizer, engine/weights.py the
-tensors).
+the tokenizers library is imported here (load.py adds the tokenizer,
+engine/weights/checkpoint_tensors.py the tensors).
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from baton.checkpoint.gguf_metadata import converted_folder
+from baton.checkpoint.json_files import read_json
 from baton.checkpoint.model_config import CheckpointError, ModelConfig
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME, random_model_config
 
@@ -107,22 +106,6 @@ def _download(repo_id: str) -> Path:
         raise CheckpointError(
             f"{repo_id}: no such local folder, and the hub download failed: {error}"
         ) from error
-
-
-def read_json(file: Path, required: bool) -> dict[str, Any]:
-    """A checkpoint's JSON file as a dict ({} if absent and not `required`); CheckpointError
-    naming the file otherwise."""
-    if not file.is_file():
-        if required:
-            raise CheckpointError(f"{file}: missing")
-        return {}
-    try:
-        content = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{file}: unreadable: {error}") from error
-    if not isinstance(content, dict):
-        raise CheckpointError(f"{file}: expected a JSON object")
-    return content
 
 
 def safetensors_files(path: Path) -> list[Path]:

@@ -17,8 +17,8 @@ from typing import Any
 from tokenizers import Tokenizer as Backend
 
 from baton.checkpoint.chat_template import ChatTemplate
+from baton.checkpoint.json_files import read_json
 from baton.checkpoint.model_config import CheckpointError
-from baton.checkpoint.source import read_json
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

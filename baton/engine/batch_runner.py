@@ -14,28 +14,28 @@ import torch
 
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import build_attention_metadata
-from baton.engine.batch_sampling import (
-    completed_histories,
-    logprob_lists,
-    prompt_logprobs,
-    scored_positions,
-)
-from baton.engine.decode_step import NativeDecodeStep
-from baton.engine.forward_batch import (
+from baton.engine.batch.forward_batch import (
     PLACEHOLDER_TOKEN,
     ForwardBatch,
     ForwardOutput,
     TokenHistory,
 )
-from baton.engine.grammar import GrammarMasks
-from baton.engine.kv_pool import KVPool
-from baton.engine.logit_adjustments import BadWordTokens
-from baton.engine.model import CausalLM
-from baton.engine.native_choice import NativeChoice, sampled_in_native_step
-from baton.engine.sampler import Sampler
-from baton.engine.sampling_batch import SamplingBatch
+from baton.engine.decode_step import NativeDecodeStep
+from baton.engine.kv.pool import KVPool
+from baton.engine.models.causal_lm import CausalLM
+from baton.engine.sampling.grammar_masks import GrammarMasks
+from baton.engine.sampling.logit_adjustments import BadWordTokens
+from baton.engine.sampling.native_rows import NativeChoice, sampled_in_native_step
+from baton.engine.sampling.sampler import Sampler
+from baton.engine.sampling.sampling_plan import SamplingBatch
+from baton.engine.sampling.token_counts import SlotTokenCounts, TokenCounts
+from baton.engine.sampling.torch_rows import (
+    completed_histories,
+    logprob_lists,
+    prompt_logprobs,
+    scored_positions,
+)
 from baton.engine.speculation.speculator import Speculator
-from baton.engine.token_counts import SlotTokenCounts, TokenCounts
 
 logger = logging.getLogger(__name__)
 

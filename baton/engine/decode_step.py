@@ -23,10 +23,10 @@ from collections.abc import Sequence
 import torch
 
 from baton.engine.attention.metadata import page_lists
-from baton.engine.compact_weights import COMPACT_MAX_ROWS
-from baton.engine.kv_pool import KVPool
-from baton.engine.layers import Linear
-from baton.engine.model import CausalLM
+from baton.engine.kv.pool import KVPool
+from baton.engine.models.causal_lm import CausalLM
+from baton.engine.models.layers import Linear
+from baton.engine.native.formats import COMPACT_MAX_ROWS
 from baton.engine.native.library import NativeKernels
 from baton.engine.native.structs import (
     DecodeModelArgs,

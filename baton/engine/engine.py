@@ -14,22 +14,24 @@ from baton.config import BatonConfig
 from baton.cpu_binding import bind_engine_thread
 from baton.engine.attention.select import model_attention_backend
 from baton.engine.batch_runner import BatchRunner
-from baton.engine.compact_weights import COMPACT_MAX_ROWS
-from baton.engine.compute_plan import choose_compute_plan, isa_rank
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.cpu.capabilities import detect_cpu_capabilities
+from baton.engine.cpu.compute_plan import choose_compute_plan
+from baton.engine.cpu.startup_timing import compact_crossover
+from baton.engine.cpu.vector_math import initialize_vector_math
 from baton.engine.decode_step import NativeDecodeStep
-from baton.engine.grammar import GrammarMasks
-from baton.engine.kv_pool import KVPool
-from baton.engine.kv_sizing import kv_pool_pages
-from baton.engine.logit_adjustments import BadWordTokens
-from baton.engine.model import CausalLM
+from baton.engine.kv.pool import KVPool
+from baton.engine.kv.sizing import kv_pool_pages
+from baton.engine.models.causal_lm import CausalLM
+from baton.engine.native.formats import COMPACT_MAX_ROWS
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
-from baton.engine.sampler import Sampler
-from baton.engine.speculation.setup import make_speculator
-from baton.engine.startup_timing import compact_crossover
-from baton.engine.token_counts import SlotTokenCounts
-from baton.engine.vector_math_init import initialize_vector_math
-from baton.engine.weights import iter_compact_weights, iter_weights
+from baton.engine.sampling.argmax import greedy_argmax
+from baton.engine.sampling.grammar_masks import GrammarMasks
+from baton.engine.sampling.logit_adjustments import BadWordTokens
+from baton.engine.sampling.sampler import Sampler
+from baton.engine.sampling.token_counts import SlotTokenCounts
+from baton.engine.speculation.setup import TargetEngine, make_speculator
+from baton.engine.weights.checkpoint_tensors import iter_compact_weights, iter_weights
+from baton.hardware import isa_rank
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +143,10 @@ class Engine(BatchRunner):
             # whichever serves), not assumed. (On AMX the tiles take every batch of 2 rows or
             # more, and no GEMM weights are left to time.)
             logger.info("timing decode steps from the stored weights against bf16 GEMMs")
-            if compact_crossover(self, config.max_running_requests) == 0:
+            largest = min(
+                config.max_running_requests, self.num_pages * self.page_size, COMPACT_MAX_ROWS
+            )
+            if compact_crossover(self.idle_decode_step, self.model, largest) == 0:
                 self.decode_step = None
                 self.model.drop_layer_compact_weights()
         logger.info(
@@ -156,7 +161,7 @@ class Engine(BatchRunner):
         # A plain list: read and written on the host every step, where torch ops cost a GIL
         # round trip each (see NativeDecodeStep).
         self._last_sampled = [0] * config.max_running_requests
-        self.speculator = make_speculator(config, self)
+        self.speculator = make_speculator(config, self._speculation_target())
         logger.info(
             "engine ready: %s, %s, %d KV pages of %d tokens, max_model_len %d",
             self.checkpoint.name,
@@ -175,6 +180,36 @@ class Engine(BatchRunner):
         except NativeBuildError as error:
             logger.warning("computing with torch alone: no native kernels here: %s", error)
             return None
+
+    def _speculation_target(self) -> TargetEngine:
+        # On a CPU's float32 plan, rows past the compact weights' would leave the native step
+        # for float32 GEMMs, which are compute-bound: a hard cap. With bf16 GEMMs
+        # (ComputePlan.gemm_dtype) the rows past the crossover take the path start-up timed as
+        # the faster one: no cap.
+        capped = self.device.type == "cpu" and self.plan.gemm_dtype is None
+        return TargetEngine(
+            vocab_size=self.vocab_size,
+            num_pages=self.num_pages,
+            page_size=self.page_size,
+            dtype=self.dtype,
+            gemm_dtype=self.gemm_dtype,
+            max_rows=self.model.compact_max_rows if capped else None,
+            run_idle_step=self.idle_decode_step,
+        )
+
+    def idle_decode_step(self, num_rows: int) -> None:
+        """A decode step of `num_rows` rows over the pool's first pages, which hold no request
+        yet (at start-up only), greedy sampling included: what start-up times."""
+        pages = list(range(-(-num_rows // self.page_size)))
+        with torch.inference_mode():
+            logits = self.logits(
+                [0] * num_rows,
+                list(range(num_rows)),
+                [1] * num_rows,
+                [pages] * num_rows,
+                list(range(num_rows)),
+            )
+            greedy_argmax(logits)
 
     @property
     def vocab_size(self) -> int:

@@ -4,8 +4,8 @@ and the output limit and grammar matcher it runs with."""
 from __future__ import annotations
 
 from baton.config import BatonConfig
+from baton.engine.batch.grammar import GrammarCompiler, GrammarError, GrammarMatcher
 from baton.engine.engine import Engine
-from baton.engine.grammar import GrammarCompiler, GrammarError, GrammarMatcher
 from baton.generation_defaults import load_sampling_defaults
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from baton.engine.forward_batch import (
+from baton.engine.batch.forward_batch import (
     PLACEHOLDER_TOKEN,
     ForwardBatch,
     ForwardOutput,
     PromptScoring,
     TokenHistory,
 )
-from baton.engine.grammar import GrammarRow
+from baton.engine.batch.grammar import GrammarRow
 from baton.process_messages import TokenLogprob
 from baton.scheduler_proc.batch_policy import ScheduledRow
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager

@@ -14,7 +14,7 @@ import zmq
 from baton.addresses import ServerAddresses
 from baton.child_process import IDLE_POLL_MS, ReadyReporter, run_child
 from baton.config import BatonConfig
-from baton.engine.forward_batch import ForwardOutput
+from baton.engine.batch.forward_batch import ForwardOutput
 from baton.messages import Codec
 from baton.process_messages import (
     AbortRid,

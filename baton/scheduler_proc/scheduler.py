@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from baton.checkpoint.load import Checkpoint
 from baton.config import BatonConfig
+from baton.engine.batch.forward_batch import ForwardBatch, ForwardOutput
+from baton.engine.batch.seeded_uniforms import seeded_uniforms
 from baton.engine.engine import Engine
-from baton.engine.forward_batch import ForwardBatch, ForwardOutput
-from baton.engine.seeded_uniforms import seeded_uniforms
 from baton.messages import FinishReason
 from baton.process_messages import StepOutput
 from baton.sampling_params import SamplingParams

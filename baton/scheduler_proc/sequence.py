@@ -20,8 +20,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from baton.engine.grammar import GrammarMatcher
-from baton.engine.seeded_uniforms import SeededUniforms
+from baton.engine.batch.grammar import GrammarMatcher
+from baton.engine.batch.seeded_uniforms import SeededUniforms
 from baton.sampling_params import SamplingParams
 from baton.scheduler_proc.errors import (
     AcceptedExceedsScheduled,
@@ -67,7 +67,7 @@ class Sequence(SequencePages):
         self.max_tokens = max_tokens
         self.max_in_flight = max_in_flight
         self.generator = generator
-        # Structured outputs: built here, then the engine thread's alone (engine/grammar.py).
+        # Structured outputs: built here, then the engine thread's alone (engine/batch/grammar.py).
         self.grammar = grammar
         # Speculative decoding: its steps with drafts, the drafts the engine verified for it,
         # and how many it accepted.

@@ -6,7 +6,7 @@ import resource
 import time
 from collections.abc import Iterable
 
-from baton.engine.compute_plan import ComputePlan, CpuCapabilities
+from baton.hardware import ComputePlan, CpuCapabilities
 from baton.process_messages import StepOutput, TokenLogprob
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.sequence import Sequence

@@ -24,8 +24,8 @@ from baton.bench.peers import (
     vllm_command,
 )
 from baton.config_cli import add_config_args, config_from_args
-from baton.engine.compute_plan import CpuCapabilities
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.cpu.capabilities import detect_cpu_capabilities
+from baton.hardware import CpuCapabilities
 
 # Keep the test engine's KV pool small: the default budget would zero-fill gigabytes.
 SMALL_POOL = "--num-gpu-blocks-override 64 --max-model-len 1024"

@@ -10,8 +10,8 @@ import torch
 
 from baton.bench.gguf_export import cached_gguf
 from baton.checkpoint.load import load_checkpoint
-from baton.engine.gguf_names import gguf_tensor_name
-from baton.engine.weights import iter_weights
+from baton.engine.weights.checkpoint_tensors import iter_weights
+from baton.engine.weights.gguf_names import gguf_tensor_name
 
 gguf = pytest.importorskip("gguf")
 

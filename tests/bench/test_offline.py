@@ -16,8 +16,8 @@ from baton.bench.offline import main
 from baton.bench.shapes import SHAPES, materialize_shape
 from baton.checkpoint.load import load_checkpoint
 from baton.cpu_binding import default_num_threads
-from baton.engine.compute_plan import CpuCapabilities
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.cpu.capabilities import detect_cpu_capabilities
+from baton.hardware import CpuCapabilities
 
 # Qwen2.5-0.5B's published parameter count (tied embeddings counted once).
 QWEN25_05B_PARAMETERS = 494_032_768

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from baton.bench.step_profile import main
-from baton.engine.compute_plan import isa_rank
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.cpu.capabilities import detect_cpu_capabilities
+from baton.hardware import isa_rank
 
 
 def test_profiles_decode_steps_both_ways_and_a_prefill(

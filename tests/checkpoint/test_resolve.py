@@ -16,8 +16,8 @@ from baton.checkpoint.load import CheckpointError, load_checkpoint
 from baton.checkpoint.model_config import ModelConfig
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.checkpoint.source import load_model_config
-from baton.engine.model import CausalLM
-from baton.engine.weights import iter_weights
+from baton.engine.models.causal_lm import CausalLM
+from baton.engine.weights.checkpoint_tensors import iter_weights
 
 LLAMA3_ROPE = {
     "factor": 8.0,

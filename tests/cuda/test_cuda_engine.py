@@ -32,9 +32,9 @@ from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.flashinfer_backend import FlashInferAttention, flashinfer_available
 from baton.engine.attention.metadata import AttentionMetadata, build_attention_metadata
 from baton.engine.attention.torch_backend import TorchPagedAttention
-from baton.engine.kv_pool import KVPool
-from baton.engine.model import CausalLM
-from baton.engine.weights import iter_weights
+from baton.engine.kv.pool import KVPool
+from baton.engine.models.causal_lm import CausalLM
+from baton.engine.weights.checkpoint_tensors import iter_weights
 
 pytestmark = [
     pytest.mark.cuda,
@@ -121,7 +121,7 @@ def paged_batch(
 ) -> tuple[KVPool, AttentionMetadata, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """A pool on the GPU holding every row's K/V in scrambled pages (the CPU tests' batch), the
     batch's metadata, and its queries: a view of a fused [tokens, q_heads + kv_heads, head_dim]
-    projection, strided as the model's q is (decoder_layer.py)."""
+    projection, strided as the model's q is (models/decoder_layer.py)."""
     generator = torch.Generator().manual_seed(seed)
     pool, meta, keys, values = scattered_batch(
         rows, page_size, kv_heads, head_dim, dtype, generator, DEVICE

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baton.engine.compute_plan import isa_rank
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.cpu.capabilities import detect_cpu_capabilities
 from baton.engine.native.library import NativeKernels, load_native_kernels
+from baton.hardware import isa_rank
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from safetensors.torch import load_file, save_file
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
 from baton.engine.attention.metadata import build_attention_metadata
-from baton.engine.compute_plan import isa_rank
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.batch.forward_batch import ForwardBatch
+from baton.engine.cpu.capabilities import detect_cpu_capabilities
 from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS
-from baton.engine.forward_batch import ForwardBatch
+from baton.hardware import isa_rank
 
 pytestmark = pytest.mark.skipif(
     isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2") or shutil.which("cc") is None,

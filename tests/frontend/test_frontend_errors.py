@@ -16,8 +16,9 @@ import pytest
 from helpers.frontend_http import CHAT, VALID, assert_error, auth, base_url
 
 from baton.config import BatonConfig
-from baton.engine.compute_plan import ComputePlan, CpuCapabilities, choose_compute_plan
-from baton.engine.cpu_capabilities import detect_cpu_capabilities
+from baton.engine.cpu.capabilities import detect_cpu_capabilities
+from baton.engine.cpu.compute_plan import choose_compute_plan
+from baton.hardware import ComputePlan, CpuCapabilities
 from baton.sampling_params import MAX_LOGIT_BIAS_ENTRIES
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from baton.engine.attention.metadata import AttentionMetadata, build_attention_metadata
-from baton.engine.kv_pool import KVPool
+from baton.engine.kv.pool import KVPool
 from baton.engine.native.library import NativeKernels
 
 

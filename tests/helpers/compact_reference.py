@@ -8,7 +8,7 @@ import gguf
 import numpy as np
 import torch
 
-from baton.engine.compact_weights import CompactWeight
+from baton.engine.native.formats import CompactWeight
 from baton.engine.native.library import NativeKernels
 
 

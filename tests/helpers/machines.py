@@ -1,6 +1,6 @@
 """A machine description, compute plan and scheduler stats for tests that build stats by hand."""
 
-from baton.engine.compute_plan import ComputePlan, CpuCapabilities
+from baton.hardware import ComputePlan, CpuCapabilities
 from baton.scheduler_stats import AggregateStats
 
 SAMPLE_CPU = CpuCapabilities(

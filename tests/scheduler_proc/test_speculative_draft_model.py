@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from baton import LLM, SamplingParams
-from baton.engine.sampler import _draw
-from baton.engine.seeded_uniforms import uniforms
+from baton.engine.batch.seeded_uniforms import uniforms
+from baton.engine.sampling.sampler import _draw
 from baton.engine.speculation import speculator
 
 OVERLAP = pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "plain"])

@@ -71,14 +71,14 @@ class TorchPagedAttention(AttentionBackend):
     ) -> None:
         """`native`: decode rows run the native kernel (float32 CPU caches, head_dim a
         multiple of 8: the caller checks), and so do prefill rows in float32
-        (native/prefill_attention.c, at head_dim a multiple of 16 up to 256: 2-3x torch's flash
-        kernel with its gathers and copies for SmolLM2's 128-token prompts, level at 2048).
+        (native/attention/prefill_attention.c, at head_dim a multiple of 16 up to 256: 2-3x torch's
+        flash kernel with its gathers and copies for SmolLM2's 128-token prompts, level at 2048).
         Prefill rows run in torch in `prefill_dtype` where given (the float32 plan with bf16
         GEMMs: ComputePlan.gemm_dtype, whose prefill stays in the bf16 hardware, attention
         included).
         `amx_prefill`: with `native` and a bf16 `prefill_dtype`, on a CPU whose tiles the plan
-        uses, prefill rows attend on AMX instead (native/amx_attention.c: 2.4x torch's flash
-        kernel, at head_dim a multiple of 32 up to 256)."""
+        uses, prefill rows attend on AMX instead (native/attention/amx_attention.c: 2.4x torch's
+        flash kernel, at head_dim a multiple of 32 up to 256)."""
         if num_q_heads % num_kv_heads:
             raise ValueError(f"{num_q_heads} query heads do not group over {num_kv_heads} KV heads")
         self.num_q_heads = num_q_heads

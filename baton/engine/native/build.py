@@ -20,38 +20,11 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-SOURCES = tuple(
-    _HERE / name
-    for name in (
-        "amx_attention.c",
-        "amx_block_records.c",
-        "amx_blocks.c",
-        "amx_gemm.c",
-        "block_panels.c",
-        "compact_gemv.c",
-        "decode_attention.c",
-        "decode_layer.c",
-        "gated_activation.c",
-        "linear.c",
-        "prefill_attention.c",
-        "logit_adjustments.c",
-        "sampling.c",
-        "thread_pool.c",
-    )
-)
-HEADERS = tuple(
-    _HERE / name
-    for name in (
-        "amx_block_records.h",
-        "amx_tiles.h",
-        "linear.h",
-        "sampling.h",
-        "thread_buffer.h",
-        "thread_pool.h",
-        "vector_math.h",
-        "vector_math512.h",
-    )
-)
+# Every C file and header under the rooms of this folder (linear/, attention/, layer/, sampling/,
+# runtime/): a new kernel is a file in its room, with no list to edit. Sources include headers
+# by their room ("runtime/thread_pool.h"), found through -I on this folder.
+SOURCES = tuple(sorted(_HERE.glob("*/*.c")))
+HEADERS = tuple(sorted(_HERE.glob("*/*.h")))
 LIBRARY_NAME = "libbaton_native.so"
 # -fopenmp links libgomp by soname: loaded after torch, the library shares torch's OpenMP runtime
 # (one thread team, sized by torch.set_num_threads on the calling thread). -ffp-contract=off: a
@@ -88,7 +61,10 @@ def build_library(cache_root: Path) -> Path:
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, check=False
     ).stdout
-    sources = [source.read_text() for source in (*SOURCES, *HEADERS)]
+    # Keyed by each file's place too: a move changes what the includes name.
+    sources = [
+        f"{source.relative_to(_HERE)}\n{source.read_text()}" for source in (*SOURCES, *HEADERS)
+    ]
     key = hashlib.sha256("\0".join([*sources, *FLAGS, version]).encode()).hexdigest()[:16]
     target = cache_root / key / LIBRARY_NAME
     if target.exists():
@@ -103,7 +79,7 @@ def build_library(cache_root: Path) -> Path:
     with scratch_dir as scratch:
         built = Path(scratch) / LIBRARY_NAME
         result = subprocess.run(
-            [compiler, *FLAGS, "-o", str(built), *map(str, SOURCES), "-lm"],
+            [compiler, *FLAGS, f"-I{_HERE}", "-o", str(built), *map(str, SOURCES), "-lm"],
             capture_output=True,
             text=True,
             check=False,

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from baton.engine.compact_weights import BLOCK_FORMATS, FORMATS, CompactWeight
+from baton.engine.native.formats import BLOCK_FORMATS, FORMATS, CompactWeight
 from baton.engine.native.structs import Matrix
 
 I64, PTR = ctypes.c_int64, ctypes.c_void_p

@@ -8,7 +8,7 @@ import ctypes
 
 import torch
 
-from baton.engine.compact_weights import FORMATS, CompactWeight
+from baton.engine.native.formats import FORMATS, CompactWeight
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from baton.engine.cpu.startup_timing import best_time
 from baton.engine.speculation.drafter import Draft
-from baton.engine.startup_timing import best_time
 
 # The acceptance prior, as pseudo-counts of accepted and rejected drafts: optimistic (0.8), so a
 # new request gets to show what its drafts are worth even in a full batch (a pessimistic prior

@@ -20,15 +20,15 @@ import torch
 
 from baton.checkpoint.load import load_checkpoint
 from baton.config import BatonConfig, ConfigurationError
-from baton.engine.argmax import greedy_argmax
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.select import model_attention_backend
-from baton.engine.kv_pool import KVPool
-from baton.engine.model import CausalLM
-from baton.engine.sampler import _draw
+from baton.engine.kv.pool import KVPool
+from baton.engine.models.causal_lm import CausalLM
+from baton.engine.sampling.argmax import greedy_argmax
+from baton.engine.sampling.sampler import _draw
 from baton.engine.speculation.drafter import Draft, DraftRequest
 from baton.engine.speculation.verify import target_probs
-from baton.engine.weights import iter_weights
+from baton.engine.weights.checkpoint_tensors import iter_weights
 from baton.speculative_config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from baton.engine.seeded_uniforms import SeededUniforms
+from baton.engine.batch.seeded_uniforms import SeededUniforms
 from baton.engine.speculation.ngram import NgramProposer
 from baton.sampling_params import SamplingParams
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from baton.engine.argmax import greedy_argmax
-from baton.engine.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
+from baton.engine.batch.forward_batch import PLACEHOLDER_TOKEN, ForwardBatch, ForwardOutput
+from baton.engine.sampling.argmax import greedy_argmax
 from baton.engine.speculation.draft_budget import DraftBudget
 from baton.engine.speculation.drafter import Draft, Drafter, DraftRequest
 from baton.engine.speculation.verify import (

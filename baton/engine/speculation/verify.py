@@ -23,23 +23,23 @@ q(x)), or by rejection then residual, with probability (1 - sum_y min(p(y), q(y)
 - q(x)) / Z, where Z = sum_y max(0, p(y) - q(y)) = 1 - sum_y min(p(y), q(y)); the sum is
 min(p, q) + max(0, p - q) = p(x).
 
-`target_probs` builds the p_i rows: the distribution `baton.engine.sampler.Sampler` draws from
-for the request's `SamplingParams`, so speculation never changes what a request samples.
+`target_probs` builds the p_i rows: the distribution `baton.engine.sampling.sampler.Sampler` draws
+from for the request's `SamplingParams`, so speculation never changes what a request samples.
 """
 
 from __future__ import annotations
 
 import torch
 
-from baton.engine.sampler import _draw
-from baton.engine.seeded_uniforms import SeededUniforms, uniforms
+from baton.engine.batch.seeded_uniforms import SeededUniforms, uniforms
+from baton.engine.sampling.sampler import _draw
 from baton.sampling_params import SamplingParams
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """[n, V] float32 logits -> [n, V] float32 probabilities of the distribution that
-    baton.engine.sampler.Sampler draws from for `params` (temperature, then top-k, then min-p,
-    then top-p over what min-p kept, always keeping the top token), row by row.
+    baton.engine.sampling.sampler.Sampler draws from for `params` (temperature, then top-k, then
+    min-p, then top-p over what min-p kept, always keeping the top token), row by row.
 
     Greedy params raise ValueError (verify those rows with `accept_matching`). NaN logits give
     NaN rows, which `verify_sampled` rejects.

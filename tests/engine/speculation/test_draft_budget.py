@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from baton.engine import startup_timing
+from baton.engine.cpu import startup_timing
 from baton.engine.speculation.draft_budget import DraftBudget, StepCost
 from baton.engine.speculation.drafter import Draft
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from helpers.sampling import reference_distribution
 
-from baton.engine.sampler import Sampler, _draw
-from baton.engine.sampling_batch import SamplingBatch
-from baton.engine.seeded_uniforms import SeededUniforms
+from baton.engine.batch.seeded_uniforms import SeededUniforms
+from baton.engine.sampling.sampler import Sampler, _draw
+from baton.engine.sampling.sampling_plan import SamplingBatch
 from baton.engine.speculation.verify import (
     accept_matching,
     keep_matching_draws,
@@ -28,8 +28,8 @@ from baton.sampling_params import SamplingParams
 
 ALPHA = 1e-6
 
-# Distinct, shuffled logits (as tests/engine/test_sampler.py): vocabulary order differs from
-# probability order, and no filter threshold below lies within 0.015 of a boundary.
+# Distinct, shuffled logits (as tests/engine/sampling/test_sampler.py): vocabulary order differs
+# from probability order, and no filter threshold below lies within 0.015 of a boundary.
 SMALL_LOGITS = torch.tensor([0.3, 2.0, -1.0, 1.0, 0.0, 1.5, -0.5, 0.6])
 
 

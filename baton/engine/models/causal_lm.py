@@ -1,0 +1,314 @@
+"""Baton's own decoder-only transformer: Llama, Qwen2 and Qwen3 in one module, by config flags.
+
+The forward pass takes a flat ragged batch (all rows' new tokens concatenated), appends each
+layer's K/V to the paged pool and lets the attention backend read them back; only the rows that
+are sampled from get the final norm and the LM head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from baton.checkpoint.model_config import CheckpointError, ModelConfig
+from baton.engine.attention.base import AttentionBackend
+from baton.engine.attention.metadata import AttentionMetadata
+from baton.engine.kv.pool import KVPool
+from baton.engine.models.decoder_layer import DecoderLayer
+from baton.engine.models.layers import (
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+    empty_parameter,
+    rms_norm,
+)
+from baton.engine.native.formats import (
+    BLOCK_FORMATS,
+    COMPACT_MAX_ROWS,
+    CompactWeight,
+    concat_rows,
+)
+from baton.engine.native.library import NativeKernels
+
+_CPU_DTYPES = (torch.float32, torch.bfloat16)
+_CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass(frozen=True)
+class _WeightTarget:
+    """Where one HF tensor goes: rows of one of our (possibly fused) parameters."""
+
+    param: torch.Tensor
+    rows: slice
+    shape: tuple[int, ...]
+
+
+class CausalLM(nn.Module):
+    """Embedding, decoder layers, final norm and LM head (tied to the embedding when configured).
+
+    `dtype` is the activations', the KV cache's and every weight's but, where given, the decoder
+    layers' linear weights, held in `gemm_dtype` (`ComputePlan.gemm_dtype`)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        gemm_dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        allowed = _CUDA_DTYPES if torch.device(device).type == "cuda" else _CPU_DTYPES
+        if dtype not in allowed:
+            raise ValueError(f"dtype {dtype} is not supported on {device}")
+        self.config = config
+        self.gemm_dtype = gemm_dtype
+        embedding_shape = (config.vocab_size, config.hidden_size)
+        self.embed_tokens = empty_parameter(*embedding_shape, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, layer, dtype, device, gemm_dtype)
+            for layer in range(config.num_layers)
+        )
+        # Batches of up to this many rows multiply the compact weights (attach_compact_weights).
+        self.compact_max_rows = COMPACT_MAX_ROWS
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        # The LM head computes in float32 whatever the model's dtype (SGLang's
+        # --enable-fp32-lm-head, always on): bf16 logits round near-ties together and the
+        # argmax then picks by index (on SmolLM2, "The" -1.864 and "L" -1.963 nats both became
+        # -1.885 in bf16, and greedy answered in French). A tied head in another dtype gets a
+        # float32 copy of the embedding once loaded.
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, torch.float32, device)
+        if config.tie_word_embeddings and dtype == torch.float32:
+            self.lm_head.weight = self.embed_tokens
+        self.rotary = RotaryEmbedding(
+            config.head_dim,
+            config.max_position_embeddings,
+            config.rope_theta,
+            config.rope_scaling,
+            dtype,
+            device,
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_pool: KVPool,
+        attn: AttentionBackend,
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """Float32 logits [len(logits_indices), vocab] for the chosen rows of a ragged batch.
+
+        input_ids/positions: [tokens]. The caller must have called `attn.plan(meta)` for this
+        batch; every layer's new K/V are written to `kv_pool` at `meta.slot_mapping`.
+        """
+        normed = self.final_hidden(input_ids, positions, kv_pool, attn, meta, logits_indices)
+        return self.lm_head(normed)
+
+    def final_hidden(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_pool: KVPool,
+        attn: AttentionBackend,
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        """`forward` up to the LM head: the final norm's float32 output at the chosen rows,
+        which `lm_head` turns into logits (a caller may do so a slice at a time)."""
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        angles = self.rotary.angles(positions)
+        for layer in self.layers:
+            hidden = layer(hidden, angles, kv_pool, attn, meta)
+        # Norm and LM head only where a token is sampled: the head is the largest matmul. Both
+        # in float32 (see __init__), so no rounding to the model's dtype comes between them.
+        hidden = hidden[logits_indices].float()
+        return rms_norm(hidden, self.norm.weight.float(), self.norm.eps)
+
+    def use_native_kernels(self, native: NativeKernels) -> None:
+        """Normalise, rotate q/k and store K/V with the native kernels: float32 CPU models whose
+        head_dim is a multiple of 8 (the caller checks)."""
+        for layer in self.layers:
+            layer.self_attn.native = native
+            layer.input_layernorm.native = native
+            layer.post_attention_layernorm.native = native
+            layer.mlp.native = native
+
+    def pack_linear_weights(self) -> None:
+        """Pack every linear layer's weight for oneDNN (see Linear.pack_for_cpu).
+
+        Call after `load_weights`, where the compute plan says so (`ComputePlan.pack_weights`:
+        oneDNN cannot pack every dtype on every CPU). A tied LM head gets its own packed copy;
+        the embedding keeps the plain weight for its lookups.
+        """
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.pack_for_cpu()
+
+    def attach_compact_weights(
+        self, weights: Iterable[tuple[str, CompactWeight]], native: NativeKernels
+    ) -> int:
+        """Give float32 linear layers their stored compact weights (native/formats.py), to be
+        multiplied by `native.gemv` in small batches; returns how many layers got them.
+
+        Call after `load_weights`. A fused layer gets them only where all its parts came in
+        one format (else it keeps multiplying float32 weights at every batch size).
+        """
+        targets = self._weight_targets()
+        # The kernel multiplies float32 rows: the layers of a float32 model (their weights in
+        # float32 or in a GEMM dtype) and the float32 LM head of any.
+        owners = {
+            id(module.weight): module
+            for module in self.modules()
+            if isinstance(module, Linear)
+            and (module.weight.dtype == torch.float32 or module.gemm_dtype is not None)
+        }
+        if self.config.tie_word_embeddings:
+            owners[id(self.embed_tokens)] = self.lm_head  # the head multiplies by the embedding
+        parts: dict[Linear, dict[int, CompactWeight]] = {}
+        for name, compact in weights:
+            target = targets.get(name)
+            owner = owners.get(id(target.param)) if target is not None else None
+            if owner is None or (compact.out_features, compact.in_features) != target.shape:
+                continue
+            parts.setdefault(owner, {})[target.rows.start or 0] = compact
+        attached = 0
+        for linear, by_first_row in parts.items():
+            ordered = [by_first_row[row] for row in sorted(by_first_row)]
+            if sum(part.out_features for part in ordered) != linear.weight.shape[0]:
+                continue
+            combined = concat_rows(ordered)
+            if combined is not None:
+                linear.compact, linear.native = combined, native
+                attached += 1
+        return attached
+
+    def tile_compact_weights(self, native: NativeKernels) -> int:
+        """Give linear layers' compact weights their tile-ordered copy, which every batch of
+        several rows multiplies on AMX (`native.amx`); returns how many got one. Where the GEMMs
+        round their rows to bf16 (`gemm_dtype`), bf16 weights get tiles, whose products round
+        the rows the same way; else only block formats, whose tiles keep float32 precision.
+        The tiled layers' GEMM weights are freed: no batch reaches their GEMMs."""
+        tiled = 0
+        tileable = ("bf16",) if self.gemm_dtype == torch.bfloat16 else BLOCK_FORMATS
+        for module in self.modules():
+            if isinstance(module, Linear) and module.compact and module.compact.format in tileable:
+                module.compact = native.with_tiles(module.compact)
+                tiled += 1
+                # SmolLM2: 424 MB of float32 layers; the 0.5B shape: 716 MB of bf16 ones. A
+                # tied head's weight is the embedding, which keeps its own reference.
+                module.drop_gemm_weight()
+        return tiled
+
+    def panel_compact_weights(self, native: NativeKernels) -> int:
+        """Give linear layers' block-format compact weights (Q8_0, Q4_0, Q4_1) their copy in
+        panels of 16 features, which batches of a few rows or more multiply where the CPU has
+        AVX-512 (`native.avx512`); returns how many got one."""
+        panelled = 0
+        for module in self.modules():
+            compact = module.compact if isinstance(module, Linear) else None
+            if compact is not None and compact.format in BLOCK_FORMATS:
+                module.compact = native.with_panels(compact)
+                panelled += 1
+        return panelled
+
+    def limit_compact_rows(self, max_rows: int) -> None:
+        """Let the decoder layers multiply their compact weights in batches of up to `max_rows`
+        rows only (0: never); larger ones take their GEMMs. At most COMPACT_MAX_ROWS, the native
+        step's capacity. The float32 LM head keeps reading its compact weights up to that
+        capacity: its GEMM would read float32 weights, twice the bytes, on no faster hardware."""
+        self.compact_max_rows = min(max_rows, COMPACT_MAX_ROWS)
+        for module in self.layers.modules():
+            if isinstance(module, Linear):
+                module.compact_max_rows = self.compact_max_rows
+
+    def drop_layer_compact_weights(self) -> None:
+        """Free the decoder layers' compact weights, which batches of no size use any more."""
+        for module in self.layers.modules():
+            if isinstance(module, Linear):
+                module.compact = None
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into our parameters, fusing q/k/v and gate/up on the way.
+
+        Raises `CheckpointError` naming any unexpected, wrongly shaped or missing tensor.
+        """
+        targets = self._weight_targets()
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            # Old checkpoints store RoPE buffers; tied checkpoints may also repeat the embedding.
+            if name.endswith("rotary_emb.inv_freq"):
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            target = targets.get(name)
+            if target is None:
+                raise CheckpointError(f"unexpected tensor {name!r} in checkpoint")
+            if tuple(tensor.shape) != target.shape:
+                raise CheckpointError(
+                    f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {target.shape}"
+                )
+            target.param[target.rows].copy_(tensor)
+            loaded.add(name)
+        missing = sorted(targets.keys() - loaded)
+        if missing:
+            raise CheckpointError(f"checkpoint lacks {len(missing)} tensor(s): {missing[:5]}")
+        if self.config.tie_word_embeddings and self.lm_head.weight is not self.embed_tokens:
+            self.lm_head.weight.copy_(self.embed_tokens)  # the float32 head of a tied model
+
+    def _weight_targets(self) -> dict[str, _WeightTarget]:
+        """HF parameter name -> destination, for every tensor a checkpoint must provide."""
+        config = self.config
+        targets: dict[str, _WeightTarget] = {}
+
+        def add(
+            name: str, param: torch.Tensor, start: int = 0, shape: tuple[int, ...] = ()
+        ) -> None:
+            shape = shape or tuple(param.shape)
+            targets[name] = _WeightTarget(param, slice(start, start + shape[0]), shape)
+
+        add("model.embed_tokens.weight", self.embed_tokens)
+        add("model.norm.weight", self.norm.weight)
+        if not config.tie_word_embeddings:
+            add("lm_head.weight", self.lm_head.weight)
+        hidden, q_size, kv_size = config.hidden_size, config.q_size, config.kv_size
+        qkv_rows = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}
+        inter = config.intermediate_size
+        for index, layer in enumerate(self.layers):
+            prefix = f"model.layers.{index}."
+            add(prefix + "input_layernorm.weight", layer.input_layernorm.weight)
+            add(prefix + "post_attention_layernorm.weight", layer.post_attention_layernorm.weight)
+            attn = layer.self_attn
+            for proj, (start, size) in qkv_rows.items():
+                name = f"{prefix}self_attn.{proj}_proj."
+                add(name + "weight", attn.qkv_proj.weight, start, (size, hidden))
+                if config.qkv_bias:
+                    add(name + "bias", attn.qkv_proj.bias, start, (size,))
+            add(prefix + "self_attn.o_proj.weight", attn.o_proj.weight)
+            if config.o_bias:
+                add(prefix + "self_attn.o_proj.bias", attn.o_proj.bias)
+            if attn.qk_norm is not None:
+                # One [head_dim] vector per norm, broadcast over its heads' rows by copy_.
+                heads = config.num_heads
+                targets[prefix + "self_attn.q_norm.weight"] = _WeightTarget(
+                    attn.qk_norm, slice(0, heads), (config.head_dim,)
+                )
+                targets[prefix + "self_attn.k_norm.weight"] = _WeightTarget(
+                    attn.qk_norm, slice(heads, None), (config.head_dim,)
+                )
+            mlp = layer.mlp
+            for proj, start in (("gate", 0), ("up", inter)):
+                name = f"{prefix}mlp.{proj}_proj."
+                add(name + "weight", mlp.gate_up_proj.weight, start, (inter, hidden))
+                if config.mlp_bias:
+                    add(name + "bias", mlp.gate_up_proj.bias, start, (inter,))
+            add(prefix + "mlp.down_proj.weight", mlp.down_proj.weight)
+            if config.mlp_bias:
+                add(prefix + "mlp.down_proj.bias", mlp.down_proj.bias)
+        return targets

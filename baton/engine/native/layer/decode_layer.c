@@ -1,0 +1,139 @@
+/* A whole decode step in one call, token ids in, logits (and greedy tokens) out: the native
+ * engine's equivalent of a captured CUDA graph. Each op is one of the other kernels (compact
+ * GEMV, RMSNorm, RoPE + K/V store, paged decode attention), chained in C so no Python runs
+ * between them; the arithmetic is the same as when the model calls those kernels one by one
+ * from Python (models/causal_lm.py).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "linear/linear.h"
+#include "sampling/sampling.h"
+#include "runtime/thread_pool.h"
+#include "runtime/vector_math.h"
+
+void baton_silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out,
+                    int64_t avx512);
+void baton_rms_norm(const float *x, int64_t rows, int64_t dim, const float *weight, float eps,
+                    float *out);
+void baton_rope_and_store(float *qk, int64_t qk_stride, const float *v, int64_t v_stride,
+                          int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                          const float *cos_table, const float *sin_table,
+                          const int64_t *positions, const int64_t *slots, float *k_cache,
+                          float *v_cache);
+int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows, int64_t n,
+                           const float *k_cache, const float *v_cache, const int32_t *kv_indptr,
+                           const int32_t *kv_indices, const int32_t *kv_lens, int64_t q_heads,
+                           int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale,
+                           float *out);
+
+/* Mirrored by ctypes Structures in decode_step.py: keep the field order in step. */
+typedef struct {
+    Matrix qkv, o, gate_up, down;
+    const float *input_norm, *post_norm, *qk_norm; /* qk_norm: [q + kv heads, head_dim] or NULL */
+    float *k_cache, *v_cache;                      /* this layer's [pages, page_size, kv, dim] */
+    int64_t q_heads, kv_heads, head_dim, page_size;
+    float eps, scale;
+} DecoderLayer;
+
+/* The model around its layers (decode_step.py's DecodeModelArgs). */
+typedef struct {
+    const float *embeddings; /* [vocab_size, hidden_size] */
+    const float *final_norm;
+    Matrix lm_head;
+    float *hidden, *normed; /* [rows, hidden_size] each */
+    float *logits;          /* [rows, vocab_size] */
+    float eps;
+} DecodeModel;
+
+typedef struct {
+    int64_t rows;
+    const int64_t *input_ids;
+    int64_t *tokens; /* each row's token, or NULL: the caller samples from the logits */
+    const RowSampling *sampling; /* how each row is sampled; NULL: every row takes its argmax */
+    const int64_t *positions, *slots;
+    const int32_t *batch_rows, *kv_indptr, *kv_indices, *kv_lens;
+    const float *cos_table, *sin_table;
+    float *scratch; /* rows * (2 * hidden + qkv + q_size + 3 * intermediate) floats */
+} DecodeStep;
+
+/* hidden [rows, hidden_size] += attention(norm(hidden)); hidden += mlp(norm(hidden)).
+ * Returns 0, or -1 if memory ran out. */
+static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float *hidden) {
+    const int64_t rows = step->rows, hidden_size = layer->qkv.in_features;
+    const int64_t qkv_size = layer->qkv.out_features, q_size = layer->o.in_features;
+    const int64_t inter = layer->down.in_features, head_dim = layer->head_dim;
+    float *normed = step->scratch, *qkv = normed + rows * hidden_size;
+    float *attended = qkv + rows * qkv_size, *gate_up = attended + rows * q_size;
+    float *activated = gate_up + rows * 2 * inter, *projected = activated + rows * inter;
+
+    baton_rms_norm(hidden, rows, hidden_size, layer->input_norm, layer->eps, normed);
+    if (baton_linear(&layer->qkv, normed, rows, qkv)) return -1;
+    if (layer->qk_norm) { /* Qwen3: each q and k head normalised by its own weights */
+        const int64_t heads = layer->q_heads + layer->kv_heads;
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t h = 0; h < heads; h++) {
+                float *x = qkv + r * qkv_size + h * head_dim;
+                baton_rms_norm(x, 1, head_dim, layer->qk_norm + h * head_dim, layer->eps, x);
+            }
+    }
+    const int64_t v_offset = (layer->q_heads + layer->kv_heads) * head_dim;
+    baton_rope_and_store(qkv, qkv_size, qkv + v_offset, qkv_size, rows, layer->q_heads,
+                         layer->kv_heads, head_dim, step->cos_table, step->sin_table,
+                         step->positions, step->slots, layer->k_cache, layer->v_cache);
+    if (baton_decode_attention(qkv, qkv_size, step->batch_rows, rows, layer->k_cache,
+                               layer->v_cache, step->kv_indptr, step->kv_indices, step->kv_lens,
+                               layer->q_heads, layer->kv_heads, head_dim, layer->page_size,
+                               layer->scale, attended))
+        return -1;
+    if (baton_linear_add(&layer->o, attended, rows, hidden, projected)) return -1;
+
+    baton_rms_norm(hidden, rows, hidden_size, layer->post_norm, layer->eps, normed);
+    if (baton_linear(&layer->gate_up, normed, rows, gate_up)) return -1;
+    baton_silu_mul(gate_up, rows, inter, activated, layer->gate_up.avx512);
+    if (baton_linear_add(&layer->down, activated, rows, hidden, projected)) return -1;
+    return 0;
+}
+
+typedef struct {
+    const float *logits;
+    int64_t vocab_size;
+    int64_t *tokens;
+} ArgmaxLoop;
+
+static void argmax_task(const void *arg, int64_t row) {
+    const ArgmaxLoop *a = arg;
+    a->tokens[row] = baton_argmax_row(a->logits + row * a->vocab_size, a->vocab_size);
+}
+
+/* The whole step for `step->rows` decode rows: embed the input ids, run every layer, normalise,
+ * multiply by the LM head into model->logits and, where step->tokens is given, write each
+ * row's token there: sampled as step->sampling says (sampling.c), else its argmax. Returns 0, -1 for an input id outside the vocabulary (nothing written to
+ * the KV cache), or -2 if memory ran out. Everything runs in one foreign call, so the engine
+ * thread needs the GIL once a step: each return to Python waited for the scheduler thread,
+ * which runs Python while the step computes. */
+int baton_decode_step(const DecoderLayer *layers, int64_t num_layers, const DecodeModel *model,
+                      const DecodeStep *step) {
+    const int64_t rows = step->rows, hidden_size = model->lm_head.in_features;
+    const int64_t vocab_size = model->lm_head.out_features;
+    for (int64_t r = 0; r < rows; r++)
+        if (step->input_ids[r] < 0 || step->input_ids[r] >= vocab_size) return -1;
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(model->hidden + r * hidden_size,
+               model->embeddings + step->input_ids[r] * hidden_size,
+               sizeof(float) * hidden_size);
+    for (int64_t i = 0; i < num_layers; i++)
+        if (decode_layer(&layers[i], step, model->hidden)) return -2;
+    baton_rms_norm(model->hidden, rows, hidden_size, model->final_norm, model->eps,
+                   model->normed);
+    if (baton_linear(&model->lm_head, model->normed, rows, model->logits)) return -2;
+    if (step->tokens && step->sampling) {
+        baton_sample_rows(model->logits, rows, vocab_size, step->sampling, step->tokens);
+    } else if (step->tokens) {
+        const ArgmaxLoop loop = {model->logits, vocab_size, step->tokens};
+        baton_parallel(argmax_task, &loop, rows);
+    }
+    return 0;
+}

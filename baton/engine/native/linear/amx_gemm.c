@@ -1,0 +1,274 @@
+/* Batches of two rows or more on AMX: bf16 weights in tile order, multiplied by Intel's tile
+ * unit (TDPBF16PS), for CPUs with AMX-BF16 (Sapphire Rapids and later), decode steps and
+ * prefill chunks alike.
+ *
+ * The compact GEMV (compact_gemv.c) widens each bf16 weight and multiplies it in float32 with
+ * AVX2 FMAs: one row is bound by the bytes it reads, but at 16-32 rows the FMAs bind (0.5B
+ * shape, 32 rows: 167 ms a step on two cores against 37 ms of weight reads). One tile product
+ * multiplies 16 rows by 16 x 32 weights, so the same step reads the weights once and stays
+ * bound by those bytes. The rows are rounded to bf16 first, as every bf16 GEMM rounds them;
+ * products are exact and summed in float32, k-block after k-block, so a row's result does not
+ * depend on the other rows of its batch.
+ *
+ * Prefill chunks: oneDNN's bf16 GEMM reached 1.3-2.2 TFLOP/s on the 0.5B shape's layers alone
+ * and less between the model's other kernels, then the model widened its bf16 products to
+ * float32 and wrote the gate/up product out whole for the activation. Here the rows are cut
+ * into groups that stay in a core's L2 while the weights stream past them (GROUP_BYTES), and a
+ * product's epilogue writes float32 with its bias, or for the gated MLP the activation itself
+ * (silu(gate) * up in bf16: the down product's rows), from the tile registers.
+ *
+ * Tile order: the weight [n, k] is cut into 16 x 32 blocks (n padded with zero rows to a
+ * multiple of 32, k with zero columns to a multiple of 32); the blocks of 16 output features
+ * lie together, k-blocks in order, each block as the tile unit's B operand wants it: 16 rows of
+ * pairs, row p holding (w[n][2p], w[n][2p + 1]) for n = 0..15.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "runtime/amx_tiles.h"
+#include "linear.h"
+#include "runtime/thread_buffer.h"
+#include "runtime/thread_pool.h"
+#include "runtime/vector_math512.h"
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* 1 where this CPU has AMX-BF16 (and the AVX-512 the kernels use beside it: F, DQ, BW, VL and
+ * BF16, which every AMX CPU has) and the kernel let this process use the tile registers (Linux
+ * hands out their 8 KB of state only on request), else 0. Asked once, before any thread tiles. */
+int baton_amx_enable(void) {
+    unsigned int eax, ebx, ecx, edx;
+    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+    const int amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
+    const unsigned int avx512 = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31); /* F DQ BW VL */
+    if (!amx_bf16 || !amx_tile || (ebx & avx512) != avx512) return 0;
+    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(1));
+    if (!((eax >> 5) & 1)) return 0; /* AVX512_BF16 */
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+/* Bytes of `baton_pack_bf16_tiles`' output for an [n_dim, k_dim] weight. */
+int64_t baton_bf16_tiles_bytes(int64_t n_dim, int64_t k_dim) {
+    return round_up(n_dim, 2 * TILE_N) * round_up(k_dim, TILE_K) * 2;
+}
+
+/* out = the bf16 weight w [n_dim, k_dim] (rows `row_bytes` apart) in tile order (above). */
+void baton_pack_bf16_tiles(const uint8_t *w, int64_t n_dim, int64_t k_dim, int64_t row_bytes,
+                           uint16_t *out) {
+    const int64_t n_pad = round_up(n_dim, 2 * TILE_N), k_blocks = round_up(k_dim, TILE_K) / TILE_K;
+#pragma omp parallel for schedule(static)
+    for (int64_t nb = 0; nb < n_pad / TILE_N; nb++)
+        for (int64_t kb = 0; kb < k_blocks; kb++) {
+            uint16_t *tile = out + (nb * k_blocks + kb) * (TILE_BYTES / 2);
+            for (int64_t i = 0; i < TILE_N; i++)
+                for (int64_t j = 0; j < TILE_K; j++) {
+                    const int64_t n = nb * TILE_N + i, k = kb * TILE_K + j;
+                    tile[tile_offset(i, j)] =
+                        n < n_dim && k < k_dim ? ((const uint16_t *)(w + n * row_bytes))[k] : 0;
+                }
+        }
+}
+
+/* Float32 rows to bf16, into `k_pad`-wide rows whose tail past k_dim is zero. AMX CPUs round in
+ * one instruction (AVX512_BF16, which baton_amx_enable requires): to nearest even, as torch
+ * rounds, subnormals flushed to zero, as the tile unit takes its inputs anyway. */
+AMX_TARGET static void rows_to_bf16(const float *x, int64_t rows, int64_t k_dim, int64_t k_pad,
+                                    uint16_t *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *src = x + r * k_dim;
+        uint16_t *dst = out + r * k_pad;
+        for (int64_t i = 0; i < k_pad; i += 16) {
+            const int64_t left = k_dim - i;
+            const __mmask16 mask = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            _mm256_storeu_si256((__m256i *)(dst + i),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, src + i)));
+        }
+    }
+}
+
+/* Rows of A one chunk multiplies, in bf16 bytes: a group stays in the core's 2 MB L2 while
+ * the chunk's 32 weight columns stream past it. On the AMX Xeon (2 threads), the 0.5B shape's
+ * gate/up layer at 512 rows: 1.23 TFLOP/s for groups of 32 rows, 2.08 for 512 (0.9 MB); its
+ * down layer (4864 inputs): 1.76 for 128 rows (1.2 MB), 1.68 for 512. */
+#define GROUP_BYTES (1 << 20)
+
+typedef struct {
+    const uint16_t *x; /* [rows, k_pad] bf16 */
+    const uint16_t *tiles;
+    const float *bias;
+    void *y;
+    int64_t rows, k_pad, n_dim, epilogue, group_rows, feature_chunks;
+} AmxLoop;
+
+/* The block of rows at x times the weight columns b0 and b1, into C tiles 0-3 (above), which
+ * start from the [rows][32] floats at `start` (rows `start_stride` floats apart; 0: the same 32
+ * in every row, a bias) or from zero (NULL). */
+AMX_TARGET static void multiply_block(const uint16_t *x, int rows, int64_t k_pad,
+                                      const uint16_t *b0, const uint16_t *b1, const float *start,
+                                      int64_t start_stride) {
+    const int64_t k_blocks = k_pad / TILE_K, a_stride = k_pad * 2;
+    if (!start) {
+        zero_accumulators(rows);
+    } else {
+        _tile_loadd(0, start, start_stride * 4);
+        _tile_loadd(1, start + TILE_N, start_stride * 4);
+        if (rows > 16) {
+            _tile_loadd(2, start + 16 * start_stride, start_stride * 4);
+            _tile_loadd(3, start + 16 * start_stride + TILE_N, start_stride * 4);
+        }
+    }
+    if (rows > 16) {
+        for (int64_t kb = 0; kb < k_blocks; kb++) {
+            _tile_loadd(4, x + kb * TILE_K, a_stride);
+            _tile_loadd(6, b0 + kb * (TILE_BYTES / 2), 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, b1 + kb * (TILE_BYTES / 2), 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_loadd(5, x + 16 * k_pad + kb * TILE_K, a_stride);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    } else {
+        for (int64_t kb = 0; kb < k_blocks; kb++) {
+            _tile_loadd(4, x + kb * TILE_K, a_stride);
+            _tile_loadd(6, b0 + kb * (TILE_BYTES / 2), 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, b1 + kb * (TILE_BYTES / 2), 64);
+            _tile_dpbf16ps(1, 4, 7);
+        }
+    }
+}
+
+/* One chunk: a group of rows (GROUP_BYTES) by one chunk of weight columns.
+ * - EPILOGUE_STORE: 32 output features, y float32 [rows, n_dim] = bias + product.
+ * - EPILOGUE_ADD: the same without a bias, added to y: y = y + product (the tiles start from y).
+ * - EPILOGUE_SILU_MUL: the gated MLP's [gate | up] weight, 16 features of each (gate f, up
+ *   inter + f): y bf16 [rows, inter] = silu(gate) * up, each rounded once, as
+ *   baton_silu_mul's 16-float path computes it from float32 products.
+ * Each output sums its start (bias or y) and its products in one order whatever the chunk, so
+ * a row's result does not depend on its batch. Whole tiles of a plain product go straight
+ * between y and the tile registers; the rest (the gated activation, a last chunk of fewer
+ * features) pass through `c`, where a block's epilogue runs while the tile unit multiplies the
+ * next block: its products are issued first, so the vector work overlaps them. */
+AMX_TARGET static void amx_chunk(const void *arg, int64_t chunk) {
+    const AmxLoop *g = arg;
+    const int64_t group = chunk / g->feature_chunks, columns = chunk % g->feature_chunks;
+    const int64_t block_stride = g->k_pad / TILE_K * (TILE_BYTES / 2);
+    const int silu = g->epilogue == EPILOGUE_SILU_MUL, add = g->epilogue == EPILOGUE_ADD;
+    const int64_t inter = g->n_dim / 2, n0 = silu ? columns * TILE_N : columns * 2 * TILE_N;
+    const uint16_t *b0 = g->tiles + (silu ? columns : 2 * columns) * block_stride;
+    const uint16_t *b1 = silu ? g->tiles + (columns + inter / TILE_N) * block_stride
+                              : b0 + block_stride;
+    const int64_t width = silu ? TILE_N : g->n_dim - n0 < 2 * TILE_N ? g->n_dim - n0 : 2 * TILE_N;
+    const __mmask16 low_mask = width >= 16 ? 0xFFFF : (__mmask16)((1u << width) - 1);
+    const __mmask16 high_mask = width >= 32 ? 0xFFFF
+                                : width > 16 ? (__mmask16)((1u << (width - 16)) - 1) : 0;
+    /* The bias's 32 values this chunk starts from (gate's then up's; zeros past the width). */
+    _Alignas(64) float bias[2 * TILE_N] = {0};
+    if (g->bias)
+        for (int64_t i = 0; i < 2 * TILE_N; i++) {
+            const int64_t feature = silu ? (i < TILE_N ? n0 + i : inter + n0 + i - TILE_N) : n0 + i;
+            if (silu || i < width) bias[i] = g->bias[feature];
+        }
+    const int direct = !silu && width == 2 * TILE_N;
+    float *const y = g->y;
+    const int64_t first = group * g->group_rows;
+    const int64_t last = first + g->group_rows < g->rows ? first + g->group_rows : g->rows;
+    _Alignas(64) float c[2][AMX_BLOCK_ROWS][2 * TILE_N];
+    int configured = 0, pending_rows = 0;
+    int64_t pending_r0 = 0;
+    for (int64_t r0 = first; r0 < last || pending_rows; r0 += AMX_BLOCK_ROWS) {
+        const int rows = r0 < last ? (int)(last - r0 < AMX_BLOCK_ROWS ? last - r0 : AMX_BLOCK_ROWS) : 0;
+        float(*buffer)[2 * TILE_N] = c[(r0 / AMX_BLOCK_ROWS) & 1];
+        if (rows) {
+            if (rows != configured) configure_tiles(configured = rows);
+            const float *start = g->bias ? bias : NULL;
+            int64_t start_stride = 0;
+            if (add && direct) {
+                start = y + r0 * g->n_dim + n0;
+                start_stride = g->n_dim;
+            } else if (add) { /* y's partial block, zero-padded, from `c` */
+                for (int r = 0; r < rows; r++) {
+                    const float *from = y + (r0 + r) * g->n_dim + n0;
+                    _mm512_store_ps(&buffer[r][0], _mm512_maskz_loadu_ps(low_mask, from));
+                    _mm512_store_ps(&buffer[r][TILE_N], _mm512_maskz_loadu_ps(high_mask, from + TILE_N));
+                }
+                start = &buffer[0][0];
+                start_stride = 2 * TILE_N;
+            }
+            multiply_block(g->x + r0 * g->k_pad, rows, g->k_pad, b0, b1, start, start_stride);
+        }
+        if (direct) {
+            store_accumulators(rows, y + r0 * g->n_dim + n0, g->n_dim);
+            continue;
+        }
+        if (pending_rows) {
+            float(*done)[2 * TILE_N] = c[(pending_r0 / AMX_BLOCK_ROWS) & 1];
+            for (int r = 0; r < pending_rows; r++) {
+                const __m512 first16 = _mm512_load_ps(&done[r][0]);
+                const __m512 second16 = _mm512_load_ps(&done[r][TILE_N]);
+                if (silu) {
+                    uint16_t *out = (uint16_t *)g->y + (pending_r0 + r) * inter + n0;
+                    _mm256_storeu_si256((__m256i *)out,
+                                        narrow16_bf16(_mm512_mul_ps(silu16(first16), second16)));
+                } else {
+                    float *out = y + (pending_r0 + r) * g->n_dim + n0;
+                    _mm512_mask_storeu_ps(out, low_mask, first16);
+                    _mm512_mask_storeu_ps(out + TILE_N, high_mask, second16);
+                }
+            }
+        }
+        if (rows) store_accumulators(rows, &buffer[0][0], 2 * TILE_N);
+        pending_rows = rows;
+        pending_r0 = r0;
+    }
+    _tile_release();
+}
+
+typedef struct {
+    const float *x;
+    uint16_t *out;
+    int64_t rows, k_dim, k_pad;
+} NarrowLoop;
+
+AMX_TARGET static void narrow_rows_task(const void *arg, int64_t task) {
+    const NarrowLoop *n = arg;
+    const int64_t first = task * AMX_BLOCK_ROWS;
+    const int64_t rows = n->rows - first < AMX_BLOCK_ROWS ? n->rows - first : AMX_BLOCK_ROWS;
+    rows_to_bf16(n->x + first * n->k_dim, rows, n->k_dim, n->k_pad, n->out + first * n->k_pad);
+}
+
+/* y = x @ W^T (+ bias) through `epilogue` (amx_chunk), W in tile order; rows >= 1, AMX enabled
+ * (baton_amx_enable). x: float32 rows [rows, k_dim], rounded to bf16 here; or x_bf16 (x NULL):
+ * bf16 rows already, k_dim a multiple of TILE_K. Returns 0, -2 if memory ran out, -3 for what
+ * the epilogue cannot take (bf16 rows of partial tiles, a gated weight of partial tiles, a
+ * bias to add to y). */
+AMX_TARGET int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t k_dim,
+                              const uint16_t *tiles, int64_t n_dim, const float *bias,
+                              int64_t epilogue, void *y) {
+    const int64_t k_pad = round_up(k_dim, TILE_K);
+    if (rows < 1 || (x_bf16 && k_pad != k_dim)) return -3;
+    if (epilogue == EPILOGUE_SILU_MUL && n_dim % (2 * TILE_N)) return -3;
+    if (epilogue == EPILOGUE_ADD && bias) return -3;
+    if (!x_bf16) {
+        /* The rows in bf16, in a buffer each calling thread keeps (and grows) from call to call. */
+        static __thread ThreadBuffer rows_buffer;
+        uint16_t *buffer = thread_buffer(&rows_buffer, rows * k_pad * 2);
+        if (!buffer) return -2;
+        const NarrowLoop narrow = {x, buffer, rows, k_dim, k_pad};
+        baton_parallel(narrow_rows_task, &narrow, (rows + AMX_BLOCK_ROWS - 1) / AMX_BLOCK_ROWS);
+        x_bf16 = buffer;
+    }
+    const int64_t fitting = GROUP_BYTES / (k_pad * 2) / AMX_BLOCK_ROWS * AMX_BLOCK_ROWS;
+    const int64_t group_rows = fitting > AMX_BLOCK_ROWS ? fitting : AMX_BLOCK_ROWS;
+    const int64_t feature_chunks = epilogue == EPILOGUE_SILU_MUL
+                                       ? n_dim / 2 / TILE_N
+                                       : round_up(n_dim, 2 * TILE_N) / (2 * TILE_N);
+    const AmxLoop loop = {x_bf16, tiles, bias, y, rows, k_pad, n_dim, epilogue, group_rows,
+                          feature_chunks};
+    baton_parallel(amx_chunk, &loop, (rows + group_rows - 1) / group_rows * feature_chunks);
+    return 0;
+}

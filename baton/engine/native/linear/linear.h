@@ -1,0 +1,53 @@
+/* A linear layer's weights as the native kernels read them, and its product (baton_linear). */
+#ifndef BATON_LINEAR_H
+#define BATON_LINEAR_H
+
+#include <stdint.h>
+
+/* The compact formats (formats.py's FORMATS' kernel ids). */
+enum { FMT_BF16 = 0, FMT_F16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4 };
+
+/* A linear layer's compact weight (formats.py's CompactWeight), its bias (or NULL) and, on
+ * AMX CPUs, the same weight in tile order (NULL where there is none): a bf16 weight as bf16
+ * (amx_gemm.c), a block format's integers and scales as records (amx_blocks.c); panels: a
+ * block format's weight in panels of 16 features (block_panels.c), on AVX-512 CPUs (NULL where
+ * there are none); avx512: the compact kernel may use AVX-512 (the CPU has it and the plan's
+ * ISA allows it). Mirrored by structs.py's Matrix: keep the field order in step. */
+typedef struct {
+    int64_t format, in_features, out_features, row_bytes;
+    const uint8_t *data;
+    const float *bias;
+    const void *tiles;
+    const uint8_t *panels;
+    int64_t avx512;
+} Matrix;
+
+/* y [rows, out_features] = x [rows, in_features] @ W^T (+ bias). Returns 0, or -1 if memory ran
+ * out or the format is unknown. */
+int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y);
+
+/* y [rows, out_features] += x @ W^T (+ bias): a layer whose output joins the residual stream.
+ * With bf16 tiles, no bias and 2 rows or more, the tiles start from y (y + products); else the
+ * product, into `scratch` [rows, out_features] (NULL: a buffer of its own), then y = product +
+ * y. Returns as baton_linear. */
+int baton_linear_add(const Matrix *m, const float *x, int64_t rows, float *y, float *scratch);
+
+/* Rows one AMX product takes at a time: two tiles of 16 (amx_gemm.c). */
+#define AMX_BLOCK_ROWS 32
+
+/* What baton_amx_gemm writes (NativeKernels mirrors the values): the product, float32, with its
+ * bias; the gated MLP's activation of a [gate | up] product, bf16; or the product added to y. */
+enum { EPILOGUE_STORE = 0, EPILOGUE_SILU_MUL = 1, EPILOGUE_ADD = 2 };
+
+int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t k_dim,
+                   const uint16_t *tiles, int64_t n_dim, const float *bias, int64_t epilogue,
+                   void *y);
+int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
+                       const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
+                       float *y);
+void baton_block_panel_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
+                            const uint8_t *panels, int64_t n_dim, const float *bias, float *y);
+int baton_amx_block_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
+                         const uint8_t *records, int64_t n_dim, const float *bias, float *y);
+
+#endif

@@ -1,0 +1,243 @@
+"""Small batches multiply the weights as stored (bf16, f16, GGUF blocks) with the native kernel:
+its arithmetic, which layers get compact weights, and greedy tokens end to end."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers.compact_reference import check_against_float64, stored_weight
+from helpers.hf_reference import hf_greedy_generate
+
+from baton import LLM, SamplingParams
+from baton.bench.gguf_export import export_gguf
+from baton.checkpoint.load import load_checkpoint
+from baton.engine.cpu.capabilities import detect_cpu_capabilities
+from baton.engine.models.causal_lm import CausalLM
+from baton.engine.models.layers import Linear
+from baton.engine.native.formats import BLOCK_FORMATS, COMPACT_MAX_ROWS, FORMATS, CompactWeight
+from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
+from baton.engine.weights.checkpoint_tensors import iter_compact_weights, iter_weights
+from baton.hardware import isa_rank
+
+pytestmark = pytest.mark.skipif(
+    isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2") or shutil.which("cc") is None,
+    reason="the native kernel needs an AVX2 CPU and a C compiler",
+)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel and converted GGUF metadata go to a cache of the tests' own."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "compact-cache"))
+
+
+@pytest.fixture(params=[False, True], ids=["avx2", "avx512"])
+def native(request: pytest.FixtureRequest) -> NativeKernels:
+    """The kernels with each vector width this CPU runs (AVX-512's from two rows)."""
+    if request.param and isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx512"):
+        pytest.skip("this CPU (or its ISA cap) has no AVX-512")
+    return load_native_kernels(avx512=request.param)
+
+
+@pytest.mark.parametrize("compact_format", sorted(FORMATS))
+def test_the_kernel_reads_each_weight_as_exactly_its_float32_value(
+    native: NativeKernels, compact_format: str
+) -> None:
+    weight = np.random.default_rng(0).normal(size=(40, 96)).astype(np.float32)
+    compact, values = stored_weight(weight, compact_format)
+    # One-hot rows pick single weights: no sum, so any difference is in the dequantization.
+    assert torch.equal(native.gemv(torch.eye(96), compact, None), values.T)
+
+
+@pytest.mark.parametrize("compact_format", sorted(FORMATS))
+def test_dequantizing_gives_exactly_the_stored_values(
+    native: NativeKernels, compact_format: str
+) -> None:
+    """What loading a GGUF uses: the whole matrix, bit for bit what gguf's numpy code gives."""
+    weight = np.random.default_rng(1).normal(size=(40, 96)).astype(np.float32)
+    compact, values = stored_weight(weight, compact_format)
+    assert torch.equal(native.dequantize(compact), values)
+
+
+# Up to 8 rows of x share one pass over the weights (16 with AVX-512 where they fit L1, as these
+# do, their sums taken together from 12 rows); 13, 17 and 32 take several passes, the last one
+# partial for 13 and 17 (of one row with AVX-512); 71 outputs split unevenly between the threads.
+@pytest.mark.parametrize("compact_format", sorted(FORMATS))
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 12, 13, 16, 17, 32])
+def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
+    native: NativeKernels, compact_format: str, rows: int
+) -> None:
+    check_against_float64(native, compact_format, rows, out_features=71, in_features=160)
+
+
+# Weight rows far longer than a layer's here: rows of x no longer fit in L1 (the AVX-512 sweep
+# then takes 8 a pass) and the float32 sums are long.
+@pytest.mark.parametrize("compact_format", ["bf16", "q4_1"])
+@pytest.mark.parametrize("in_features", [5472, 16416])
+@pytest.mark.parametrize("rows", [13, 16])
+def test_long_weight_rows_in_a_large_batch(
+    native: NativeKernels, compact_format: str, in_features: int, rows: int
+) -> None:
+    check_against_float64(native, compact_format, rows, out_features=20, in_features=in_features)
+
+
+def test_a_linear_uses_compact_weights_up_to_the_row_limit_only(native: NativeKernels) -> None:
+    calls = []
+
+    class CountingKernels:
+        def gemv(self, x, weight, bias):
+            calls.append(x.shape[0])
+            return native.gemv(x, weight, bias)
+
+    linear = Linear(64, 48, True, torch.float32, "cpu")
+    stored = torch.randn(48, 64).to(torch.bfloat16)
+    linear.weight.data.copy_(stored)
+    linear.bias.data.normal_()
+    linear.compact, linear.native = CompactWeight.from_tensor(stored), CountingKernels()
+    for rows in (1, COMPACT_MAX_ROWS, COMPACT_MAX_ROWS + 1):
+        x = torch.randn(rows, 64)
+        expected = F.linear(x, stored.float(), linear.bias)
+        torch.testing.assert_close(linear(x), expected, rtol=1e-5, atol=1e-5)
+    assert calls == [1, COMPACT_MAX_ROWS]
+
+
+@pytest.mark.parametrize("variant", ["llama", "qwen2"])
+def test_every_linear_of_a_bf16_checkpoint_gets_its_stored_weights(
+    tiny_model_factory: Callable[..., Path], native: NativeKernels, variant: str
+) -> None:
+    """Fused q/k/v and gate/up are assembled from their parts; a tied head reads the
+    embedding's stored bytes."""
+    checkpoint = load_checkpoint(str(tiny_model_factory(variant, weights_dtype=torch.bfloat16)))
+    model = CausalLM(checkpoint.config, torch.float32, "cpu")
+    model.load_weights(iter_weights(checkpoint))
+    attached = model.attach_compact_weights(iter_compact_weights(checkpoint), native)
+    linears = [module for module in model.modules() if isinstance(module, Linear)]
+    assert attached == len(linears) == 4 * checkpoint.config.num_layers + 1
+    for linear in linears:
+        assert torch.equal(linear.compact.data.view(torch.bfloat16).float(), linear.weight)
+
+
+def test_a_fused_layer_whose_parts_differ_in_format_keeps_float32_weights(
+    tiny_model_factory: Callable[..., Path], native: NativeKernels
+) -> None:
+    checkpoint = load_checkpoint(str(tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)))
+    model = CausalLM(checkpoint.config, torch.float32, "cpu")
+    model.load_weights(iter_weights(checkpoint))
+    odd_one = "model.layers.0.self_attn.k_proj.weight"
+
+    def weights():
+        for name, compact in iter_compact_weights(checkpoint):
+            if name == odd_one:
+                stored = compact.data.view(torch.bfloat16).to(torch.float16)
+                compact = CompactWeight.from_tensor(stored)
+            yield name, compact
+
+    attached = model.attach_compact_weights(weights(), native)
+    assert attached == 4 * checkpoint.config.num_layers  # all but layer 0's q/k/v
+    assert model.layers[0].self_attn.qkv_proj.compact is None
+    assert model.layers[1].self_attn.qkv_proj.compact is not None
+
+
+@pytest.mark.parametrize("tensor_type", ["Q4_0", "Q4_1", "Q8_0", "BF16"])
+@pytest.mark.parametrize("variant", ["llama", "qwen3"])
+def test_greedy_tokens_from_a_quantized_gguf_equal_transformers_on_its_weights(
+    tiny_model_factory: Callable[..., Path],
+    tmp_path: Path,
+    native: NativeKernels,
+    variant: str,
+    tensor_type: str,
+) -> None:
+    """transformers gets the GGUF's weights dequantized to float32; Baton multiplies the stored
+    blocks in decode batches and the dequantized weights in prefill: same tokens. (transformers
+    cannot load these GGUFs itself: it ignores a llama head_dim other than hidden / heads.)"""
+    from transformers import AutoModelForCausalLM
+
+    plain_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    model_dir = tiny_model_factory(variant, vocab_size=300, **plain_rope)
+    path = export_gguf(model_dir, "float32", tmp_path / f"tiny-{tensor_type}.gguf", tensor_type)
+    llm = LLM(str(path))
+    linears = [m for m in llm.engine.model.modules() if isinstance(m, Linear)]
+    assert all(linear.compact is not None for linear in linears)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    checkpoint = load_checkpoint(str(path))
+    dequantized = dict(iter_weights(checkpoint))
+    # The engine loads through the native kernels: the same bits, llama's q/k rows included.
+    loaded = dict(iter_weights(checkpoint, native))
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in dequantized.items())
+    assert not reference.load_state_dict(dequantized, strict=False).unexpected_keys
+    if llm.engine.decode_step.native.avx512 and tensor_type != "BF16":
+        blocks = [linear for linear in linears if linear.compact.format in BLOCK_FORMATS]
+        assert blocks and all(linear.compact.panels is not None for linear in blocks)
+    # Five rows a decode step: AVX-512 CPUs multiply block layers' panels (from 3 rows).
+    prompts = [[1, 2, 3, 4, 5], [40, 41, 42], [7] * 20, [9, 8, 7], [100, 200, 50, 25]]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outputs = llm.generate(prompts, params)
+    for prompt, output in zip(prompts, outputs):
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + output.token_ids])).logits[0]
+        # Teacher-forced: each of Baton's tokens is transformers' argmax after the same prefix.
+        assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == output.token_ids
+
+
+def test_a_bf16_checkpoint_computed_in_float32_matches_transformers(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    model_dir = tiny_model_factory("llama", weights_dtype=torch.bfloat16)
+    llm = LLM(str(model_dir), dtype="float32")
+    assert llm.engine.plan.compact_small_batches
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    [output] = llm.generate([prompt], params)
+    assert output.token_ids == hf_greedy_generate(model_dir, prompt, 20)
+
+
+def test_without_a_compiler_the_engine_says_so_and_computes_with_torch_alone(
+    tiny_model_factory: Callable[..., Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built here yet
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    with pytest.raises(NativeBuildError, match="cannot write under"):
+        load_native_kernels(blocker / "native")  # an unwritable cache
+    monkeypatch.setenv("CC", "no-such-compiler")
+    with pytest.raises(NativeBuildError, match="no C compiler"):
+        load_native_kernels()
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    with pytest.raises(NativeBuildError, match="false failed on the native kernels"):
+        load_native_kernels()
+    model_dir = tiny_model_factory("llama", weights_dtype=torch.bfloat16)
+    with caplog.at_level(logging.WARNING):
+        llm = LLM(str(model_dir), dtype="float32")
+    assert "no native kernels here" in caplog.text
+    assert llm.engine.model.lm_head.compact is None
+    assert llm.engine.attention.native is None
+    assert llm.engine.model.layers[0].self_attn.native is None
+    assert llm.engine.model.layers[0].input_layernorm.native is None
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    [output] = llm.generate([prompt], params)
+    assert output.token_ids == hf_greedy_generate(model_dir, prompt, 8)
+
+
+def test_the_engine_widens_its_vectors_only_where_its_isa_allows(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    """AVX-512's compact kernel only where the plan's ISA (after --max-cpu-isa and torch's and
+    oneDNN's caps) has AVX-512."""
+    path = tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)
+    capped = LLM(str(path), max_cpu_isa="avx2")
+    assert capped.engine.decode_step is not None and not capped.engine.decode_step.native.avx512
+    engine = LLM(str(path)).engine
+    assert engine.decode_step.native.avx512 == (isa_rank(engine.cpu.isa) >= isa_rank("avx512"))
