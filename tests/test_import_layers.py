@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("baton.child_process",),
     ("baton.engine.cpu", "baton.engine.native", "baton.engine.batch"),
     ("baton.engine.kv", "baton.engine.weights", "baton.engine.attention"),
-    ("baton.engine.models",),
+    ("baton.engine.models", "baton.engine.graphs"),
     ("baton.engine.sampling",),
     ("baton.engine.speculation",),
     ("baton.engine",),

@@ -53,6 +53,25 @@ class FlashInferCalls:
         use_tensor_cores = self.num_q_heads // self.num_kv_heads >= 4
         return (workspace,), {"kv_layout": "NHD", "use_tensor_cores": use_tensor_cores}
 
+    def graph_decode_wrapper(
+        self,
+        workspace: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        kv_indices: torch.Tensor,
+        kv_last_page_len: torch.Tensor,
+    ) -> CallArgs:
+        """For BatchDecodeWithPagedKVCacheWrapper(...) replayed inside a CUDA graph: one per
+        captured batch size, over that size's views of the step's persistent index buffers
+        (engine/graphs/decode_inputs.py), which its plan() reads in place before each replay."""
+        args, kwargs = self.decode_wrapper(workspace)
+        kwargs |= {
+            "use_cuda_graph": True,
+            "paged_kv_indptr_buffer": kv_indptr,
+            "paged_kv_indices_buffer": kv_indices,
+            "paged_kv_last_page_len_buffer": kv_last_page_len,
+        }
+        return args, kwargs
+
     def prefill_plan(self, meta: AttentionMetadata, scale: float) -> CallArgs:
         """For BatchPrefillWithPagedKVCacheWrapper.plan(...)."""
         args = (

@@ -15,6 +15,7 @@ import torch
 
 from baton.engine.attention.flashinfer_backend import FlashInferAttention, FlashInferCalls
 from baton.engine.attention.metadata import build_attention_metadata
+from baton.engine.graphs.decode_inputs import DecodeInputs
 
 flashinfer = pytest.importorskip("flashinfer")
 
@@ -46,6 +47,20 @@ def test_wrapper_constructors_bind() -> None:
         (DECODE, CALLS.decode_wrapper(workspace)),
     ]:
         inspect.signature(real).bind(*args, **kwargs)
+
+
+def test_graph_decode_wrapper_binds_with_the_steps_buffers() -> None:
+    """The CUDA-graph decode wrapper of one captured size takes that size's views of the step's
+    persistent buffers as its fixed index buffers."""
+    inputs = DecodeInputs(max_rows=8, max_pages_per_row=4, page_size=4, dummy_page=0, device="cpu")
+    bucket = 4
+    buffers = (inputs.kv_indptr[: bucket + 1], inputs.kv_indices, inputs.kv_last_page_len[:bucket])
+    args, kwargs = CALLS.graph_decode_wrapper(torch.empty(16, dtype=torch.uint8), *buffers)
+    bound = inspect.signature(DECODE).bind(*args, **kwargs).arguments
+    assert bound["use_cuda_graph"] is True
+    assert bound["paged_kv_indptr_buffer"].data_ptr() == inputs.kv_indptr.data_ptr()
+    assert bound["paged_kv_indices_buffer"] is inputs.kv_indices
+    assert bound["paged_kv_last_page_len_buffer"].shape == (bucket,)
 
 
 def test_plan_and_run_bind() -> None:
