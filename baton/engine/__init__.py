@@ -7,9 +7,9 @@ Its rooms, lowest first; a room imports only rooms below it (tests/test_import_l
   and random source, which the scheduler builds).
 - `kv/`, `weights/`, `attention/`: the paged KV pool; a checkpoint's tensors (safetensors,
   GGUF, random) as the model loads them; the attention backends.
-- `models/`, `graphs/`: the transformer and its layers; decode steps as a GPU replays them
-  (batch-size buckets, persistent input buffers, the device's pool of last sampled tokens).
-- `sampling/`: from logits to tokens, in torch or in the native step.
+- `models/`: the transformer and its layers.
+- `sampling/`, `graphs/`: from logits to tokens, in torch or in the native step; decode steps
+  replayed from CUDA graphs (batch-size buckets, persistent inputs, the device's token pool).
 - `speculation/`: drafting tokens and verifying them.
 - this folder: `Engine` (built from the config), `BatchRunner` (one batch, end to end) and
   `NativeDecodeStep` (a decode step in one C call).

@@ -21,6 +21,7 @@ from baton.engine.batch.forward_batch import (
     TokenHistory,
 )
 from baton.engine.decode_step import NativeDecodeStep
+from baton.engine.graphs.decode_graphs import DecodeGraphs
 from baton.engine.kv.pool import KVPool
 from baton.engine.models.causal_lm import CausalLM
 from baton.engine.sampling.grammar_masks import GrammarMasks
@@ -51,6 +52,7 @@ class BatchRunner:
     kv_pool: KVPool
     attention: AttentionBackend
     decode_step: NativeDecodeStep | None
+    decode_graphs: DecodeGraphs | None
     sampler: Sampler
     grammar_masks: GrammarMasks
     bad_words: BadWordTokens
@@ -177,6 +179,12 @@ class BatchRunner:
         if self.decode_step is not None and self.decode_step.handles(q_lens):
             logits, _ = self.decode_step(input_ids, kv_starts, page_tables, False)
             # A copy: the step's buffer is overwritten by the next one.
+            return logits[torch.tensor(logits_indices, dtype=torch.long, device=self.device)]
+        graphs = self.decode_graphs
+        if graphs is not None and max(q_lens) == 1 and graphs.handles(len(q_lens)):
+            # Every input id is known here (placeholders resolved): no slot is read.
+            logits = graphs.logits(input_ids, kv_starts, page_tables, [0] * len(q_lens))
+            # A copy, as above: the graph's output is overwritten by the next replay.
             return logits[torch.tensor(logits_indices, dtype=torch.long, device=self.device)]
         return self.model.lm_head(
             self._final_hidden(input_ids, kv_starts, q_lens, page_tables, logits_indices)

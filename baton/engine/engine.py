@@ -12,6 +12,7 @@ from baton.checkpoint.load import Checkpoint, load_checkpoint
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.config import BatonConfig
 from baton.cpu_binding import bind_engine_thread
+from baton.engine.attention.flashinfer_backend import FlashInferAttention, FlashInferCalls
 from baton.engine.attention.select import model_attention_backend
 from baton.engine.batch_runner import BatchRunner
 from baton.engine.cpu.capabilities import detect_cpu_capabilities
@@ -19,6 +20,8 @@ from baton.engine.cpu.compute_plan import choose_compute_plan
 from baton.engine.cpu.startup_timing import compact_crossover
 from baton.engine.cpu.vector_math import initialize_vector_math
 from baton.engine.decode_step import NativeDecodeStep
+from baton.engine.graphs.cuda_setup import record_decode_graphs
+from baton.engine.graphs.decode_graphs import DecodeGraphs
 from baton.engine.kv.pool import KVPool
 from baton.engine.kv.sizing import kv_pool_pages
 from baton.engine.models.causal_lm import CausalLM
@@ -130,6 +133,9 @@ class Engine(BatchRunner):
             prefill_dtype=self.gemm_dtype,
             amx_prefill=tiled > 0,
         )
+        self.decode_graphs: DecodeGraphs | None = None
+        if isinstance(self.attention, FlashInferAttention) and not config.enforce_eager:
+            self.decode_graphs = self._record_decode_graphs(config, self.attention.calls)
         self.decode_step: NativeDecodeStep | None = None
         if (
             attention_kernels is not None
@@ -180,6 +186,27 @@ class Engine(BatchRunner):
         except NativeBuildError as error:
             logger.warning("computing with torch alone: no native kernels here: %s", error)
             return None
+
+    def _record_decode_graphs(
+        self, config: BatonConfig, calls: FlashInferCalls
+    ) -> DecodeGraphs | None:
+        """The decode graphs, the pool's last page kept from requests for their padding rows;
+        None, with one line saying why, where recording fails: the server then decodes
+        eagerly, as with --enforce-eager, rather than not start."""
+        try:
+            graphs = record_decode_graphs(
+                self.model,
+                self.kv_pool,
+                calls,
+                config.largest_graph_batch,
+                self.max_model_len,
+                config.max_running_requests,
+            )
+        except (RuntimeError, ValueError) as error:  # CUDA's and FlashInfer's errors
+            logger.warning("decoding eagerly: the decode graphs could not be recorded: %s", error)
+            return None
+        self.num_pages -= 1
+        return graphs
 
     def _speculation_target(self) -> TargetEngine:
         # On a CPU's float32 plan, rows past the compact weights' would leave the native step

@@ -163,3 +163,44 @@ class FlashInferAttention(AttentionBackend):
         wrapper = self._decode if meta.is_decode_only else self._prefill
         args, kwargs = self.calls.run(q, k_cache, v_cache)
         return wrapper.run(*args, **kwargs)
+
+
+class FlashInferGraphDecode(AttentionBackend):
+    """FlashInfer's decode wrapper for one recorded batch size (CUDA graphs): its index buffers
+    are that size's views of the step's persistent ones; `plan` runs on the host before each
+    replay, `forward` runs inside the graph and never re-plans."""
+
+    def __init__(
+        self,
+        calls: FlashInferCalls,
+        workspace: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        kv_indices: torch.Tensor,
+        kv_last_page_len: torch.Tensor,
+    ) -> None:
+        import flashinfer
+
+        self.calls = calls
+        buffers = (kv_indptr, kv_indices, kv_last_page_len)
+        args, kwargs = calls.graph_decode_wrapper(workspace, *buffers)
+        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(*args, **kwargs)
+        self._scale = 1.0 / math.sqrt(calls.head_dim)
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        """Plan the next replay (host work, outside the graph)."""
+        args, kwargs = self.calls.decode_plan(meta, self._scale)
+        self._decode.plan(*args, **kwargs)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Run the planned wrapper for one layer; see AttentionBackend."""
+        if scale != self._scale:  # raised while recording, at start-up, never at a replay
+            raise ValueError(f"decode graphs plan attention at 1/sqrt(head_dim), not {scale}")
+        args, kwargs = self.calls.run(q, k_cache, v_cache)
+        return self._decode.run(*args, **kwargs)
