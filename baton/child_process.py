@@ -54,6 +54,11 @@ class StartError(RuntimeError):
 # and for anything else, with their traceback.
 ONE_LINE_START_ERRORS = (ConfigurationError, CheckpointError, StartError, OSError, zmq.ZMQError)
 
+# The launcher's word to a serving frontend that another child died: the pipeline cannot finish
+# any open request, so the frontend ends them all at once ("unavailable") and exits. A signal,
+# as SIGTERM's drain is: the frontend has no socket the launcher writes to.
+PIPELINE_LOST_SIGNAL = signal.SIGUSR1
+
 _PR_SET_PDEATHSIG = 1
 # The longest a child's loop waits on its sockets. A process-directed signal (the launcher's
 # SIGTERM, or PR_SET_PDEATHSIG's when the launcher dies) may land on any thread: ZMQ's, OpenMP's,
@@ -120,6 +125,11 @@ def run_child(
     # Before ZMQ's I/O threads start, so they inherit the mask (threads imports started move).
     bind_service_process(config.omp_threads_bind)
     context = zmq.Context()
+    # What a stopping process still has queued for its peers is not wanted: the server is
+    # stopping, and a peer that died never takes it (by zmq's default, a socket with a message
+    # for a dead peer would hold up the process's exit forever). Only a failure report waits,
+    # under the reporter's own linger.
+    context.setsockopt(zmq.LINGER, 0)
     reporter = ReadyReporter(context, name, addresses.launcher)
     exit_code = 0
     try:
@@ -159,9 +169,9 @@ def exit_outside_finalizers(unraisable: sys.UnraisableHookArgs) -> None:
 
 
 def _teardown(context: zmq.Context) -> None:
-    """Close every socket, letting queued messages (a failure report) go out for up to a
-    second; zmq's term can block forever after a signal interrupted a socket call, so it runs
-    on a daemon thread that is waited for a bounded time."""
-    closer = threading.Thread(target=context.destroy, kwargs={"linger": 1000}, daemon=True)
+    """Close every socket, each under its own linger (a failure report's: up to a second);
+    zmq's term can block forever after a signal interrupted a socket call, so it runs on a
+    daemon thread that is waited for a bounded time."""
+    closer = threading.Thread(target=context.destroy, daemon=True)
     closer.start()
     closer.join(timeout=2.0)

@@ -8,6 +8,9 @@ nothing for SERVER_SILENCE_S (the server died or was stopped), they end with a t
 Backpressure: a request whose reader falls behind (PAUSE_AT_UNREAD deltas unread) is paused on the
 server, which keeps its pages but computes nothing more for it, and resumed once read. Any number
 of clients may talk to one server; each gets only its own replies.
+
+Security: a server on tcp with CurveZMQ (--zmq-curve-secret-key-file) encrypts both sockets and
+admits only the client key pairs it lists; such a client is given `curve` (zmq_curve.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from baton.messages import (
     HelloAck,
     PauseRequest,
 )
+from baton.zmq_curve import CurveClientKeys
 
 # Backpressure: a request with this many deltas its reader has not taken is paused on the server,
 # and resumed once no more than RESUME_AT_UNREAD are left.
@@ -38,6 +42,10 @@ PAUSE_AT_UNREAD = 64
 RESUME_AT_UNREAD = 8
 # Open requests fail after this long without a word from the server (heartbeats included).
 SERVER_SILENCE_S = 10 * HEARTBEAT_INTERVAL_S
+_UNANSWERED_CURVE_HINT = (
+    " (CurveZMQ: is it the server's public key, and this client's public key among the "
+    "server's --zmq-curve-allowed-clients?)"
+)
 
 
 class ClientConnection:
@@ -45,10 +53,16 @@ class ClientConnection:
     adds the requests."""
 
     def __init__(
-        self, requests: str, replies: str, server_silence_s: float = SERVER_SILENCE_S
+        self,
+        requests: str,
+        replies: str,
+        server_silence_s: float = SERVER_SILENCE_S,
+        curve: CurveClientKeys | None = None,
     ) -> None:
+        """`curve`: the keys of a server that speaks CurveZMQ (--zmq-curve-secret-key-file)."""
         self._addresses = (requests, replies)
         self._server_silence_s = server_silence_s
+        self._curve = curve
         self.client_id = uuid.uuid4().bytes
         self._context = zmq.asyncio.Context()
         self._requests = self._context.socket(zmq.DEALER)
@@ -56,6 +70,8 @@ class ClientConnection:
         for socket in (self._requests, self._replies):
             socket.setsockopt(zmq.ROUTING_ID, self.client_id)
             socket.setsockopt(zmq.LINGER, 0)
+            if curve is not None:
+                curve.apply(socket)
         self._encoder = Codec(ClientMessage)
         self._decoder = Codec(ClientReply)
         self._queues: dict[str, asyncio.Queue] = {}
@@ -73,8 +89,15 @@ class ClientConnection:
         deadline = asyncio.get_running_loop().time() + timeout
         while not acked:
             if asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"no answer from {replies}")
-            await self._replies.send(self._encoder.encode(Hello()))
+                # A CurveZMQ server drops a handshake it refuses without a word.
+                hint = "" if self._curve is None else _UNANSWERED_CURVE_HINT
+                raise TimeoutError(f"no answer from {replies}{hint}")
+            try:
+                # Bounded: a send waits while no handshake has succeeded, which for a server
+                # that refuses this client's keys is forever.
+                await asyncio.wait_for(self._replies.send(self._encoder.encode(Hello())), 0.5)
+            except TimeoutError:
+                continue
             if await self._replies.poll(500):
                 acked = isinstance(
                     self._decoder.decode_or_none(await self._replies.recv()), HelloAck

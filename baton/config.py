@@ -30,6 +30,11 @@ BatchOrder = Literal["prefill-first", "decode-first"]
 BATCH_ORDERS: tuple[BatchOrder, ...] = ("prefill-first", "decode-first")
 
 
+# Decode graphs recorded by default, at most: each holds its own activations' memory, and
+# SGLang stops at 256 by default on GPUs of this class too.
+CUDA_GRAPH_DEFAULT_MAX_BS = 256
+
+
 class ConfigurationError(ValueError):
     """A configuration that cannot work on this model or machine; the message names the fix.
     A server process that meets one at start-up reports it in one line, not a traceback."""
@@ -62,8 +67,12 @@ class BatonConfig:
     max_cpu_isa: str | None = None
     seed: int = 0
     # Run every step through the model's forward op by op: no native decode step
-    # (engine/decode_step.py), as vLLM's --enforce-eager turns off CUDA graphs.
+    # (engine/decode_step.py) and no CUDA graphs, as vLLM's --enforce-eager.
     enforce_eager: bool = False
+    # On CUDA, decode batches of up to this many rows replay graphs recorded at start-up
+    # (engine/graphs/); None: up to --max-num-seqs, at most CUDA_GRAPH_DEFAULT_MAX_BS. SGLang's
+    # --cuda-graph-max-bs.
+    cuda_graph_max_bs: int | None = None
     # Paged KV cache: `num_pages=None` sizes the pool from `kv_cache_memory_bytes`, capped at what
     # `max_running_requests` sequences of `max_model_len` tokens could ever use.
     page_size: int = 16
@@ -78,6 +87,15 @@ class BatonConfig:
     enable_prefix_caching: bool = True
     disable_overlap: bool = False
     max_waiting_requests: int = 4096
+    # Of those, how many one client (one ZMQ connection) may have waiting; past it, its new
+    # requests are refused as overloaded (429), so one client's flood cannot fill the queue and
+    # turn every other client away. The HTTP frontend is one client carrying every HTTP user, so
+    # the default is sized for all of them together, not for one user: a quarter of the default
+    # queue, four full batches of the default --max-num-seqs waiting behind those running, a
+    # backlog an HTTP deployment reaches only when overloaded. It bounds how much of the queue a
+    # flood holds, not how long it delays others: admission takes clients in turn
+    # (scheduler_proc/waiting_queue.py).
+    max_queued_requests_per_client: int = 1024
     # vLLM's and SGLang's --stream-interval: a request's tokens go downstream every this many
     # (its first at once, its last with its end); fewer messages, burstier streams.
     stream_interval: int = 1
@@ -87,6 +105,11 @@ class BatonConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     zmq_port: int | None = None  # client-facing ZMQ on tcp (this port and the next), else ipc
+    # CurveZMQ on those tcp sockets (baton/zmq_curve.py): the server's key pair (a certificate
+    # as zmq.auth.create_certificates writes it, NAME.key_secret) and the folder of the public
+    # certificates (*.key) of the clients it admits; both or neither.
+    zmq_curve_secret_key_file: str | None = None
+    zmq_curve_allowed_clients: str | None = None
     api_key: str | None = None  # when set, the HTTP API requires "Authorization: Bearer <key>"
     served_model_name: str | None = None  # the model name in the API (default: the checkpoint's)
     # None: what the longest prompt that fits the context can take (frontend/body_limit.py).
@@ -123,6 +146,34 @@ class BatonConfig:
     reasoning_parser: str | None = None
     log_level: str = "info"
 
+    def _check_zmq_curve(self) -> None:
+        curve = self.zmq_curve_secret_key_file is not None
+        if curve != (self.zmq_curve_allowed_clients is not None):
+            raise ValueError(
+                "--zmq-curve-secret-key-file and --zmq-curve-allowed-clients go together: the "
+                "server's key pair, and the clients it admits"
+            )
+        if curve and self.zmq_port is None:
+            raise ValueError(
+                "--zmq-curve-secret-key-file secures the tcp sockets of --zmq-port, which is not "
+                "set (the default ipc sockets are reachable by this user only)"
+            )
+        if self.api_key and self.zmq_port is not None and not curve:
+            # Without CurveZMQ the ZMQ client protocol carries no credentials: on tcp it would
+            # bypass the key. Its default ipc sockets sit in a 0700 directory, this user's only.
+            raise ValueError(
+                "--zmq-port serves the unauthenticated ZMQ protocol over tcp, which would bypass "
+                "--api-key: authenticate its clients by CurveZMQ key (--zmq-curve-secret-key-file"
+                ", --zmq-curve-allowed-clients) or drop --zmq-port (clients of this user can use "
+                "its ipc sockets)"
+            )
+
+    @property
+    def largest_graph_batch(self) -> int:
+        """The most rows of a decode batch replayed from a CUDA graph."""
+        default = min(self.max_running_requests, CUDA_GRAPH_DEFAULT_MAX_BS)
+        return self.cuda_graph_max_bs or default
+
     def replace(self, **changes: object) -> BatonConfig:
         """A copy with `changes` applied (the config itself is immutable)."""
         return dataclasses.replace(self, **changes)
@@ -140,6 +191,11 @@ class BatonConfig:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.max_waiting_requests < 1:  # 0 would refuse every request as overloaded
             raise ValueError(f"max_waiting_requests must be >= 1, got {self.max_waiting_requests}")
+        if self.max_queued_requests_per_client < 1:  # 0 would refuse every request too
+            raise ValueError(
+                "max_queued_requests_per_client must be >= 1, "
+                f"got {self.max_queued_requests_per_client}"
+            )
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}")
         if self.batch_order not in BATCH_ORDERS:
@@ -147,6 +203,8 @@ class BatonConfig:
         validate_setting(self.omp_threads_bind)
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
+            raise ValueError(f"--cuda-graph-max-bs must be >= 1, got {self.cuda_graph_max_bs}")
         if not 0 <= self.port <= MAX_PORT:  # 0: any free port
             raise ValueError(f"--port must be a TCP port, 0-{MAX_PORT}, got {self.port}")
         if self.zmq_port is not None and not 1 <= self.zmq_port < MAX_PORT:
@@ -154,13 +212,7 @@ class BatonConfig:
                 f"--zmq-port must be 1-{MAX_PORT - 1} (it binds the next port too), "
                 f"got {self.zmq_port}"
             )
-        if self.api_key and self.zmq_port is not None:
-            # The ZMQ client protocol carries no credentials: on tcp it would bypass the key. Its
-            # default ipc sockets sit in a 0700 directory, reachable by this user only.
-            raise ValueError(
-                "--zmq-port serves the unauthenticated ZMQ protocol over tcp, which would bypass "
-                "--api-key: drop --zmq-port (clients of this user can use its ipc sockets)"
-            )
+        self._check_zmq_curve()
         if self.max_cpu_isa is not None:
             isa_rank(self.max_cpu_isa)
         if isinstance(self.speculative_config, dict):  # LLM(speculative_config={...})

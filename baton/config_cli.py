@@ -43,7 +43,15 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--enforce-eager",
         action="store_true",
-        help="run every step op by op through the model (no native decode step)",
+        help="run every step op by op through the model (no native decode step, no CUDA graphs)",
+    )
+    group.add_argument(
+        "--cuda-graph-max-bs",
+        dest="cuda_graph_max_bs",
+        type=int,
+        default=None,
+        help="CUDA: decode batches of up to this many rows replay graphs recorded at start-up "
+        "(default: --max-num-seqs, at most 256)",
     )
     group.add_argument(
         "--num-threads", type=int, default=None, help="engine CPU threads (default: its cores)"
@@ -112,6 +120,13 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--max-waiting-requests", type=int, default=defaults.max_waiting_requests)
     group.add_argument(
+        "--max-queued-requests-per-client",
+        type=int,
+        default=defaults.max_queued_requests_per_client,
+        help="requests one client may have waiting (the HTTP frontend is one client for all its "
+        "users); past it, 429 overloaded. Clients are admitted in turn either way",
+    )
+    group.add_argument(
         "--stream-interval",
         type=int,
         default=defaults.stream_interval,
@@ -135,10 +150,24 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         help="serve the ZMQ client protocol on tcp ports N and N+1 (default: ipc)",
     )
     group.add_argument(
+        "--zmq-curve-secret-key-file",
+        default=None,
+        metavar="PATH",
+        help="encrypt --zmq-port with CurveZMQ under this key pair (a NAME.key_secret file of "
+        "zmq.auth.create_certificates), admitting only --zmq-curve-allowed-clients",
+    )
+    group.add_argument(
+        "--zmq-curve-allowed-clients",
+        default=None,
+        metavar="DIR",
+        help="the public certificates (*.key) of the ZMQ clients admitted under CurveZMQ",
+    )
+    group.add_argument(
         "--api-key",
         # Like vLLM's VLLM_API_KEY: a key in the environment stays out of `ps`, unlike a flag.
         default=os.environ.get("BATON_API_KEY") or None,
-        help="require this bearer token on the HTTP API (default: $BATON_API_KEY)",
+        help="require this bearer token on every HTTP route but /health and /metrics "
+        "(default: $BATON_API_KEY)",
     )
     group.add_argument("--served-model-name", default=None)
     group.add_argument(

@@ -1,8 +1,9 @@
 """`baton launch`: start every server process, wait until each is ready, supervise them.
 
-If any child dies, the rest are stopped and the launcher exits non-zero: no orphans (children
-also die with the launcher, via PR_SET_PDEATHSIG). Ctrl-C / SIGTERM stop everything cleanly: the
-frontend drains its open requests first (`--shutdown-timeout`); a second signal cuts them.
+If any child dies, the frontend ends every open request at once ("unavailable"), the rest are
+stopped and the launcher exits non-zero: no orphans (children also die with the launcher, via
+PR_SET_PDEATHSIG). Ctrl-C / SIGTERM stop everything cleanly: the frontend drains its open
+requests first (`--shutdown-timeout`); a second signal cuts them.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from baton.addresses import ServerAddresses
 from baton.checkpoint.chat_template import read_chat_template
 from baton.checkpoint.model_config import CheckpointError
 from baton.checkpoint.source import load_model_config
-from baton.child_process import LauncherMessage, start_child
+from baton.child_process import PIPELINE_LOST_SIGNAL, LauncherMessage, start_child
 from baton.config import BatonConfig
 from baton.config_cli import add_config_args, config_from_args
 from baton.cpu_binding import AUTO, NOBIND, resolve_binding
 from baton.generation_defaults import load_sampling_defaults
 from baton.messages import Codec
 from baton.process_messages import Shutdown
+from baton.zmq_curve import CurveServerKeys
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,7 @@ class Server:
         self.addresses = ServerAddresses.create(config.host, config.zmq_port)
         self.processes: dict[str, subprocess.Popen] = {}
         self.info: dict[str, str] = {}
+        self.serving = False  # every child reported ready
         self._context = zmq.Context()
         self._ready = self._context.socket(zmq.PULL)
         self._ready.bind(self.addresses.launcher)
@@ -89,7 +92,7 @@ class Server:
                 return False
             dead = self.dead_child()
             if dead is not None:
-                raise ServerStartError(f"{dead} process exited during startup")
+                raise ServerStartError(f"{dead} process {self.how_it_ended(dead)} during startup")
             if time.monotonic() > deadline:
                 raise ServerStartError(
                     f"not ready after {timeout:.0f}s: {', '.join(sorted(pending))}"
@@ -104,6 +107,7 @@ class Server:
                 raise ServerStartError(f"{report.name} failed to start:{separator}{report.error}")
             pending.discard(report.name)
             self.info.update(report.info)
+        self.serving = True
         return True
 
     def cut_drain(self) -> None:
@@ -119,18 +123,26 @@ class Server:
                 return name
         return None
 
+    def how_it_ended(self, name: str) -> str:
+        """How the exited child `name` ended: "was killed by SIGKILL", "exited with status 1"."""
+        status = self.processes[name].returncode
+        if status < 0:
+            return f"was killed by {signal.Signals(-status).name}"
+        return f"exited with status {status}"
+
     def stop(self, grace: float = 5.0, drain: bool = True) -> None:
-        """Stop every child and clean up. With `drain`, the frontend goes first: on SIGTERM it
+        """Stop every child and clean up. The frontend goes first: with `drain` (SIGTERM) it
         lets its open requests finish (up to `shutdown_timeout`) while the pipeline still
-        serves them. Then Shutdown to the scheduler and detokenizer (they leave their loops),
-        SIGTERM to all, SIGKILL for any still alive after `grace` seconds."""
+        serves them; without (a child died), a serving frontend ends them at once
+        (PIPELINE_LOST_SIGNAL). Then Shutdown to the scheduler and detokenizer (they leave
+        their loops), SIGTERM to all, SIGKILL for any still alive after `grace` seconds."""
         frontend = self.processes.get("frontend")
-        if drain and frontend is not None and frontend.poll() is None:
-            frontend.terminate()
+        if frontend is not None and frontend.poll() is None and (drain or self.serving):
+            frontend.send_signal(signal.SIGTERM if drain else PIPELINE_LOST_SIGNAL)
             try:
-                frontend.wait(self.config.shutdown_timeout + grace)
+                frontend.wait(self.config.shutdown_timeout + grace if drain else grace)
             except subprocess.TimeoutExpired:
-                logger.warning("the frontend did not finish draining; stopping it")
+                logger.warning("the frontend did not end its open requests; stopping it")
         for address in (self.addresses.scheduler, self.addresses.detokenizer):
             with self._context.socket(zmq.PUSH) as shutdown:
                 shutdown.setsockopt(zmq.LINGER, 200)
@@ -168,6 +180,7 @@ def run(config: BatonConfig) -> int:
         # Refused here in one line rather than by every child with a traceback.
         load_model_config(config.model).served_context_length(config.max_model_len)
         load_sampling_defaults(config)
+        CurveServerKeys.from_config(config)
         if config.chat_template is not None:
             read_chat_template(config.chat_template)
         if config.speculative_config is not None and config.speculative_config.model:
@@ -219,11 +232,11 @@ def _serve(server: Server, stopping: Callable[[], bool]) -> int:
     while not stopping():
         dead = server.dead_child()
         if dead is not None:
-            logger.error("%s process died; stopping the server", dead)
+            logger.error("%s process %s; stopping the server", dead, server.how_it_ended(dead))
             exit_code = 1
             break
         time.sleep(0.2)
-    # With a child dead, the open requests cannot finish: nothing to drain.
+    # With a child dead, the open requests cannot finish: they are cut, not drained.
     server.stop(drain=exit_code == 0)
     return exit_code
 

@@ -118,9 +118,10 @@ class LLM:
         try:
             while unqueued or pending:
                 # Any number of prompts, as vLLM's LLM takes: the scheduler holds at most
-                # `max_waiting_requests` waiting, and the rest join as it admits them (so past
-                # that many, a later prompt's priority cannot overtake an earlier one).
-                while unqueued and len(self.scheduler.waiting) < self.config.max_waiting_requests:
+                # `max_waiting_requests` waiting (`max_queued_requests_per_client`, if fewer: the
+                # LLM is one client), and the rest join as it admits them (so past that many, a
+                # later prompt's priority cannot overtake an earlier one).
+                while unqueued and self.scheduler.queue_refusal() is None:
                     pending.add(self._queue(*unqueued.popleft(), outputs, detokenizers))
                 for step in self.scheduler.step():
                     if step.rid in pending:

@@ -9,11 +9,14 @@ detokenizer (`DetokenizerMessage`) each iteration's `SchedulerOutputs` (the Requ
 requests it admitted, then their `StepOutput`s), its `ForwardedStats` and its refusals
 (`RequestFailed`); the tokenizer sends the detokenizer its own refusals and the replies it
 answers itself (`ForwardedTokenizeReply`). The detokenizer turns all of these into the client's
-replies, and sends the scheduler an `AbortRid` when a stop string matches or a client vanishes.
+replies, and sends the scheduler an `AbortRid` when a stop string matches or a client vanishes,
+and a `PauseRid` for a client whose replies wait unread.
 The launcher ends both loops with `Shutdown`.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import msgspec
 
@@ -95,9 +98,10 @@ class RequestStarted(msgspec.Struct, tag="started", kw_only=True):
 class TokenizedRequest(msgspec.Struct, tag="tokenized", kw_only=True):
     """A validated request with its prompt as token ids; `rid` is unique server-wide and the one
     id below the tokenizer. `started` is the tokenizer's registration of the request with the
-    detokenizer: the scheduler passes it on, unread, once it admits the request (and routes a
-    refusal by it), so what only the detokenizer needs (stop strings, the client's own id)
-    never rides through the scheduler's state."""
+    detokenizer: the scheduler passes it on once it admits the request, reading only its
+    `client_id` (the key of the client's share of the waiting queue, and where a refusal goes),
+    so what only the detokenizer needs (stop strings, the client's own id) never rides through
+    the scheduler's state."""
 
     rid: str
     prompt_token_ids: list[int]
@@ -119,11 +123,19 @@ class AbortRid(msgspec.Struct, tag="abort_rid", kw_only=True):
     reason: FinishReason = "abort"
 
 
+# Who holds a request paused: its client, whose reader is behind (a PauseRequest, through the
+# tokenizer), or the server, where the client's replies wait unread (the detokenizer). Each
+# lifts only its own hold, so neither resumes what the other paused: a client that never reads
+# cannot resume itself, and a server catching up cannot resume a reader that is still behind.
+PauseHolder = Literal["client", "server"]
+
+
 class PauseRid(msgspec.Struct, tag="pause_rid", kw_only=True):
-    """A client's PauseRequest by server-wide id."""
+    """Pause or resume a request by server-wide id, for its client or for the server."""
 
     rid: str
     paused: bool
+    holder: PauseHolder = "client"
 
 
 class ForwardedStatsRequest(msgspec.Struct, tag="stats_fwd", kw_only=True):

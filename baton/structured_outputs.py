@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 import msgspec
-from llguidance import LLMatcher
+from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
 from llguidance.gbnf_to_lark import any_to_lark
 
 from baton.json_values import non_json_problem
@@ -34,6 +34,17 @@ ANY_JSON_OBJECT = {"type": "object"}
 # space, or a line break and indentation, so pretty-printed JSON passes, but bounded: a small
 # model left free to emit whitespace tends to emit nothing else until max_tokens.
 JSON_WHITESPACE = r"[ \t]?|\r?\n[ \t]{0,24}"
+# llguidance's error (the first line of a matcher's) when not even a first byte can come: at the
+# start, a constraint that admits no output at all.
+NO_OUTPUT_ERRORS = ("NoExtension", "NoExtensionBias")
+# What such a constraint has done wrong, for each kind that can admit nothing.
+NO_OUTPUT_REASONS = {
+    "json": "no JSON value satisfies the schema (e.g. its $refs only refer to each other or to "
+    "themselves, with no base case)",
+    "regex": "the regex matches no text",
+    "grammar": "no text matches the grammar (e.g. its rules only refer to each other or to "
+    "themselves, with no base case)",
+}
 
 
 class InvalidConstraint(ValueError):
@@ -95,6 +106,8 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         error = LLMatcher.validate_grammar(grammar)
         if error:
             raise InvalidConstraint(f"invalid {name} constraint: {error.strip()}")
+        if name in NO_OUTPUT_REASONS and _admits_no_output(grammar):
+            raise InvalidConstraint(f"invalid {name} constraint: {NO_OUTPUT_REASONS[name]}")
         return grammar
 
     def _grammar(self, name: str) -> str:
@@ -177,6 +190,37 @@ def _closed(schema: dict[str, Any]) -> dict[str, Any]:
                 children = list(node[key].values())
             pending.extend((child, key == "allOf") for child in children if isinstance(child, dict))
     return root
+
+
+class _ByteVocabulary:
+    """A vocabulary of the 256 bytes and an end token, as llguidance's TokenizerWrapper reads
+    one: it spells any text, so a grammar it cannot start admits no output under any
+    tokenizer."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = (*(bytes([byte]) for byte in range(256)), b"")
+    special_token_ids = (eos_token_id,)
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+@functools.cache
+def _byte_tokenizer() -> LLTokenizer:
+    return LLTokenizer(TokenizerWrapper(_ByteVocabulary()))
+
+
+def _admits_no_output(grammar: str) -> bool:
+    """Whether no output, not even a first byte, satisfies `grammar`. llguidance tells only
+    once a mask is asked for, which validate_grammar does not do: asked here, over bytes, the
+    refusal comes where the request is validated and names its field. A grammar that names
+    tokens may not compile over bytes: the scheduler judges it against the model's vocabulary."""
+    matcher = LLMatcher(_byte_tokenizer(), grammar, log_level=0)
+    if not matcher.is_error():
+        matcher.compute_bitmask()
+    first_line = next(iter(matcher.get_error().splitlines()), "")
+    return first_line in NO_OUTPUT_ERRORS
 
 
 def _copied(item: Any) -> Any:

@@ -96,6 +96,15 @@ def test_a_stream_interval_under_one_is_refused(value: str) -> None:
         config_from_args(build_parser().parse_args(["launch", "--stream-interval", value]))
 
 
+def test_the_per_client_queue_cap_is_set_and_checked() -> None:
+    """0 would refuse every request as overloaded."""
+    flag = "--max-queued-requests-per-client"
+    config = config_from_args(build_parser().parse_args(["launch", flag, "8"]))
+    assert config.max_queued_requests_per_client == 8
+    with pytest.raises(SystemExit, match="max_queued_requests_per_client must be >= 1, got 0"):
+        config_from_args(build_parser().parse_args(["launch", flag, "0"]))
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

@@ -22,8 +22,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("baton.child_process",),
     ("baton.engine.cpu", "baton.engine.native", "baton.engine.batch"),
     ("baton.engine.kv", "baton.engine.weights", "baton.engine.attention"),
-    ("baton.engine.models", "baton.engine.graphs"),
-    ("baton.engine.sampling",),
+    ("baton.engine.models",),
+    ("baton.engine.sampling", "baton.engine.graphs"),
     ("baton.engine.speculation",),
     ("baton.engine",),
     ("baton.scheduler_proc", "baton.tokenizer_proc", "baton.detokenizer_proc"),
@@ -57,6 +57,7 @@ FOUNDATION = (
 ROOM_OF_MODULE = {"baton.generation_defaults": "baton.checkpoint"}
 ROOM_OF_MODULE |= dict.fromkeys(FOUNDATION, "foundation")
 ROOM_OF_MODULE["baton.client_connection"] = "baton.client"
+ROOM_OF_MODULE["baton.zmq_curve"] = "baton.client"  # clients and the server's sockets share it
 
 
 def package_modules() -> dict[str, Path]:

@@ -15,66 +15,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO
 
 import httpx
 import pytest
-from helpers import free_port_pair
+from helpers.launcher import child_pid, children_of, start_launcher, wait_dead
 
 SYS_TGKILL_X86_64 = 234
-
-
-def children_of(pid: int) -> dict[int, str]:
-    """Direct children of `pid` and their command lines (Linux /proc)."""
-    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    result = {}
-    for child in map(int, text.split()):
-        cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        result[child] = cmdline
-    return result
-
-
-def alive(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "\nState:\tZ" not in status  # a zombie has exited
-
-
-def start_launcher(
-    model_dir: Path,
-    env: dict[str, str] | None = None,
-    extra_args: tuple[str, ...] = (),
-    stderr: IO[str] | None = None,
-) -> tuple[subprocess.Popen, dict[int, str]]:
-    command = [sys.executable, "-m", "baton.launch", "--model", str(model_dir), "--port", "0"]
-    if env is None or "BATON_API_KEY" not in env:  # tcp is refused with an API key
-        command += ["--zmq-port", str(free_port_pair())]
-    launcher = subprocess.Popen(
-        [*command, *extra_args], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
-    )
-    deadline = time.monotonic() + 120
-    for line in launcher.stdout:
-        if line.startswith("Baton ready"):
-            break
-        assert time.monotonic() < deadline, "launcher never became ready"
-    launcher.http_url = next(launcher.stdout).split(": ", 1)[1].strip()  # type: ignore[attr-defined]
-    children = children_of(launcher.pid)
-    assert len(children) == 4  # scheduler, detokenizer, tokenizer, frontend
-    return launcher, children
-
-
-def child_pid(children: dict[int, str], process: str) -> int:
-    (pid,) = [pid for pid, cmd in children.items() if f"baton.{process}" in cmd]
-    return pid
-
-
-def wait_dead(pids, timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
-        time.sleep(0.1)
-    return [pid for pid in pids if alive(pid)]
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")

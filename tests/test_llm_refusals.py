@@ -49,6 +49,15 @@ def test_more_prompts_than_the_waiting_queue_holds_all_run(llm: LLM) -> None:
     assert_nothing_queued(llm)
 
 
+def test_more_prompts_than_one_clients_share_of_the_queue_all_run() -> None:
+    """The LLM is one client: past `max_queued_requests_per_client` (2 here), fewer than
+    `max_waiting_requests`, its prompts join as the scheduler admits the earlier ones too."""
+    llm = LLM(RANDOM_MODEL_NAME, max_queued_requests_per_client=2)
+    outputs = llm.generate([[5 + i, 9, 13 + i] for i in range(5)], SHORT)
+    assert [len(output.token_ids) for output in outputs] == [2] * 5
+    assert_nothing_queued(llm)
+
+
 def test_a_request_the_server_can_never_run_queues_none_of_its_batch() -> None:
     """Penalties under speculative decoding: the scheduler's own refusal, made before the
     batch's first request is queued."""

@@ -16,6 +16,11 @@ from baton.structured_outputs import (
 )
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+# References that lead only to each other: no value ends the chain.
+LOOPING_SCHEMA = {
+    "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+    "$ref": "#/$defs/a",
+}
 
 
 @pytest.mark.parametrize(
@@ -50,6 +55,11 @@ def test_each_kind_of_constraint_becomes_a_grammar(constraint: StructuredOutputs
         (StructuredOutputsParams(choice=["x"] * (MAX_CHOICES + 1)), "choice needs 1 to"),
         (StructuredOutputsParams(grammar="start: undefined_rule"), "invalid grammar constraint"),
         (StructuredOutputsParams(regex="a" * (MAX_CONSTRAINT_CHARS + 1)), "longer than"),
+        # Constraints no output satisfies, which llguidance reports only as "NoExtensionBias",
+        # and only once a mask is asked for.
+        (StructuredOutputsParams(regex=r"[^\s\S]"), "invalid regex constraint: .* matches no"),
+        (StructuredOutputsParams(json=LOOPING_SCHEMA), "invalid json constraint: .* no base case"),
+        (StructuredOutputsParams(grammar="start: a\na: a"), "invalid grammar .* no base case"),
     ],
 )
 def test_malformed_constraints_are_refused_naming_the_field(

@@ -92,10 +92,19 @@ class DetokenizerService:
             _add_reply(handled, message.client_id, message.reply)
         return handled
 
+    def generating_rids(self, client_id: bytes) -> list[str]:
+        """The rids of a client's requests the scheduler still generates for (a stopped one is
+        being aborted already)."""
+        return [
+            rid
+            for rid, state in self._requests.items()
+            if state.client_id == client_id and not state.stopped
+        ]
+
     def client_vanished(self, client_id: bytes) -> list[AbortRid]:
         """Forget a client's requests; the aborts the scheduler needs for those still running."""
+        aborts = [AbortRid(rid=rid) for rid in self.generating_rids(client_id)]
         rids = [rid for rid, state in self._requests.items() if state.client_id == client_id]
-        aborts = [AbortRid(rid=rid) for rid in rids if not self._requests[rid].stopped]
         for rid in rids:
             del self._requests[rid]
         return aborts

@@ -49,7 +49,8 @@ def create_app(
         model_name=name,
         model_root=config.model or name,
         max_model_len=max_model_len,
-        max_choices=config.max_running_requests + config.max_waiting_requests,
+        max_choices=config.max_running_requests
+        + min(config.max_waiting_requests, config.max_queued_requests_per_client),
         watchdog_timeout=config.watchdog_timeout,
         created=int(time.time()),
         metrics=FrontendMetrics(name),

@@ -1,5 +1,8 @@
-"""API-key check: with `api_key` set, every /v1 route, /tokenize and /detokenize need
-"Authorization: Bearer <key>" (vLLM leaves the last two open; they make the server work).
+"""API-key check: with `api_key` set, every route but /health and /metrics needs
+"Authorization: Bearer <key>": the /v1 API, /tokenize and /detokenize (they make the server
+work), and /server_info, /version and /openapi.json (they describe the model, the machine and
+the scheduler to whoever asks). vLLM checks /v1 only; here a route is closed unless it is named
+open, so one added later cannot be left open by mistake.
 
 /health and /metrics stay open, as in vLLM, so probes and scrapers need no secret. A pure ASGI
 middleware, so a request without the key is refused before its body is read.
@@ -13,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from baton.frontend.errors import OpenAIError
 
-PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
+OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
 class ApiKeyMiddleware:
@@ -24,7 +27,7 @@ class ApiKeyMiddleware:
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(PROTECTED_PREFIXES):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization", b"")

@@ -29,6 +29,7 @@ ERROR_KINDS = {
     404: ("invalid_request_error", "not_found"),
     405: ("invalid_request_error", "method_not_allowed"),
     413: ("invalid_request_error", "request_too_large"),
+    431: ("invalid_request_error", "headers_too_large"),
     429: ("rate_limit_error", "overloaded"),
     500: ("server_error", "internal"),
     503: ("server_error", "unavailable"),

@@ -49,7 +49,7 @@ async def list_models(request: Request) -> Response:
 
 @router.get("/version")
 async def server_version() -> Response:
-    """The server's version (vLLM's route), open like /health."""
+    """The server's version (vLLM's route); with --api-key it needs the key (auth.py)."""
     try:
         installed = version("baton")
     except PackageNotFoundError:  # run from a source tree that was never installed

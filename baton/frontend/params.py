@@ -127,7 +127,8 @@ def completion_choices(
         raise OpenAIError(
             400,
             f"{len(prompts)} prompts x n={request.n} is more choices than this server admits "
-            f"at once ({max_choices}: --max-running-requests + --max-waiting-requests)",
+            f"at once ({max_choices}: --max-num-seqs running, and as many waiting as the queue "
+            "holds for one client)",
             param="prompt",
         )
     echo: EchoMode | None = None

@@ -19,6 +19,7 @@ from baton.frontend.app import create_app, served_model_name
 from baton.frontend.drain import DrainingServer
 from baton.frontend.http_protocol import OpenAIErrorHttpProtocol
 from baton.generation_defaults import load_sampling_defaults
+from baton.zmq_curve import server_as_client
 
 logger = logging.getLogger(__name__)
 
@@ -42,9 +43,10 @@ def serve(
     # Where the model is and its config.json: the frontend needs its name and context length,
     # not its tokenizer (the tokenizer and detokenizer processes hold that).
     source = resolve_model(config.model)
+    curve = server_as_client(config)  # on --zmq-port under CurveZMQ, the server's own keys
 
     async def connect() -> BatonClient:
-        client = BatonClient(addresses.requests, addresses.replies)
+        client = BatonClient(addresses.requests, addresses.replies, curve=curve)
         await client.connect(CONNECT_TIMEOUT_S)
         return client
 

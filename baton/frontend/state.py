@@ -55,7 +55,8 @@ class FrontendState:
     model_root: str
     max_model_len: int
     # Choices (prompts x n) one request may have: more could never all be admitted at once, as
-    # the scheduler holds --max-running-requests running and --max-waiting-requests waiting.
+    # the scheduler holds --max-running-requests running and --max-waiting-requests waiting, of
+    # which the frontend, one client, may have --max-queued-requests-per-client.
     max_choices: int
     # /health answers 503 while one engine step has run longer than this (--watchdog-timeout).
     watchdog_timeout: float

@@ -11,7 +11,7 @@ from pydantic import field_validator
 
 from baton.client import BatonClient
 from baton.frontend.chat_protocol import ChatTemplateRequest
-from baton.frontend.errors import json_response
+from baton.frontend.errors import OpenAIError, json_response
 from baton.frontend.params import chat_messages, chat_options
 from baton.frontend.protocol import NullMeansDefault, TokenId
 from baton.frontend.state import frontend_state
@@ -97,11 +97,14 @@ async def _tokenized(
 
 
 def _tokenize_body(raw: bytes) -> TokenizeTextBody | TokenizeChatBody:
-    """A chat request if the body has `messages`, else a completion one (vLLM's union)."""
+    """A chat request if the body has `messages`, else a completion one (vLLM's union); a 400
+    for both, which the ZMQ protocol refuses too, rather than one of them silently dropped."""
     try:
         fields: Any = json.loads(raw)
     except (ValueError, RecursionError):  # nesting past Python's stack, too
         fields = None  # the model's own parse reports it, as for every other route
     if isinstance(fields, dict) and fields.get("messages") is not None:
+        if fields.get("prompt") is not None:
+            raise OpenAIError(400, "exactly one of prompt and messages must be set (got both)")
         return TokenizeChatBody.model_validate_json(raw)
     return TokenizeTextBody.model_validate_json(raw)

@@ -11,6 +11,7 @@ from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.request_order import RequestOrder
 from baton.scheduler_proc.sequence import Sequence
 from baton.scheduler_proc.sequence_state import ScheduledStep, SequenceStatus
+from baton.scheduler_proc.waiting_queue import WaitingQueue
 
 
 @dataclass
@@ -28,13 +29,14 @@ class BatchPolicy:
     prefill-first (default, mini-SGLang): a batch of prefill chunks under the token budget when
     any prefill work exists, else a decode batch of every running sequence. decode-first (vLLM's
     chunked prefill): every decodable sequence, then prefill chunks in the remaining budget.
-    Admission takes the waiting queue in the policy's order (`RequestOrder`: both lists are kept
-    most urgent first) and stops at the first request whose chunk does not fit in the pages that
-    remain after a one-page reserve per decoding sequence. When a decode cannot get a page the
-    least urgent running sequence is preempted (`preempt` callback), which may be the sequence
-    itself. A paused sequence (its client stopped reading) goes first, for a decode and for an
-    admission alike: it holds pages it is not using, and its client may never read again, so
-    one slow reader must not keep the pages every other request waits for.
+    Admission takes the waiting queue in the policy's order (`RequestOrder`: both are kept most
+    urgent first), clients of equal rank in turn (`WaitingQueue`), and stops at the first
+    request whose chunk does not fit in the pages that remain after a one-page reserve per
+    decoding sequence. When a decode cannot get a page the least urgent running sequence is
+    preempted (`preempt` callback), which may be the sequence itself. A paused sequence (its
+    client stopped reading) goes first, for a decode and for an admission alike: it holds pages
+    it is not using, and its client may never read again, so one slow reader must not keep the
+    pages every other request waits for.
 
     With speculative decoding a decode becomes a speculative step of up to
     `num_speculative_tokens` drafts, fewer near max_tokens or the context's end or the token
@@ -49,7 +51,7 @@ class BatchPolicy:
         kv: KVCacheManager,
         order: RequestOrder,
         running: list[Sequence],
-        waiting: list[Sequence],
+        waiting: WaitingQueue,
         free_slots: list[int],
         preempt: Callable[[Sequence], bool],
         max_model_len: int,
@@ -70,7 +72,7 @@ class BatchPolicy:
     def next_batch(self) -> list[ScheduledRow]:
         """Schedule the next batch's rows (empty when there is nothing to run)."""
         if self.order.changes_as_requests_run:
-            self.order.sort(self.waiting)
+            self.waiting.sort()
             self.order.sort(self.running)
         if self.decode_first:
             rows = self._schedule_decodes(self.chunk_size)
@@ -92,8 +94,7 @@ class BatchPolicy:
                 return rows
             budget -= num_tokens
         while budget > 0 and self.free_slots and len(self.running) < self.max_running:
-            # The most urgent waiting sequence whose client is reading.
-            seq = next((seq for seq in self.waiting if not seq.paused), None)
+            seq = self.waiting.next_to_admit()
             if seq is None:
                 break
             row = self._admit(seq, budget)
@@ -118,7 +119,7 @@ class BatchPolicy:
                 seq.release(self.kv)  # drops the prefix lock taken above; nothing was computed
                 return None
         row = ScheduledRow(seq, seq.schedule_prefill(num_tokens, self.kv), entered_slot=True)
-        self.waiting.remove(seq)
+        self.waiting.admit(seq)
         seq.admit(self.free_slots.pop(), row.step)
         self.order.insert(self.running, seq)
         return row

@@ -148,7 +148,7 @@ class SchedulerService:
         if isinstance(message, AbortRid):
             self.scheduler.abort_request(message.rid, message.reason)
         elif isinstance(message, PauseRid):
-            self.scheduler.set_paused(message.rid, message.paused)
+            self.scheduler.set_paused(message.rid, message.paused, message.holder)
         elif isinstance(message, ForwardedStatsRequest):
             stats = self.scheduler.aggregate_stats()
             stats.engine_step_seconds = self._step_seconds()
@@ -169,6 +169,7 @@ class SchedulerService:
                 request.priority,
                 request.deadline_ms,
                 request.reasoning_end_token,
+                client=request.started.client_id,
             )
         except RequestError as error:
             return RequestFailed(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from baton.messages import FinishReason
+from baton.process_messages import PauseHolder
 from baton.scheduler_proc.sequence_state import (
     EventKind,
     RequestTimes,
@@ -34,8 +35,9 @@ class RequestLifecycle:
         self.in_flight_batches = 0  # batches launched but not yet processed that contain it
         self.num_preemptions = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
-        # Its client is not reading: not scheduled (nor admitted) until resumed.
-        self.paused = False
+        # Who holds it paused (process_messages.PauseHolder): not scheduled (nor admitted) while
+        # any does; each hold is lifted only by its holder.
+        self._pause_holders: set[PauseHolder] = set()
         self.times = RequestTimes(arrival_time if arrival_time is not None else time.monotonic())
         # How urgent it is, for the scheduling policy (request_order.py): lower priority first;
         # the deadline is absolute (monotonic clock), None when the request gave none.
@@ -55,13 +57,24 @@ class RequestLifecycle:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def set_paused(self, paused: bool) -> bool:
-        """Pause (RUNNING -> PAUSED: pages kept, no step scheduled) or resume; a waiting
-        sequence that is paused is not admitted, and becomes RUNNING only once resumed. True if
-        this changed anything."""
-        if paused == self.paused or self.status is SequenceStatus.FINISHED:
+    @property
+    def paused(self) -> bool:
+        """Its client or the server holds it paused (its client is not reading)."""
+        return bool(self._pause_holders)
+
+    def set_paused(self, paused: bool, holder: PauseHolder = "client") -> bool:
+        """Place or lift `holder`'s hold: the first hold pauses (RUNNING -> PAUSED: pages kept,
+        no step scheduled), lifting the last resumes; a waiting sequence that is paused is not
+        admitted, and becomes RUNNING only once resumed. True if `paused` changed."""
+        if self.status is SequenceStatus.FINISHED:
             return False
-        self.paused = paused
+        was_paused = self.paused
+        if paused:
+            self._pause_holders.add(holder)
+        else:
+            self._pause_holders.discard(holder)
+        if self.paused == was_paused:
+            return False
         if paused and self.status is SequenceStatus.RUNNING:
             self.status = SequenceStatus.PAUSED
         elif not paused and self.status is SequenceStatus.PAUSED:

@@ -56,6 +56,8 @@ class RequestOrder:
     def __init__(self, policy: SchedulingPolicy, costs: WorkCosts | None = None) -> None:
         self.policy = policy
         self.costs = costs or WorkCosts()
+        # Every key ends with the arrival time, so ties keep arrival order and `rank` is the key
+        # without it.
         keys: dict[SchedulingPolicy, Callable[[Sequence], tuple[float, ...]]] = {
             "fcfs": lambda seq: (seq.times.arrival,),
             "priority": lambda seq: (seq.priority, seq.times.arrival),
@@ -68,6 +70,12 @@ class RequestOrder:
     def changes_as_requests_run(self) -> bool:
         """Whether a sorted list goes out of order as requests progress (lrs: remaining time)."""
         return self.policy == "lrs"
+
+    def rank(self, seq: Sequence) -> tuple[float, ...]:
+        """How urgent `seq` is, arrival aside: requests of equal rank are equals under the policy
+        (all of them under fcfs; one priority, one deadline, or none, under the others), which
+        admission takes round-robin across clients (waiting_queue.py)."""
+        return self.key(seq)[:-1]
 
     def insert(self, sequences: list[Sequence], seq: Sequence) -> None:
         """Put `seq` into the sorted `sequences`, after those as urgent (ties keep arrival)."""

@@ -8,12 +8,13 @@ again, but its pages and slot are released only once no in-flight batch contains
 from __future__ import annotations
 
 from baton.messages import FinishReason
-from baton.process_messages import StepOutput, TokenLogprob
+from baton.process_messages import PauseHolder, StepOutput, TokenLogprob
 from baton.scheduler_proc.held_outputs import HeldOutputs
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.request_order import RequestOrder
 from baton.scheduler_proc.sequence import Sequence
 from baton.scheduler_proc.stats import StatsCollector
+from baton.scheduler_proc.waiting_queue import WaitingQueue
 
 
 class RequestQueues:
@@ -30,8 +31,9 @@ class RequestQueues:
     ) -> None:
         self.kv = kv
         self.order = order
-        # Both kept most urgent first (request_order.py).
-        self.waiting: list[Sequence] = []
+        # Both kept most urgent first (request_order.py), the waiting queue per client and taken
+        # round-robin across clients (waiting_queue.py).
+        self.waiting = WaitingQueue(order)
         self.running: list[Sequence] = []
         self.releasing: list[Sequence] = []
         self.requests: dict[str, Sequence] = {}
@@ -40,11 +42,11 @@ class RequestQueues:
         self._held = HeldOutputs(stream_interval)
         self._num_paused = 0  # of `requests`: a loop with only paused ones waits for messages
 
-    def set_paused(self, rid: str, paused: bool) -> None:
-        """Pause a request (its client is not reading; it keeps its pages but gets no steps)
-        or resume it; unknown ids are ignored, as for aborts."""
+    def set_paused(self, rid: str, paused: bool, holder: PauseHolder = "client") -> None:
+        """Place or lift `holder`'s pause of a request (its client is not reading; paused, it
+        keeps its pages but gets no steps); unknown ids are ignored, as for aborts."""
         seq = self.requests.get(rid)
-        if seq is not None and seq.set_paused(paused):
+        if seq is not None and seq.set_paused(paused, holder):
             self._num_paused += 1 if paused else -1
 
     def _finish(
@@ -86,6 +88,6 @@ class RequestQueues:
             if seq.is_finished:
                 del self.requests[seq.rid]
                 self._num_paused -= seq.paused
-            else:  # preempted: back into the queue at its place in the policy's order
-                self.order.insert(self.waiting, seq)
+            else:  # preempted: back into its client's queue at its place in the policy's order
+                self.waiting.insert(seq)
         self.releasing[:] = still_busy

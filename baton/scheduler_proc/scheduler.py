@@ -92,16 +92,19 @@ class Scheduler(RequestQueues):
         priority: int = 0,
         deadline_ms: float | None = None,
         reasoning_end_token: int | None = None,
+        client: bytes = b"",
     ) -> None:
-        """Queue a request validated by `baton.validation` (the tokenizer process, or `LLM`);
-        RequestError (typed) where it cannot be taken now: a duplicate id, one this server can
-        never run (`Admission.check`), a full queue. A reply that opens in the model's reasoning
-        names the token that ends it: its constraint, if any, starts after that token."""
+        """Queue a request of `client` validated by `baton.validation` (the tokenizer process,
+        or `LLM`); RequestError (typed) where it cannot be taken now: a duplicate id, one this
+        server can never run (`Admission.check`), a full queue (`queue_refusal`). A reply that
+        opens in the model's reasoning names the token that ends it: its constraint, if any,
+        starts after that token."""
         if rid in self.requests:
             raise RequestError(f"request id {rid!r} is already in use")
         max_tokens = self.admission.check(len(prompt_ids), params)
-        if len(self.waiting) >= self.config.max_waiting_requests:
-            raise OverloadedError(f"{len(self.waiting)} requests waiting; retry later")
+        refusal = self.queue_refusal(client)
+        if refusal is not None:
+            raise OverloadedError(refusal)
         grammar = self.admission.grammar(params, reasoning_end_token)
         seq = Sequence(
             rid,
@@ -115,9 +118,24 @@ class Scheduler(RequestQueues):
             priority=priority,
             deadline_ms=deadline_ms,
             grammar=grammar,
+            client=client,
         )
         self.requests[rid] = seq
-        self.order.insert(self.waiting, seq)
+        self.waiting.insert(seq)
+
+    def queue_refusal(self, client: bytes = b"") -> str | None:
+        """Why a new request of `client` would be refused as overloaded now: the waiting queue
+        is full (--max-waiting-requests), or this client's share of it is
+        (--max-queued-requests-per-client); None if it would be queued."""
+        if len(self.waiting) >= self.config.max_waiting_requests:
+            return f"{len(self.waiting)} requests waiting; retry later"
+        queued = self.waiting.count(client)
+        if queued >= self.config.max_queued_requests_per_client:
+            return (
+                f"{queued} requests of this client waiting, the most one client may queue; "
+                "retry later"
+            )
+        return None
 
     def abort_request(self, rid: str, reason: FinishReason = "abort") -> None:
         """Finish a request early (client abort, or a stop string found downstream).

@@ -58,6 +58,7 @@ class Sequence(SequencePages):
         priority: int = 0,
         deadline_ms: float | None = None,
         grammar: GrammarMatcher | None = None,
+        client: bytes = b"",
     ) -> None:
         scores_prompt = params.prompt_logprobs is not None
         super().__init__(
@@ -67,6 +68,9 @@ class Sequence(SequencePages):
         self.max_tokens = max_tokens
         self.max_in_flight = max_in_flight
         self.generator = generator
+        # The client it came from (its ZMQ routing id; the offline LLM's are all b""): the key of
+        # its client's share of the waiting queue (waiting_queue.py), read for nothing else.
+        self.client = client
         # Structured outputs: built here, then the engine thread's alone (engine/batch/grammar.py).
         self.grammar = grammar
         # Speculative decoding: its steps with drafts, the drafts the engine verified for it,

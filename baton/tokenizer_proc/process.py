@@ -10,6 +10,7 @@ from baton.addresses import ServerAddresses
 from baton.child_process import IDLE_POLL_MS, ReadyReporter
 from baton.config import BatonConfig
 from baton.tokenizer_proc.service import TokenizerService
+from baton.zmq_curve import secure_client_facing
 
 
 def serve(
@@ -19,6 +20,7 @@ def serve(
     terminated (SIGTERM, from the launcher)."""
     service = TokenizerService.from_config(config)
     requests = context.socket(zmq.ROUTER)
+    secure_client_facing(requests, context, config)
     requests.bind(addresses.requests)
     outboxes = {
         "scheduler": context.socket(zmq.PUSH),

@@ -234,7 +234,7 @@ def test_server_info_names_the_machine_and_the_compute_plan(http: httpx.Client) 
     assert info["scheduler"]["total_pages"] > 0 and "cpu" not in info["scheduler"]
 
 
-def test_api_key_is_required_on_v1_and_tokenization_only(restricted_frontend: BatonConfig) -> None:
+def test_api_key_is_required_on_v1_and_tokenization(restricted_frontend: BatonConfig) -> None:
     url = base_url(restricted_frontend)
     with httpx.Client(base_url=url, timeout=30) as client:
         assert_error(client.post("/v1/completions", json=VALID), 401, "invalid_api_key")
@@ -248,6 +248,19 @@ def test_api_key_is_required_on_v1_and_tokenization_only(restricted_frontend: Ba
         assert_error(client.post("/v1/completions", content=b"{"), 401, "invalid_api_key")
         response = client.post("/v1/completions", json=VALID, headers=auth(restricted_frontend))
         assert response.status_code == 200
+        assert client.get("/health").status_code == 200
+        assert client.get("/metrics").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/server_info", "/version", "/openapi.json"])
+def test_api_key_is_required_on_what_describes_the_server(
+    restricted_frontend: BatonConfig, path: str
+) -> None:
+    """The model's path, the CPU, the scheduler's state and the route table: only probes and
+    scrapers (/health, /metrics) go without the key, as in vLLM."""
+    with httpx.Client(base_url=base_url(restricted_frontend), timeout=30) as client:
+        assert_error(client.get(path), 401, "invalid_api_key")
+        assert client.get(path, headers=auth(restricted_frontend)).status_code == 200
         assert client.get("/health").status_code == 200
         assert client.get("/metrics").status_code == 200
 

@@ -183,7 +183,8 @@ def test_app_in_process_errors() -> None:
             ).status_code
             statuses["health"] = (await client.get("/health")).status_code
             statuses["metrics"] = (await client.get("/metrics")).status_code
-            statuses["version"] = (await client.get("/version")).json()["version"]
+            version = await client.get("/version", headers=key)
+            statuses["version"] = version.json()["version"]
             models = (await client.get("/v1/models", headers=key)).json()
             statuses["models"] = models["data"][0]["max_model_len"]
         return statuses

@@ -28,6 +28,8 @@ SCHEMA = {
     "additionalProperties": False,
 }
 STORY = [{"role": "user", "content": "Tell me about a pet."}]
+# A schema whose only definition refers to itself: no value ends it.
+LOOPING = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
 
 
 def test_chat_json_schema_follows_the_schema(client: openai.OpenAI) -> None:
@@ -110,6 +112,17 @@ def test_streamed_choice_and_json_object(client: openai.OpenAI) -> None:
             "exactly one constraint",
         ),
         ({"structured_outputs": {}}, "structured_outputs", "got 0"),
+        # No output satisfies these: llguidance says only "NoExtensionBias", once compiled.
+        (
+            {"structured_outputs": {"regex": r"[^\s\S]"}},
+            "structured_outputs",
+            "invalid regex constraint: the regex matches no text",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": LOOPING}}},
+            "response_format",
+            "$refs only refer to each other or to themselves, with no base case",
+        ),
         (
             {"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
             None,

@@ -72,6 +72,9 @@ def test_detokenize_keeps_special_tokens(http: httpx.Client, offline: LLM) -> No
          400, "invalid_request", "at least 1 item"),
         ("/tokenize", {"messages": [{"role": "user", "content": "a"}], "add_special_tokens": True},
          400, "invalid_request", "add_special_tokens=true is not supported"),
+        # Once `messages` silently won: the ZMQ protocol refuses the mix too.
+        ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "a"}]},
+         400, "invalid_request", "exactly one of prompt and messages must be set (got both)"),
     ],
 )  # fmt: skip
 def test_bad_requests_are_openai_errors(

@@ -11,7 +11,7 @@ from llguidance import LLMatcher
 from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
 from baton.engine.batch.grammar import GrammarCompiler, GrammarError, GrammarMatcher, GrammarRow
 from baton.engine.sampling.grammar_masks import GrammarMasks
-from baton.structured_outputs import StructuredOutputsParams
+from baton.structured_outputs import InvalidConstraint, StructuredOutputsParams
 
 EOS = 257
 # The model's logits are wider than the tokenizer's vocabulary, as Qwen2's padded ones are.
@@ -78,9 +78,10 @@ def test_a_grammar_that_fails_on_its_mask_is_reported_not_taken_for_complete(
 ) -> None:
     """A matcher can fail while its mask is computed (llguidance's lexer giving up, or a
     schema that is only a reference to itself). The mask it leaves allows only EOS, which
-    would end the output as if the grammar were complete. (The compiler asks for the first
-    mask itself and refuses such a schema; this matcher skips it, as a later mask would.)"""
-    grammar = StructuredOutputsParams(json={"$ref": "#"}).llguidance_grammar()
+    would end the output as if the grammar were complete. (Validation refuses such a schema,
+    and the compiler asks for the first mask itself; this matcher skips both, as a later mask
+    would.)"""
+    grammar = LLMatcher.grammar_from_json_schema('{"$ref": "#"}')
     matcher = GrammarMatcher(LLMatcher(compiler._llguidance(), grammar, log_level=0))
     logits = torch.zeros(1, VOCAB)
     assert GrammarMasks().apply(logits, [GrammarRow(matcher, 0)]) == [0]
@@ -135,8 +136,9 @@ def test_a_grammar_the_tokenizer_cannot_serve_is_a_grammar_error(
     vocabulary lacks."""
     with pytest.raises(GrammarError, match="does not compile"):
         compiler.matcher(StructuredOutputsParams(grammar="start: <[99999]>"))
-    # A schema that is only a reference to itself fails at its first mask.
-    with pytest.raises(GrammarError, match="does not compile"):
+    # A schema that is only a reference to itself admits no output: refused in words before
+    # it is compiled, by the validation every constraint passes.
+    with pytest.raises(InvalidConstraint, match="no JSON value satisfies the schema"):
         compiler.matcher(StructuredOutputsParams(json={"$ref": "#"}))
 
 
