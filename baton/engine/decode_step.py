@@ -12,7 +12,7 @@ model's forward. `--enforce-eager` turns it off (vLLM's flag for "no CUDA graphs
 Nothing on this path creates a torch tensor: in a server each torch op gives up the GIL and
 waits to retake it while the scheduler thread runs Python, and the ~40 small ops a step used to
 run around the C call (the batch's index tensors, embedding, sampling) cost SmolLM2 about 3 ms
-a token that way (docs/benchmarks.md, session 9).
+a token that way (docs/benchmarks.md, "The native decode step and compact weights", 0b4f491).
 """
 
 from __future__ import annotations

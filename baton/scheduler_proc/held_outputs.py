@@ -1,6 +1,7 @@
 """`--stream-interval`: a request's new tokens go downstream every `interval` of them rather than
 every step. Each message wakes the detokenizer, the frontend and the client in turn, which on a
-small machine costs more CPU than the token itself (docs/benchmarks.md, session 14)."""
+small machine costs more CPU than the token itself (docs/benchmarks.md, "Serving around the
+engine", 4d64b18)."""
 
 from __future__ import annotations
 

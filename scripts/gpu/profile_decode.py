@@ -6,8 +6,8 @@ For each batch size: `rows` prompts of 128 tokens generate `--new-tokens` tokens
 ignore_eos) through the offline `LLM`, once to warm up and once under torch.profiler. Printed
 per decode token: the wall time, the time the GPU was busy with kernels, how many kernels were
 launched and how many times the CPU waited for the GPU (synchronisations and device-to-host
-copies); then the ops that took the most CPU time. Written for session 26's finding that a
-0.5B decode step took 17 ms on an H200 (docs/benchmarks.md): a step whose GPU time is a small
+copies); then the ops that took the most CPU time. Written for the finding (2026-11-28, a116f7c)
+that a 0.5B decode step took 17 ms on an H200 (docs/benchmarks.md): a step whose GPU time is a small
 share of its wall time is bound by the CPU, which CUDA graphs would remove. `--device cpu` runs
 the same on the CPU (no GPU columns), to check the script.
 """

@@ -1,7 +1,7 @@
 """The engine on a CUDA GPU: greedy tokens and logits against transformers, the torch paged
 backend against a dense reference, and the FlashInfer backend against both.
 
-All 53 passed on an H200 (torch 2.11.0+cu130, FlashInfer 0.5.3) in session 26; figures in
+All 53 passed on an H200 (torch 2.11.0+cu130, FlashInfer 0.5.3) on 2026-11-28 (a116f7c); figures in
 docs/benchmarks.md. Every test here skips without a CUDA device (CI has none); the FlashInfer
 ones also skip where `flashinfer` does not import. `scripts/gpu/run_cuda_checks.sh` runs them
 on a GPU machine. With BATON_CUDA_METRICS set to a file, each test appends its numbers (max abs

@@ -24,7 +24,7 @@ COMPACT_MAX_ROWS = 32
 # Rows up to which a block weight's panels (AVX-512) beat oneDNN's packed float32 GEMM, so that
 # prefill chunks and mixed batches of that size take them too. Measured on the AMX Xeon with its
 # tiles off (SmolLM2's Q4_1 layer shapes, 2 threads): 1.9x faster at 33 rows, 1.45x at 64,
-# 1.09x at 96, even at 128, 0.94x at 144 (docs/benchmarks.md, session 26).
+# 1.09x at 96, even at 128, 0.94x at 144 (docs/benchmarks.md, "AVX-512 without AMX", 325041e).
 PANELS_MAX_ROWS = 128
 
 
