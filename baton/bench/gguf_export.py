@@ -13,12 +13,15 @@ prompts as token ids, so tokenization never decides what is computed. Uses the `
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from baton.checkpoint.gguf_metadata import GGUF_ARCHITECTURES
+from baton.checkpoint.gguf_metadata import GGUF_ARCHITECTURES, ROPE_FREQS_TENSOR
 from baton.checkpoint.load import load_checkpoint
+from baton.checkpoint.model_config import ModelConfig
 from baton.engine.weights.checkpoint_tensors import iter_weights
 from baton.engine.weights.gguf_names import (
     gguf_tensor_name,
@@ -58,6 +61,31 @@ def gguf_vocabulary(
     return tokens, types, [f"{tokens[-1]} {tokens[-1]}"]
 
 
+def llama3_rope_freq_factors(config: ModelConfig) -> np.ndarray:
+    """Llama 3's RoPE scaling as llama.cpp's converter writes it (`rope_freqs`): per rotary
+    frequency, the number it is divided by: 1 for wavelengths shorter than the original context
+    over high_freq_factor, the scaling factor for those longer than it over low_freq_factor, and
+    between them the reciprocal of the blend transformers applies."""
+    scaling = config.rope_scaling or {}
+    if scaling.get("rope_type") != "llama3":
+        raise ValueError(f"GGUF export covers llama3 RoPE scaling, not {scaling.get('rope_type')}")
+    factor, old_context = scaling["factor"], scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    # In float32, frequency by frequency, as the converter computes them.
+    exponents = torch.arange(0, config.head_dim, 2, dtype=torch.float32) / config.head_dim
+    factors = []
+    for frequency in 1.0 / (config.rope_theta**exponents):
+        wavelength = 2 * math.pi / frequency
+        if wavelength < old_context / high:
+            factors.append(1.0)
+        elif wavelength > old_context / low:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelength - low) / (high - low)
+            factors.append(float(1 / ((1 - smooth) / factor + smooth)))
+    return np.array(factors, dtype=np.float32)
+
+
 def export_gguf(model_dir: Path, dtype: str, target: Path, tensor_type: str | None = None) -> Path:
     """Write the Llama, Qwen2 or Qwen3 checkpoint in `model_dir` to `target`: 2-D tensors as
     `tensor_type` (a GGML type name such as "Q8_0"; default: that of `dtype`), 1-D ones in F32."""
@@ -70,8 +98,6 @@ def export_gguf(model_dir: Path, dtype: str, target: Path, tensor_type: str | No
         raise ValueError(
             f"GGUF export covers {', '.join(GGUF_ARCHITECTURES)}, not {config.architecture}"
         )
-    if config.rope_scaling is not None:
-        raise ValueError("GGUF export does not cover RoPE scaling")
     writer = gguf.GGUFWriter(str(target), arch)
     writer.add_name(model_dir.name)
     writer.add_context_length(config.max_position_embeddings)
@@ -101,6 +127,8 @@ def export_gguf(model_dir: Path, dtype: str, target: Path, tensor_type: str | No
     tokenizer = checkpoint.tokenizer
     writer.add_add_bos_token(tokenizer.encode("a")[:1] == [tokenizer.bos_token_id])
     quant = getattr(gguf.GGMLQuantizationType, quant_name)
+    if config.rope_scaling is not None:  # llama3 scaling, as llama.cpp's converter stores it
+        writer.add_tensor(ROPE_FREQS_TENSOR, llama3_rope_freq_factors(config))
     for name, tensor in iter_weights(checkpoint):
         values = tensor.to(torch.float32).numpy()
         heads = permuted_heads(name, config.num_heads, config.num_kv_heads)

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from baton.checkpoint.model_config import CheckpointError
+from baton.checkpoint.model_config import FREQ_FACTORS_ROPE, CheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +135,10 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
+# llama.cpp's tensor of RoPE frequency factors (the config's FREQ_FACTORS_ROPE scaling).
+ROPE_FREQS_TENSOR = "rope_freqs.weight"
+
+
 def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
     """A Hugging Face config.json for the GGUF's model; CheckpointError for an architecture
     Baton does not run."""
@@ -151,8 +155,6 @@ def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
     if missing:
         raise CheckpointError(f"{gguf_file}: GGUF metadata lacks {', '.join(missing)}")
     names = {tensor.name for tensor in reader.tensors}
-    if "rope_freqs.weight" in names:  # how llama.cpp stores Llama 3's RoPE scaling
-        raise CheckpointError(f"{gguf_file}: RoPE frequency factors (rope_freqs) are not supported")
     num_heads = _field(reader, f"{arch}.attention.head_count")
     hidden_size = _field(reader, f"{arch}.embedding_length")
     eos_ids = [_field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
@@ -170,6 +172,7 @@ def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
         "max_position_embeddings": _field(reader, f"{arch}.context_length"),
         "rms_norm_eps": _decimal(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": _decimal(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+        "rope_scaling": _rope_freq_factors(reader),
         "tie_word_embeddings": "output.weight" not in names,
         "attention_bias": "blk.0.attn_output.bias" in names or "blk.0.attn_q.bias" in names,
         "mlp_bias": "blk.0.ffn_up.bias" in names,
@@ -178,6 +181,21 @@ def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
         # llama.cpp and transformers compute a GGUF in float32, whatever its storage types.
         "torch_dtype": "float32",
     }
+
+
+def _rope_freq_factors(reader: Any) -> dict[str, Any] | None:
+    """The GGUF's RoPE frequency factors as the converted config's rope scaling, None without
+    them: llama.cpp's converter stores a Llama 3.1+ model's llama3 scaling as `rope_freqs`, one
+    factor per rotary frequency that divides it (1 for short wavelengths, the scaling factor for
+    long ones, a blend between). Kept as the file's float32 values, so the frequencies are
+    computed as llama.cpp computes them."""
+    import gguf
+
+    tensor = next((t for t in reader.tensors if t.name == ROPE_FREQS_TENSOR), None)
+    if tensor is None:
+        return None
+    factors = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(-1)
+    return {"rope_type": FREQ_FACTORS_ROPE, "factors": [float(value) for value in factors]}
 
 
 def _decimal(value: float) -> float:

@@ -36,6 +36,11 @@ class CheckpointError(ValueError):
     """A checkpoint (config, weights or tokenizer) that Baton cannot load; the message says why."""
 
 
+# The rope_type of a GGUF's RoPE frequency factors (llama.cpp's `rope_freqs`, each dividing its
+# frequency), as the GGUF's converted config names them: Baton's own, transformers has none.
+FREQ_FACTORS_ROPE = "freq_factors"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Everything the model code needs to know about a Llama / Qwen2 / Qwen3 checkpoint."""
@@ -107,7 +112,7 @@ class ModelConfig:
                 f"num_key_value_heads {num_kv_heads}"
             )
         head_dim = _positive_int(config, "head_dim", hidden_size // num_heads or None)
-        rope_theta, rope_scaling = _rope(config)
+        rope_theta, rope_scaling = _rope(config, head_dim)
         attention_bias = bool(config.get("attention_bias", False))
         is_qwen2 = architecture == "Qwen2ForCausalLM"
         return cls(
@@ -177,8 +182,8 @@ def _reject_sliding_window(config: dict[str, Any]) -> None:
         raise CheckpointError("config.json: sliding-window attention is not supported")
 
 
-def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, llama3 scaling or None) from either config style."""
+def _rope(config: dict[str, Any], head_dim: int) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, llama3 scaling, frequency factors or None) from either config style."""
     parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
     theta = parameters.get("rope_theta", config.get("rope_theta", 10000.0))
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
@@ -186,6 +191,9 @@ def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         raise CheckpointError("config.json: partial rotary embeddings are not supported")
     if rope_type in (None, "default"):
         return float(theta), None
+    if rope_type == FREQ_FACTORS_ROPE:
+        factors = _factors(parameters, head_dim)
+        return float(theta), {"rope_type": FREQ_FACTORS_ROPE, "factors": factors}
     if rope_type != "llama3":
         raise CheckpointError(
             f"config.json: unsupported rope_type {rope_type!r} (supported: default, llama3)"
@@ -195,3 +203,17 @@ def _rope(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
         raise CheckpointError(f"config.json: llama3 rope scaling lacks {', '.join(missing)}")
     scaling = {key: parameters[key] for key in _LLAMA3_ROPE_KEYS}
     return float(theta), {"rope_type": "llama3", **scaling}
+
+
+def _factors(parameters: dict[str, Any], head_dim: int) -> list[float]:
+    """A GGUF's RoPE frequency factors (gguf_metadata.py): one positive number per rotary
+    frequency."""
+    factors = parameters.get("factors")
+    count = head_dim // 2
+    if (
+        not isinstance(factors, list)
+        or len(factors) != count
+        or not all(isinstance(f, (int, float)) and f > 0 for f in factors)
+    ):
+        raise CheckpointError(f"config.json: RoPE frequency factors must be {count} numbers > 0")
+    return [float(factor) for factor in factors]

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from baton.checkpoint.model_config import FREQ_FACTORS_ROPE
 from baton.engine.native.formats import COMPACT_MAX_ROWS, TILES_MIN_ROWS, CompactWeight
 from baton.engine.native.library import NativeKernels
 
@@ -154,11 +155,14 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Inverse frequencies of RoPE (float32, [head_dim / 2]), llama3-rescaled when asked."""
+    """Inverse frequencies of RoPE (float32, [head_dim / 2]), llama3-rescaled when asked, or
+    divided by a GGUF's frequency factors (as llama.cpp divides them)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
     inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
+    if scaling["rope_type"] == FREQ_FACTORS_ROPE:
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
     # Llama 3.1: stretch long wavelengths by `factor`, keep short ones, blend in between
     # (same formula and float32 arithmetic as transformers' _compute_llama3_parameters).
     factor = scaling["factor"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from baton.checkpoint.gguf_metadata import ROPE_FREQS_TENSOR
 from baton.checkpoint.model_config import CheckpointError, ModelConfig
 from baton.engine.native.formats import FORMATS, CompactWeight
 from baton.engine.native.library import NativeKernels
@@ -54,6 +55,8 @@ def iter_gguf_weights(
         disable=not sys.stderr.isatty(),
     )
     for tensor in tensors:
+        if tensor.name == ROPE_FREQS_TENSOR:
+            continue  # not a weight: the converted config's rope scaling
         try:
             name = hf_tensor_name(tensor.name)
         except KeyError:
@@ -74,6 +77,8 @@ def iter_gguf_compact_weights(
     """The matrices stored in a format the compact kernel reads (native/formats.py), as
     stored: the blocks of each row, rows in HF order (see `_unpermute`)."""
     for tensor in _tensors(gguf_file):
+        if tensor.name == ROPE_FREQS_TENSOR:
+            continue
         name = hf_tensor_name(tensor.name)
         compact = _compact(tensor, name, config)
         if compact is not None:

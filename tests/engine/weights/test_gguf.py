@@ -12,12 +12,13 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from helpers import hf_greedy_generate
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
 from baton.checkpoint.gguf_metadata import converted_folder, gguf_cache_root
 from baton.checkpoint.load import load_checkpoint
-from baton.checkpoint.model_config import CheckpointError
+from baton.checkpoint.model_config import CheckpointError, ModelConfig
 from baton.checkpoint.source import load_model_config
 from baton.engine.weights.checkpoint_tensors import iter_weights
 from baton.engine.weights.gguf_names import (
@@ -35,14 +36,11 @@ def private_cache(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
 
 
-# The tiny llama's Llama 3 RoPE scaling is stored by llama.cpp as a rope_freqs tensor, which
-# Baton does not load: its GGUF twin has plain RoPE (biases, GQA and head_dim stay).
-PLAIN_ROPE = {"llama": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}}
-
-
 def _tiny(factory: Callable[..., Path], variant: str) -> Path:
+    """The tiny variant (the llama with its Llama 3 RoPE scaling, which its GGUF stores as
+    llama.cpp does: a rope_freqs tensor)."""
     # A few unused ids past the tokenizer's 259 give the GGUF's one merge a place (gguf_export).
-    return factory(variant, vocab_size=300, **PLAIN_ROPE.get(variant, {}))
+    return factory(variant, vocab_size=300)
 
 
 def _write(model_dir: Path, target: Path, tensor_type: str) -> Path:
@@ -100,6 +98,40 @@ def test_greedy_tokens_from_an_f32_gguf_equal_the_safetensors_ones(
     from_gguf = LLM(str(path), dtype="float32").generate(prompts, params)
     from_folder = LLM(str(model_dir), dtype="float32").generate(prompts, params)
     assert [o.token_ids for o in from_gguf] == [o.token_ids for o in from_folder]
+
+
+def test_a_llama3_gguf_with_rope_freqs_decodes_as_transformers_does(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A Llama 3.1-style GGUF (its RoPE scaling as llama.cpp's `rope_freqs` factors): Baton
+    divides each frequency by its factor, as llama.cpp does, and decodes token for token as
+    transformers does from the HF twin with its llama3 scaling, past the original context."""
+    model_dir = _tiny(tiny_model_factory, "llama")
+    path = _write(model_dir, tmp_path / "llama3.gguf", "F32")
+    config = load_checkpoint(str(path)).config
+    factors = config.rope_scaling["factors"]  # type: ignore[index]
+    assert config.rope_scaling["rope_type"] == "freq_factors"  # type: ignore[index]
+    # All three bands occur: kept (1), stretched (the factor, 8) and blended between.
+    assert 1.0 in factors and 8.0 in factors and any(1.0 < f < 8.0 for f in factors)
+    prompt = [(7 * i) % 250 + 3 for i in range(70)]  # longer than the original 64 positions
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    [output] = LLM(str(path), dtype="float32").generate([prompt], params)
+    assert output.token_ids == hf_greedy_generate(model_dir, prompt, 20)
+
+
+def test_rope_freq_factors_that_do_not_fit_are_named_in_one_line() -> None:
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 300,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 128,
+        "rope_scaling": {"rope_type": "freq_factors", "factors": [1.0, 2.0]},  # head_dim 8: 4
+    }
+    with pytest.raises(CheckpointError, match="must be 4 numbers > 0"):
+        ModelConfig.from_hf(config)
 
 
 def test_the_metadata_is_converted_once(
@@ -202,7 +234,7 @@ CONVERT_IN_A_LEAN_PROCESS = """
 import sys
 from pathlib import Path
 from baton.checkpoint.gguf_metadata import converted_folder
-from baton.checkpoint.model_config import CheckpointError
+from baton.checkpoint.model_config import CheckpointError, ModelConfig
 try:
     print(converted_folder(Path(sys.argv[1])))
 except CheckpointError as error:
