@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from baton.bench.gguf_export import cached_gguf
+from baton.bench.gguf_export import cached_gguf, llama3_rope_freq_factors
 from baton.checkpoint.load import load_checkpoint
+from baton.engine.models.layers import rope_inv_freq
 from baton.engine.weights.checkpoint_tensors import iter_weights
 from baton.engine.weights.gguf_names import gguf_tensor_name
 
@@ -76,8 +78,24 @@ def test_export_round_trips_weights_and_vocabulary(
             assert torch.equal(values, weight.to(getattr(torch, dtype)).float()), hf_name
 
 
-def test_export_refuses_what_it_cannot_write(tmp_path: Path, tiny_llama_dir: Path) -> None:
-    """The tiny llama has Llama 3 RoPE scaling, which llama.cpp keeps in a tensor of its own."""
-    with pytest.raises(ValueError, match="does not cover RoPE scaling"):
-        cached_gguf(tiny_llama_dir, "float32", tmp_path)
-    assert list(tmp_path.iterdir()) == []
+def test_llama3_rope_scaling_is_written_as_llama_cpp_writes_it(
+    tmp_path: Path, tiny_llama_dir: Path
+) -> None:
+    """The tiny llama's Llama 3 RoPE scaling goes into a `rope_freqs` tensor of its own, one
+    factor per rotary frequency: each frequency divided by its factor is, to float32 rounding,
+    the frequency transformers' llama3 scaling gives it."""
+    config = load_checkpoint(str(tiny_llama_dir)).config
+    reader = gguf.GGUFReader(cached_gguf(tiny_llama_dir, "float32", tmp_path))
+    [tensor] = [tensor for tensor in reader.tensors if tensor.name == "rope_freqs.weight"]
+    factors = torch.from_numpy(tensor.data.copy())
+    plain = rope_inv_freq(config.head_dim, config.rope_theta, None)
+    scaled = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+    assert not torch.equal(plain, scaled)  # the scaling changes some frequencies
+    torch.testing.assert_close(plain / factors, scaled, rtol=1e-6, atol=0)
+
+
+def test_export_refuses_rope_scaling_it_cannot_write(tiny_llama_dir: Path) -> None:
+    config = load_checkpoint(str(tiny_llama_dir)).config
+    factors = {"rope_type": "freq_factors", "factors": [1.0] * (config.head_dim // 2)}
+    with pytest.raises(ValueError, match="covers llama3 RoPE scaling, not freq_factors"):
+        llama3_rope_freq_factors(dataclasses.replace(config, rope_scaling=factors))
