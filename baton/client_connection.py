@@ -96,7 +96,7 @@ class ClientConnection:
                 # Bounded: a send waits while no handshake has succeeded, which for a server
                 # that refuses this client's keys is forever.
                 await asyncio.wait_for(self._replies.send(self._encoder.encode(Hello())), 0.5)
-            except TimeoutError:
+            except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
                 continue
             if await self._replies.poll(500):
                 acked = isinstance(

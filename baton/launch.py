@@ -127,7 +127,10 @@ class Server:
         """How the exited child `name` ended: "was killed by SIGKILL", "exited with status 1"."""
         status = self.processes[name].returncode
         if status < 0:
-            return f"was killed by {signal.Signals(-status).name}"
+            try:
+                return f"was killed by {signal.Signals(-status).name}"
+            except ValueError:  # a real-time signal has no name
+                return f"was killed by signal {-status}"
         return f"exited with status {status}"
 
     def stop(self, grace: float = 5.0, drain: bool = True) -> None:

@@ -15,10 +15,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 from helpers.launcher import child_pid, children_of, start_launcher, wait_dead
+
+from baton.launch import Server
 
 SYS_TGKILL_X86_64 = 234
 
@@ -333,3 +336,13 @@ def test_ctrl_c_during_start_up_stops_at_once(stories260k_dir: Path) -> None:
         assert wait_dead(children) == []
     finally:
         launcher.kill()
+
+
+@pytest.mark.parametrize(
+    ("returncode", "said"),
+    [(-9, "was killed by SIGKILL"), (-40, "was killed by signal 40"), (3, "exited with status 3")],
+)
+def test_how_a_child_ended_is_said_for_every_signal(returncode: int, said: str) -> None:
+    """A real-time signal has no name: the launcher still says which (it raised ValueError)."""
+    server = SimpleNamespace(processes={"scheduler": SimpleNamespace(returncode=returncode)})
+    assert Server.how_it_ended(server, "scheduler") == said  # type: ignore[arg-type]

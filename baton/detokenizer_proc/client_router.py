@@ -46,6 +46,11 @@ logger = logging.getLogger(__name__)
 # quarter second of 1 ms steps, after the kernel's socket buffers and the client's own receive
 # queue (ZMQ's default: 1000 messages) have filled: a client busy for a moment never meets it.
 CLIENT_SEND_HWM = 256
+# The most replies a stalled client's backlog holds. Its paused requests add none, but a client
+# that goes on sending requests (each admitted or refused with a reply) or stats queries without
+# reading would grow it for ever: past this many, it counts as gone, as a vanished client does
+# (its requests aborted, its backlog dropped). Far more than paused requests leave in flight.
+MAX_BACKLOG_FRAMES = 4096
 # How often a stalled client's backlog is retried: ZMQ tells no one when a peer's queue drains.
 # Each failed try costs an exception (see `readable`), so not on every message.
 BACKLOG_RETRY_S = 0.05
@@ -163,6 +168,9 @@ class ClientRouter:
             logger.info("client %s is not reading; pausing its requests", client_id.hex())
             backlog = self._backlogs[client_id] = _Backlog()
         backlog.frames.append(frame)
+        if len(backlog.frames) > MAX_BACKLOG_FRAMES:
+            self._forget(client_id, f"left {MAX_BACKLOG_FRAMES} replies unread")
+            return
         # Every request the client has generating, those registered since it stalled included:
         # each new one's first reply (its admission) comes through here.
         unpaused = [
@@ -181,12 +189,16 @@ class ClientRouter:
                 return _Sent.FULL
             if error.errno != zmq.EHOSTUNREACH:  # ROUTER_MANDATORY's "no such peer"
                 raise
-            logger.info("client %s is gone; aborting its requests", client_id.hex())
-            self._clients.discard(client_id)
-            self._backlogs.pop(client_id, None)
-            self.send_to_scheduler(self._service.client_vanished(client_id))
+            self._forget(client_id, "is gone")
             return _Sent.GONE
         return _Sent.SENT
+
+    def _forget(self, client_id: bytes, why: str) -> None:
+        """Abort a client's requests and drop what waits for it."""
+        logger.info("client %s %s; aborting its requests", client_id.hex(), why)
+        self._clients.discard(client_id)
+        self._backlogs.pop(client_id, None)
+        self.send_to_scheduler(self._service.client_vanished(client_id))
 
 
 def _server_holds(rids: Iterable[str], paused: bool) -> list[PauseRid]:

@@ -73,6 +73,10 @@ class Engine(BatchRunner):
         model_config = self.checkpoint.config
         self.model_config = model_config
         self.device = torch.device(config.device)
+        if self.device.type == "cuda":
+            # This thread runs every step: events, streams and graph capture default to the
+            # current device, which must be the engine's (cuda:1 too).
+            torch.cuda.set_device(self.device)
         self.cpu = detect_cpu_capabilities(config.max_cpu_isa)
         # The native kernels: a GGUF's blocks dequantized at load, compact weights where the plan
         # says, and where the computation is float32, RoPE + K/V store and decode attention
@@ -121,8 +125,11 @@ class Engine(BatchRunner):
             self.model.use_native_kernels(attention_kernels)
         if self.plan.pack_weights:
             self.model.pack_linear_weights()
+        # On CUDA the decode graphs' padding rows get a page of their own, past the pages
+        # sized for requests, which never hold it (unused if no graph is recorded).
+        padding_pages = 1 if self.device.type == "cuda" and not config.enforce_eager else 0
         self.kv_pool = KVPool.for_model(
-            model_config, self.num_pages, self.page_size, self.dtype, self.device
+            model_config, self.num_pages + padding_pages, self.page_size, self.dtype, self.device
         )
         self.attention = model_attention_backend(
             config.attention_backend,
@@ -190,7 +197,7 @@ class Engine(BatchRunner):
     def _record_decode_graphs(
         self, config: BatonConfig, calls: FlashInferCalls
     ) -> DecodeGraphs | None:
-        """The decode graphs, the pool's last page kept from requests for their padding rows;
+        """The decode graphs, their padding rows in the pool's last page (no request's);
         None, with one line saying why, where recording fails: the server then decodes
         eagerly, as with --enforce-eager, rather than not start."""
         try:
@@ -205,7 +212,6 @@ class Engine(BatchRunner):
         except (RuntimeError, ValueError) as error:  # CUDA's and FlashInfer's errors
             logger.warning("decoding eagerly: the decode graphs could not be recorded: %s", error)
             return None
-        self.num_pages -= 1
         return graphs
 
     def _speculation_target(self) -> TargetEngine:

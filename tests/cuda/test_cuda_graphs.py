@@ -15,6 +15,7 @@ import torch
 
 from baton import LLM, SamplingParams
 from baton.engine.attention.flashinfer_backend import flashinfer_available
+from baton.engine.graphs.decode_graphs import DecodeGraphs
 
 pytestmark = [
     pytest.mark.cuda,
@@ -29,11 +30,14 @@ def _greedy(model_dir: Path, prompts: list[list[int]], **config: object) -> tupl
     return [output.token_ids for output in llm.generate(prompts, GREEDY)], llm
 
 
+@pytest.mark.parametrize("variant", ["llama", "qwen2", "qwen3"])  # head_dim 24, 16, 32
 @pytest.mark.parametrize("num_prompts", [1, 3, 8, 13])
-def test_graphs_decode_as_eager_steps_do(tiny_model_factory, num_prompts: int) -> None:
+def test_graphs_decode_as_eager_steps_do(
+    tiny_model_factory, monkeypatch: pytest.MonkeyPatch, variant: str, num_prompts: int
+) -> None:
     if not flashinfer_available():
         pytest.skip("flashinfer is not importable here")
-    model_dir = tiny_model_factory("qwen2")
+    model_dir = tiny_model_factory(variant)
     rng = random.Random(num_prompts)
     shared = [rng.randrange(256) for _ in range(40)]  # a prefix the later prompts hit
     prompts = [shared + [rng.randrange(256) for _ in range(rng.randrange(1, 150))]]
@@ -41,6 +45,14 @@ def test_graphs_decode_as_eager_steps_do(tiny_model_factory, num_prompts: int) -
         (shared if index % 2 else []) + [rng.randrange(256) for _ in range(rng.randrange(1, 150))]
         for index in range(num_prompts - 1)
     ]
+    replays = []
+    replay = DecodeGraphs.logits
+
+    def counted(self: DecodeGraphs, input_ids, *args: object) -> torch.Tensor:
+        replays.append(len(input_ids))
+        return replay(self, input_ids, *args)
+
+    monkeypatch.setattr(DecodeGraphs, "logits", counted)
     graphed, llm = _greedy(model_dir, prompts, cuda_graph_max_bs=16)
     try:
         graphs = llm.engine.decode_graphs
@@ -50,6 +62,8 @@ def test_graphs_decode_as_eager_steps_do(tiny_model_factory, num_prompts: int) -
     finally:
         del llm
         gc.collect()
+    # Every decode step of the run replayed a graph (each prompt's tokens after its first).
+    assert len(replays) >= GREEDY.max_tokens - 1
     eager, llm = _greedy(model_dir, prompts, enforce_eager=True)
     assert llm.engine.decode_graphs is None
     del llm

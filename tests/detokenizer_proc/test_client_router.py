@@ -12,10 +12,17 @@ from helpers.detokenizer import CLIENT_A, CLIENT_B, encode, request_started, ste
 
 from baton.checkpoint.tokenizer import Tokenizer
 from baton.config import BatonConfig
+from baton.detokenizer_proc import client_router
 from baton.detokenizer_proc.client_router import ClientRouter, bind_client_router
 from baton.detokenizer_proc.service import DetokenizerService
 from baton.messages import ClientReply, Codec, GenerateDelta, Hello, HelloAck, Replies
-from baton.process_messages import PauseRid, SchedulerMessage, SchedulerOutputs, make_rid
+from baton.process_messages import (
+    AbortRid,
+    PauseRid,
+    SchedulerMessage,
+    SchedulerOutputs,
+    make_rid,
+)
 
 CHUNK_TEXT = "a paused stream keeps its place. " * 3  # about 300 bytes a delta
 MAX_STEPS = 20_000  # far more than the queues on the way hold (a few thousand such messages)
@@ -150,3 +157,35 @@ def test_a_client_that_stops_reading_is_paused_for_the_server_and_resumed_once_i
     assert {(p.rid, p.paused, p.holder) for p in resumed} == {
         (rid, False, "server") for rid in (*rids, make_rid(CLIENT_A, "r3"))
     }
+
+
+def test_a_stalled_client_whose_backlog_passes_its_bound_counts_as_gone(
+    wiring: _Wiring, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that never reads but keeps getting replies (new requests, each admitted with a
+    reply) cannot grow its backlog past MAX_BACKLOG_FRAMES: past it, its requests are aborted
+    and its backlog dropped, as for a client that vanished; the other client goes on."""
+    monkeypatch.setattr(client_router, "MAX_BACKLOG_FRAMES", 8)
+    for client_id in (CLIENT_A, CLIENT_B):
+        wiring.hello(client_id)
+    chunk = encode(tokenizer, CHUNK_TEXT)
+    wiring.deliver(SchedulerOutputs(started=[request_started(CLIENT_A, "r1", [])]))
+    sent_steps = 0
+    while not wiring.router.stalled and sent_steps < MAX_STEPS:
+        wiring.deliver(SchedulerOutputs(steps=[step_output(CLIENT_A, "r1", chunk)]))
+        sent_steps += 1
+    assert wiring.router.stalled
+    for index in range(8):  # new requests, each with its first reply held in the backlog
+        wiring.deliver(SchedulerOutputs(started=[request_started(CLIENT_A, f"n{index}", [])]))
+    assert not wiring.router.stalled  # the backlog is gone with the client
+    messages = []
+    while wiring.scheduler.poll(100):
+        messages.append(wiring.scheduler_codec.decode_or_none(wiring.scheduler.recv()))
+    aborted = {message.rid for message in messages if isinstance(message, AbortRid)}
+    assert make_rid(CLIENT_A, "r1") in aborted
+    wiring.deliver(SchedulerOutputs(started=[request_started(CLIENT_B, "b1", [])]))
+    wiring.deliver(SchedulerOutputs(steps=[step_output(CLIENT_B, "b1", chunk)]))
+    read_by_b: list[GenerateDelta] = []
+    while wiring.clients[CLIENT_B].poll(500):  # both replies are on their way
+        read_by_b += wiring.read(CLIENT_B)
+    assert _texts(read_by_b) == {"b1": CHUNK_TEXT}

@@ -184,7 +184,8 @@ class FlashInferGraphDecode(AttentionBackend):
         buffers = (kv_indptr, kv_indices, kv_last_page_len)
         args, kwargs = calls.graph_decode_wrapper(workspace, *buffers)
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(*args, **kwargs)
-        self._scale = 1.0 / math.sqrt(calls.head_dim)
+        # As the decoder layers compute it, to the last bit: forward() compares the two.
+        self._scale = calls.head_dim**-0.5
 
     def plan(self, meta: AttentionMetadata) -> None:
         """Plan the next replay (host work, outside the graph)."""

@@ -5,8 +5,9 @@ token ids, positions, KV slots and page tables are written into the same buffers
 batch's bucket (buckets.py). The host fills one pinned staging tensor per dtype and copies each
 to the device without waiting (`non_blocking`); a row whose input token is not known yet on the
 host (the overlap loop's `PLACEHOLDER_TOKEN`) takes it on the device from `TokenPool`, where the
-previous step's sampled ids were written, so launching step N+1 never waits for step N's tokens
-to reach the host.
+previous step's sampled ids were written, so launching step N+1 need not wait for step N's
+tokens to reach the host. (Not yet so in the engine: it resolves placeholders on the host and
+records no sampled ids into the pool, and FlashInfer's plan reads the lengths back to the host.)
 
 Padding rows attend over one token of a page no request owns (`dummy_page`) and write their K
 and V there: a replay never touches a real page beyond the batch's own rows.
