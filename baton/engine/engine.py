@@ -4,6 +4,7 @@ config and the machine; running a batch on them is `BatchRunner`'s (batch_runner
 from __future__ import annotations
 
 import logging
+import os
 import random
 
 import torch
@@ -99,6 +100,7 @@ class Engine(BatchRunner):
         self.page_size = config.page_size
         self.num_pages = kv_pool_pages(config, model_config, self.dtype, self.max_model_len)
         self.gemm_dtype = _TORCH_DTYPES[self.plan.gemm_dtype] if self.plan.gemm_dtype else None
+        memory_before_weights = _memory_in_use(self.device)
         self.model = CausalLM(model_config, self.dtype, self.device, self.gemm_dtype)
         self.model.load_weights(iter_weights(self.checkpoint, native))
         if native is not None and self.plan.compact_small_batches:
@@ -125,6 +127,7 @@ class Engine(BatchRunner):
             self.model.use_native_kernels(attention_kernels)
         if self.plan.pack_weights:
             self.model.pack_linear_weights()
+        weights_bytes = _memory_in_use(self.device) - memory_before_weights
         # On CUDA the decode graphs' padding rows get a page of their own, past the pages
         # sized for requests, which never hold it (unused if no graph is recorded).
         padding_pages = 1 if self.device.type == "cuda" and not config.enforce_eager else 0
@@ -182,6 +185,13 @@ class Engine(BatchRunner):
             self.num_pages,
             self.page_size,
             self.max_model_len,
+        )
+        logger.info(
+            "memory: weights %s, KV pool %s%s, the process %s",
+            _mib(weights_bytes),
+            _mib(self.kv_pool.nbytes),
+            " (resident as its pages fill)" if self.device.type == "cpu" else "",
+            _mib(_memory_in_use(self.device)),
         )
 
     def _native_kernels(self) -> NativeKernels | None:
@@ -247,3 +257,16 @@ class Engine(BatchRunner):
     @property
     def vocab_size(self) -> int:
         return self.model_config.vocab_size
+
+
+def _memory_in_use(device: torch.device) -> int:
+    """Bytes in use: on a GPU, allocated by torch there; on a CPU, the process's resident
+    memory (what the weights and their copies really hold, packed or repacked)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:,.0f} MiB"

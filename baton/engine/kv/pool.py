@@ -6,6 +6,9 @@ radix cache).
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 from baton.checkpoint.model_config import ModelConfig
@@ -28,10 +31,8 @@ class KVPool:
         self.num_pages = num_pages
         self.page_size = page_size
         # Zero-filled so padded reads in a backend never meet NaNs from uninitialised memory.
-        self._storage = torch.zeros(
-            (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim),
-            dtype=dtype,
-            device=device,
+        self._storage = _zeroed(
+            (num_layers, 2, num_pages, page_size, num_kv_heads, head_dim), dtype, device
         )
 
     @classmethod
@@ -76,3 +77,26 @@ class KVPool:
         v_flat = self._storage[layer, 1].view(-1, *v.shape[1:])
         k_flat.index_copy_(0, slot_mapping, k.to(k_flat.dtype))
         v_flat.index_copy_(0, slot_mapping, v.to(v_flat.dtype))
+
+    @property
+    def nbytes(self) -> int:
+        """The pool's size (on a CPU, reserved: resident only as its pages fill)."""
+        return self._storage.nbytes
+
+
+_ALIGNMENT = 64
+
+
+def _zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A zero-filled tensor. On a CPU its memory comes from calloc (numpy's zeros), whose large
+    blocks the kernel maps as zero pages on first touch: resident memory follows the pages in
+    use, not the pool's size. torch.zeros writes every byte at start-up (the default 4 GiB pool
+    was 4 GiB resident before the first request)."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    # From a 64-byte boundary, as torch aligns its own allocations: the kernels read the pages'
+    # rows whole, and a row straddling cache lines costs a second line.
+    block = np.zeros(nbytes + _ALIGNMENT, dtype=np.uint8)
+    start = -block.ctypes.data % _ALIGNMENT
+    return torch.from_numpy(block[start : start + nbytes]).view(dtype).view(shape)
