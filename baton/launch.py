@@ -92,7 +92,11 @@ class Server:
                 return False
             dead = self.dead_child()
             if dead is not None:
-                raise ServerStartError(f"{dead} process {self.how_it_ended(dead)} during startup")
+                ended = self.how_it_ended(dead)
+                if self.processes[dead].returncode == -signal.SIGKILL:
+                    # Nothing of Baton's sends it: at start-up, it is the kernel's OOM killer.
+                    ended += " (most likely out of memory: the model and its KV pool do not fit)"
+                raise ServerStartError(f"{dead} process {ended} during startup")
             if time.monotonic() > deadline:
                 raise ServerStartError(
                     f"not ready after {timeout:.0f}s: {', '.join(sorted(pending))}"

@@ -21,7 +21,9 @@ import httpx
 import pytest
 from helpers.launcher import child_pid, children_of, start_launcher, wait_dead
 
-from baton.launch import Server
+from baton import launch
+from baton.config import BatonConfig
+from baton.launch import Server, ServerStartError
 
 SYS_TGKILL_X86_64 = 234
 
@@ -346,3 +348,35 @@ def test_how_a_child_ended_is_said_for_every_signal(returncode: int, said: str) 
     """A real-time signal has no name: the launcher still says which (it raised ValueError)."""
     server = SimpleNamespace(processes={"scheduler": SimpleNamespace(returncode=returncode)})
     assert Server.how_it_ended(server, "scheduler") == said  # type: ignore[arg-type]
+
+
+class _KilledChild:
+    """A child process the kernel has killed already (what `start_child` would have started)."""
+
+    pid = 0
+
+    def __init__(self, returncode: int) -> None:
+        self.returncode = returncode
+
+    def poll(self) -> int:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.returncode
+
+
+@pytest.mark.parametrize(("returncode", "memory_hint"), [(-9, True), (-15, False), (1, False)])
+def test_a_child_killed_at_start_up_is_named_with_its_likely_cause(
+    monkeypatch: pytest.MonkeyPatch, returncode: int, memory_hint: bool
+) -> None:
+    """A SIGKILL during start-up comes from the kernel's OOM killer: the one line says so (it
+    said only that the process exited during start-up)."""
+    monkeypatch.setattr(launch, "start_child", lambda *args: _KilledChild(returncode))
+    server = Server(BatonConfig(port=0))
+    try:
+        with pytest.raises(ServerStartError) as error:
+            server.start(timeout=5)
+    finally:
+        server.stop(grace=0.1)
+    assert ("most likely out of memory" in str(error.value)) == memory_hint
+    assert "during startup" in str(error.value) and "\n" not in str(error.value)
