@@ -9,7 +9,7 @@ Its rooms, lowest first; a room imports only rooms below it (tests/test_import_l
   GGUF, random) as the model loads them; the attention backends.
 - `models/`: the transformer and its layers.
 - `sampling/`, `graphs/`: from logits to tokens, in torch or in the native step; decode steps
-  replayed from CUDA graphs (batch-size buckets, persistent inputs, the device's token pool).
+  replayed from CUDA graphs (batch-size buckets, persistent inputs, one graph per bucket).
 - `speculation/`: drafting tokens and verifying them.
 - this folder: `Engine` (built from the config), `BatchRunner` (one batch, end to end) and
   `NativeDecodeStep` (a decode step in one C call).

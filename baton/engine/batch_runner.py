@@ -182,8 +182,7 @@ class BatchRunner:
             return logits[torch.tensor(logits_indices, dtype=torch.long, device=self.device)]
         graphs = self.decode_graphs
         if graphs is not None and max(q_lens) == 1 and graphs.handles(len(q_lens)):
-            # Every input id is known here (placeholders resolved): no slot is read.
-            logits = graphs.logits(input_ids, kv_starts, page_tables, [0] * len(q_lens))
+            logits = graphs.logits(input_ids, kv_starts, page_tables)
             # A copy, as above: the graph's output is overwritten by the next replay.
             return logits[torch.tensor(logits_indices, dtype=torch.long, device=self.device)]
         return self.model.lm_head(

@@ -217,7 +217,6 @@ class Engine(BatchRunner):
                 calls,
                 config.largest_graph_batch,
                 self.max_model_len,
-                config.max_running_requests,
             )
         except (RuntimeError, ValueError) as error:  # CUDA's and FlashInfer's errors
             logger.warning("decoding eagerly: the decode graphs could not be recorded: %s", error)

@@ -15,7 +15,7 @@ from baton.engine.attention.flashinfer_backend import (
 )
 from baton.engine.graphs.buckets import graph_batch_sizes
 from baton.engine.graphs.decode_graphs import DecodeGraphs, cuda_graph_recorder
-from baton.engine.graphs.decode_inputs import DecodeInputs, TokenPool
+from baton.engine.graphs.decode_inputs import DecodeInputs
 from baton.engine.kv.pool import KVPool
 from baton.engine.models.causal_lm import CausalLM
 
@@ -28,7 +28,6 @@ def record_decode_graphs(
     calls: FlashInferCalls,
     max_rows: int,
     max_model_len: int,
-    num_slots: int,
 ) -> DecodeGraphs:
     """Decode graphs of up to `max_rows` rows over `kv_pool`, whose last page the caller keeps
     from every request: the padding rows' page."""
@@ -55,7 +54,6 @@ def record_decode_graphs(
             model,
             kv_pool,
             inputs,
-            TokenPool(num_slots, device),
             sizes,
             attention_for,
             cuda_graph_recorder(device),

@@ -17,7 +17,7 @@ import torch
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
 from baton.engine.graphs.buckets import bucket_for
-from baton.engine.graphs.decode_inputs import DecodeInputs, TokenPool
+from baton.engine.graphs.decode_inputs import DecodeInputs
 from baton.engine.kv.pool import KVPool
 from baton.engine.models.causal_lm import CausalLM
 
@@ -54,7 +54,6 @@ class DecodeGraphs:
         model: CausalLM,
         kv_pool: KVPool,
         inputs: DecodeInputs,
-        token_pool: TokenPool,
         sizes: Sequence[int],
         attention_for: Callable[[int], AttentionBackend],
         record: Recorder,
@@ -63,7 +62,7 @@ class DecodeGraphs:
         if self.sizes[-1] > inputs.max_rows:
             raise ValueError(f"graphs of {self.sizes[-1]} rows, inputs of {inputs.max_rows}")
         self._model, self._kv_pool = model, kv_pool
-        self._inputs, self._token_pool = inputs, token_pool
+        self._inputs = inputs
         self._attention = {size: attention_for(size) for size in self.sizes}
         self._logits: dict[int, torch.Tensor] = {}
         self._meta: AttentionMetadata  # the batch being run, set by each fill
@@ -82,7 +81,6 @@ class DecodeGraphs:
         input_ids: Sequence[int],
         kv_starts: Sequence[int],
         page_tables: Sequence[Sequence[int]],
-        token_slots: Sequence[int],
     ) -> torch.Tensor:
         """Float32 logits [rows, vocab] of a decode batch, its K/V written to the pool: the
         inputs filled, the bucket's attention planned, its graph replayed. A view of the
@@ -91,16 +89,14 @@ class DecodeGraphs:
         bucket = bucket_for(rows, self.sizes)
         if bucket is None:
             raise ValueError(f"no decode graph holds {rows} rows (at most {self.sizes[-1]})")
-        self._meta = self._inputs.fill(
-            input_ids, kv_starts, page_tables, token_slots, bucket, self._token_pool
-        )
+        self._meta = self._inputs.fill(input_ids, kv_starts, page_tables, bucket)
         self._attention[bucket].plan(self._meta)
         self._replays[bucket]()
         return self._logits[bucket][:rows]
 
     def _fill_padding(self, size: int) -> None:
         """Inputs of `size` padding rows (the dummy page only) to record with, planned."""
-        self._meta = self._inputs.fill([], [], [], [], size, self._token_pool)
+        self._meta = self._inputs.fill([], [], [], size)
         self._attention[size].plan(self._meta)
 
     def _step_of(self, size: int) -> Callable[[], None]:

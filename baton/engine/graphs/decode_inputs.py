@@ -3,11 +3,9 @@
 A captured CUDA graph reads its inputs from the addresses it was captured with, so each step's
 token ids, positions, KV slots and page tables are written into the same buffers, padded to the
 batch's bucket (buckets.py). The host fills one pinned staging tensor per dtype and copies each
-to the device without waiting (`non_blocking`); a row whose input token is not known yet on the
-host (the overlap loop's `PLACEHOLDER_TOKEN`) takes it on the device from `TokenPool`, where the
-previous step's sampled ids were written, so launching step N+1 need not wait for step N's
-tokens to reach the host. (Not yet so in the engine: it resolves placeholders on the host and
-records no sampled ids into the pool, and FlashInfer's plan reads the lengths back to the host.)
+to the device without waiting (`non_blocking`). Every input id is known on the host here: the
+engine resolves the overlap loop's placeholders before (taking them on the device from the
+last step's sampled ids waits for a sampler that keeps them there).
 
 Padding rows attend over one token of a page no request owns (`dummy_page`) and write their K
 and V there: a replay never touches a real page beyond the batch's own rows.
@@ -20,25 +18,12 @@ from collections.abc import Sequence
 import torch
 
 from baton.engine.attention.metadata import AttentionMetadata
-from baton.engine.batch.forward_batch import PLACEHOLDER_TOKEN
 
 # Rows of the int64 staging tensor, one value per batch row each.
-_IDS, _POSITIONS, _SLOTS, _TOKEN_SLOTS = range(4)
+_IDS, _POSITIONS, _SLOTS = range(3)
 # Rows of the int32 staging tensor: kv_indptr and kv_last_page_len (the page indices, of
 # another length, have their own).
 _INDPTR, _LAST_PAGE_LEN = range(2)
-
-
-class TokenPool:
-    """Each slot's last sampled token, on the device: written by a step's sampler, read by the
-    next step's placeholders, with no host round trip in between."""
-
-    def __init__(self, num_slots: int, device: torch.device | str) -> None:
-        self.tokens = torch.zeros(num_slots, dtype=torch.int64, device=device)
-
-    def record(self, slots: torch.Tensor, token_ids: torch.Tensor) -> None:
-        """Store `token_ids[i]` as slot `slots[i]`'s last token (both on the device)."""
-        self.tokens.index_copy_(0, slots, token_ids)
 
 
 class DecodeInputs:
@@ -64,7 +49,6 @@ class DecodeInputs:
         self.input_ids = device_buffer(max_rows, torch.int64)
         self.positions = device_buffer(max_rows, torch.int64)
         self.slot_mapping = device_buffer(max_rows, torch.int64)
-        self.token_slots = device_buffer(max_rows, torch.int64)
         self.kv_indptr = device_buffer(max_rows + 1, torch.int32)
         self.kv_last_page_len = device_buffer(max_rows, torch.int32)
         self.kv_indices = device_buffer(max_pages, torch.int32)
@@ -72,7 +56,7 @@ class DecodeInputs:
         self.qo_indptr = torch.arange(max_rows + 1, dtype=torch.int32, device=self.device)
         # Pinned where the device is a GPU, so the copies below really do not wait.
         pinned = self.device.type == "cuda"
-        self._host_int64 = torch.zeros(4, max_rows, dtype=torch.int64, pin_memory=pinned)
+        self._host_int64 = torch.zeros(3, max_rows, dtype=torch.int64, pin_memory=pinned)
         self._host_int32 = torch.zeros(2, max_rows + 1, dtype=torch.int32, pin_memory=pinned)
         self._host_indices = torch.zeros(max_pages, dtype=torch.int32, pin_memory=pinned)
         # On a GPU, marks when the copies out of the staging tensors are done (on the CPU the
@@ -84,26 +68,23 @@ class DecodeInputs:
         input_ids: Sequence[int],
         kv_starts: Sequence[int],
         page_tables: Sequence[Sequence[int]],
-        token_slots: Sequence[int],
         bucket: int,
-        token_pool: TokenPool,
     ) -> AttentionMetadata:
-        """Write a decode batch (row i: one token, `input_ids[i]` or a placeholder for slot
-        `token_slots[i]`'s last token, after `kv_starts[i]` cached ones) padded to `bucket` rows,
-        and return its metadata as views of the buffers (the host copies of its lengths
-        included, as every backend reads them)."""
+        """Write a decode batch (row i: one token, `input_ids[i]`, after `kv_starts[i]` cached
+        ones) padded to `bucket` rows, and return its metadata as views of the buffers (the
+        host copies of its lengths included, as every backend reads them)."""
         rows = len(input_ids)
         if not rows <= bucket <= self.max_rows:
             raise ValueError(f"{rows} rows in a bucket of {bucket} (of at most {self.max_rows})")
         page_size = self.page_size
-        per_row: list[list[int]] = [[], [], [], []]  # as _IDS, _POSITIONS, _SLOTS, _TOKEN_SLOTS
+        per_row: list[list[int]] = [[], [], []]  # as _IDS, _POSITIONS, _SLOTS
         indptr, last_page_lens, indices, kv_lens = [0], [], [], []
         for row in range(bucket):
             if row < rows:
                 kv_len, table = kv_starts[row] + 1, page_tables[row]
-                token, token_slot = input_ids[row], token_slots[row]
+                token = input_ids[row]
             else:  # padding: one token in the dummy page, its K/V written there
-                kv_len, table, token, token_slot = 1, (self.dummy_page,), 0, 0
+                kv_len, table, token = 1, (self.dummy_page,), 0
             num_pages = -(-kv_len // page_size)
             if num_pages > self.max_pages_per_row or len(table) < num_pages:
                 raise ValueError(
@@ -112,7 +93,7 @@ class DecodeInputs:
                 )
             position = kv_len - 1
             slot = table[position // page_size] * page_size + position % page_size
-            for values, value in zip(per_row, (token, position, slot, token_slot)):
+            for values, value in zip(per_row, (token, position, slot)):
                 values.append(value)
             indices.extend(table[:num_pages])
             indptr.append(len(indices))
@@ -127,7 +108,6 @@ class DecodeInputs:
         self._host_int32[_LAST_PAGE_LEN, :bucket] = torch.tensor(last_page_lens, dtype=torch.int32)
         self._host_indices[: len(indices)] = torch.tensor(indices, dtype=torch.int32)
         self._copy_in(bucket, len(indices))
-        self._resolve_placeholders(bucket, token_pool)
         return AttentionMetadata(
             page_size=page_size,
             qo_indptr=self.qo_indptr[: bucket + 1],
@@ -145,16 +125,8 @@ class DecodeInputs:
         self.input_ids[:bucket].copy_(host64[_IDS, :bucket], non_blocking=True)
         self.positions[:bucket].copy_(host64[_POSITIONS, :bucket], non_blocking=True)
         self.slot_mapping[:bucket].copy_(host64[_SLOTS, :bucket], non_blocking=True)
-        self.token_slots[:bucket].copy_(host64[_TOKEN_SLOTS, :bucket], non_blocking=True)
         self.kv_indptr[: bucket + 1].copy_(host32[_INDPTR, : bucket + 1], non_blocking=True)
         self.kv_last_page_len[:bucket].copy_(host32[_LAST_PAGE_LEN, :bucket], non_blocking=True)
         self.kv_indices[:used_pages].copy_(self._host_indices[:used_pages], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
-
-    def _resolve_placeholders(self, bucket: int, token_pool: TokenPool) -> None:
-        """Placeholder rows take their slot's last token from the pool, on the device: a
-        `where` over every row rather than a masked write, which would sync to count them."""
-        ids = self.input_ids[:bucket]
-        from_pool = token_pool.tokens.index_select(0, self.token_slots[:bucket])
-        torch.where(ids == PLACEHOLDER_TOKEN, from_pool, ids, out=ids)

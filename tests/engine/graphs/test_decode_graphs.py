@@ -17,7 +17,7 @@ from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.torch_backend import TorchPagedAttention
 from baton.engine.graphs.buckets import graph_batch_sizes
 from baton.engine.graphs.decode_graphs import DecodeGraphs
-from baton.engine.graphs.decode_inputs import DecodeInputs, TokenPool
+from baton.engine.graphs.decode_inputs import DecodeInputs
 from baton.engine.kv.pool import KVPool
 from baton.engine.models.causal_lm import CausalLM
 from baton.engine.weights.checkpoint_tensors import iter_weights
@@ -41,12 +41,10 @@ class Setup:
         self.eager_attention = TorchPagedAttention(config.num_heads, config.num_kv_heads)
         self.recorded: list[int] = []
         inputs = DecodeInputs(MAX_ROWS, NUM_PAGES, PAGE_SIZE, DUMMY_PAGE, "cpu")
-        self.token_pool = TokenPool(MAX_ROWS, "cpu")
         self.graphs = DecodeGraphs(
             self.model,
             self.graph_pool,
             inputs,
-            self.token_pool,
             graph_batch_sizes(MAX_ROWS),
             lambda size: TorchPagedAttention(config.num_heads, config.num_kv_heads),
             self._record,
@@ -99,7 +97,7 @@ def test_replayed_steps_give_the_eager_logits_and_padding_stays_in_the_dummy_pag
         starts = [lengths[i] for i in chosen]
         row_tables = [tables[i] for i in chosen]
         with torch.inference_mode():
-            replayed = setup.graphs.logits(ids, starts, row_tables, chosen).clone()
+            replayed = setup.graphs.logits(ids, starts, row_tables).clone()
         eager = setup.eager(setup.eager_pool, ids, starts, [1] * rows, row_tables)
         torch.testing.assert_close(replayed, eager, rtol=0, atol=FLOAT32_ATOL)
         assert torch.equal(replayed.argmax(-1), eager.argmax(-1))

@@ -1,7 +1,6 @@
 """A decode step's inputs written into persistent buffers, padded to a bucket: the real rows'
-metadata as the eager path builds it, padding rows confined to the dummy page, placeholders
-taken from the device's token pool, and the same addresses step after step (what a captured
-graph reads)."""
+metadata and ids as the eager path builds them, padding rows confined to the dummy page, and the
+same addresses step after step (what a captured graph reads)."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ import pytest
 import torch
 
 from baton.engine.attention.metadata import AttentionMetadata, build_attention_metadata
-from baton.engine.batch.forward_batch import PLACEHOLDER_TOKEN
-from baton.engine.graphs.decode_inputs import DecodeInputs, TokenPool
+from baton.engine.graphs.decode_inputs import DecodeInputs
 
 PAGE_SIZE, DUMMY_PAGE, MAX_ROWS, MAX_PAGES_PER_ROW = 4, 0, 16, 8
 
@@ -50,8 +48,8 @@ def test_real_rows_as_the_eager_path_and_padding_only_in_the_dummy_page(seed: in
     rows = rng.randrange(1, MAX_ROWS + 1)
     bucket = rng.randrange(rows, MAX_ROWS + 1)
     ids, kv_starts, tables = _random_batch(rng, rows)
-    inputs, pool = _inputs(), TokenPool(MAX_ROWS, "cpu")
-    meta = inputs.fill(ids, kv_starts, tables, list(range(rows)), bucket, pool)
+    inputs = _inputs()
+    meta = inputs.fill(ids, kv_starts, tables, bucket)
     reference = build_attention_metadata(kv_starts, [1] * rows, tables, PAGE_SIZE)
     _assert_rows_match(meta, reference, rows)
     assert meta.q_lens == (1,) * bucket and meta.batch_size == bucket
@@ -69,14 +67,14 @@ def test_real_rows_as_the_eager_path_and_padding_only_in_the_dummy_page(seed: in
 
 def test_every_step_uses_the_same_buffers_and_a_smaller_batch_sees_nothing_stale() -> None:
     rng = random.Random(7)
-    inputs, pool = _inputs(), TokenPool(MAX_ROWS, "cpu")
+    inputs = _inputs()
     addresses = {
         name: getattr(inputs, name).data_ptr()
         for name in ("input_ids", "positions", "slot_mapping", "kv_indptr", "kv_indices")
     }
     for rows, bucket in ((12, 16), (3, 4), (1, 1), (9, 16)):
         ids, kv_starts, tables = _random_batch(rng, rows)
-        meta = inputs.fill(ids, kv_starts, tables, list(range(rows)), bucket, pool)
+        meta = inputs.fill(ids, kv_starts, tables, bucket)
         _assert_rows_match(
             meta, build_attention_metadata(kv_starts, [1] * rows, tables, PAGE_SIZE), rows
         )
@@ -88,25 +86,12 @@ def test_every_step_uses_the_same_buffers_and_a_smaller_batch_sees_nothing_stale
         assert meta.positions.shape == (bucket,) and meta.kv_indptr.shape == (bucket + 1,)
 
 
-def test_placeholders_take_their_slots_last_token_from_the_pool() -> None:
-    inputs, pool = _inputs(), TokenPool(8, "cpu")
-    pool.record(torch.tensor([2, 5]), torch.tensor([111, 555]))
-    ids = [7, PLACEHOLDER_TOKEN, PLACEHOLDER_TOKEN]
-    tables = [[1], [2], [3]]
-    inputs.fill(ids, [0, 1, 2], tables, [0, 5, 2], bucket=4, token_pool=pool)
-    assert inputs.input_ids[:4].tolist() == [7, 555, 111, 0]
-    # The next step's tokens, recorded on the device, are what its placeholders read.
-    pool.record(torch.tensor([5]), torch.tensor([556]))
-    inputs.fill([PLACEHOLDER_TOKEN], [2], [[2]], [5], bucket=1, token_pool=pool)
-    assert inputs.input_ids[:1].tolist() == [556]
-
-
 def test_a_batch_that_does_not_fit_is_refused() -> None:
-    inputs, pool = _inputs(), TokenPool(MAX_ROWS, "cpu")
+    inputs = _inputs()
     with pytest.raises(ValueError, match="bucket of 2"):
-        inputs.fill([1, 2, 3], [0, 0, 0], [[1], [2], [3]], [0, 1, 2], bucket=2, token_pool=pool)
+        inputs.fill([1, 2, 3], [0, 0, 0], [[1], [2], [3]], bucket=2)
     with pytest.raises(ValueError, match="its table has 1"):
-        inputs.fill([1], [PAGE_SIZE], [[1]], [0], bucket=1, token_pool=pool)
+        inputs.fill([1], [PAGE_SIZE], [[1]], bucket=1)
     too_long = PAGE_SIZE * MAX_PAGES_PER_ROW
     with pytest.raises(ValueError, match="a row at most 8"):
-        inputs.fill([1], [too_long], [list(range(1, 11))], [0], bucket=1, token_pool=pool)
+        inputs.fill([1], [too_long], [list(range(1, 11))], bucket=1)
