@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,9 +41,10 @@ def gguf_vocabulary(
     byte-level BPE tokenizer.json; ValueError for any other kind of tokenizer.
 
     llama.cpp requires a merge list and GGUF forbids empty arrays, so there is one merge that no
-    text can form (merged symbols only come from merges, and it merges unused ids). Where the
-    vocabulary ends in three unused ids, the merge's result is the first of them, so that
-    Hugging Face tokenizers, which need every merge's result in the vocabulary, load it too.
+    text can form (merged symbols only come from merges, and it merges ids no byte sequence
+    spells). Its result is in the vocabulary, as Hugging Face tokenizers require: where the
+    vocabulary ends in three unused ids, the first of them; else the last id, whose token (a
+    shape's filler word) is renamed to the merge of the two before it.
     """
     import gguf
 
@@ -58,7 +61,8 @@ def gguf_vocabulary(
     if types[-3:] == [int(gguf.TokenType.UNUSED)] * 3:
         tokens[-3] = tokens[-2] + tokens[-1]
         return tokens, types, [f"{tokens[-2]} {tokens[-1]}"]
-    return tokens, types, [f"{tokens[-1]} {tokens[-1]}"]
+    tokens[-1] = tokens[-3] + tokens[-2]
+    return tokens, types, [f"{tokens[-3]} {tokens[-2]}"]
 
 
 def llama3_rope_freq_factors(config: ModelConfig) -> np.ndarray:
@@ -86,9 +90,17 @@ def llama3_rope_freq_factors(config: ModelConfig) -> np.ndarray:
     return np.array(factors, dtype=np.float32)
 
 
-def export_gguf(model_dir: Path, dtype: str, target: Path, tensor_type: str | None = None) -> Path:
+def export_gguf(
+    model_dir: Path,
+    dtype: str,
+    target: Path,
+    tensor_type: str | None = None,
+    quantize: Callable[[np.ndarray, Any], np.ndarray] | None = None,
+) -> Path:
     """Write the Llama, Qwen2 or Qwen3 checkpoint in `model_dir` to `target`: 2-D tensors as
-    `tensor_type` (a GGML type name such as "Q8_0"; default: that of `dtype`), 1-D ones in F32."""
+    `tensor_type` (a GGML type name such as "Q8_0"; default: that of `dtype`), 1-D ones in F32.
+    `quantize(values, type)` makes a matrix's blocks (default: the gguf package's, which has no
+    k-quants; llama.cpp's `llama-quantize` converts a written file to those)."""
     import gguf
 
     checkpoint = load_checkpoint(str(model_dir))
@@ -112,7 +124,9 @@ def export_gguf(model_dir: Path, dtype: str, target: Path, tensor_type: str | No
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     quant_name = tensor_type or _TENSOR_TYPES[dtype]
     file_type = "ALL_F32" if quant_name == "F32" else f"MOSTLY_{quant_name}"
-    writer.add_file_type(getattr(gguf.LlamaFileType, file_type))
+    # (The k-quant file types are mixes: "Q4_K" files are llama.cpp's Q4_K_M.)
+    file_types = gguf.LlamaFileType.__members__
+    writer.add_file_type(file_types.get(file_type, file_types.get(f"{file_type}_M")))
     tokenizer_json = json.loads((model_dir / "tokenizer.json").read_text())
     tokens, types, merges = gguf_vocabulary(tokenizer_json, config.vocab_size)
     writer.add_tokenizer_model("gpt2")
@@ -138,7 +152,7 @@ def export_gguf(model_dir: Path, dtype: str, target: Path, tensor_type: str | No
         if values.ndim == 1 or quant == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(gguf_tensor_name(name), values)
         else:
-            data = gguf.quants.quantize(values, quant)
+            data = (quantize or gguf.quants.quantize)(values, quant)
             writer.add_tensor(gguf_tensor_name(name), data, raw_dtype=quant)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -32,6 +32,7 @@ from baton.engine.native.structs import (
     DecodeModelArgs,
     DecoderLayerArgs,
     DecodeStepArgs,
+    Matrix,
     RowSampling,
 )
 
@@ -48,8 +49,11 @@ class NativeDecodeStep:
         self.model = model
         self.native = native
         config = model.config
+        # The Matrix structs the C step reads, kept here: a fused weight's parts live in an
+        # array its Matrix owns, which copying the struct into another does not keep alive.
+        self._matrices: list[Matrix] = []
         self._layers = (DecoderLayerArgs * len(model.layers))(
-            *(self._layer_args(layer, kv_pool, native) for layer in model.layers)
+            *(self._layer_args(layer, kv_pool) for layer in model.layers)
         )
         # One scratch buffer for every layer's intermediates (decode_layer.c's DecodeStep).
         per_row = (
@@ -64,10 +68,12 @@ class NativeDecodeStep:
         # contents from one call to the next.
         self._hidden = torch.empty(2, NATIVE_STEP_MAX_ROWS, config.hidden_size)
         self._logits = torch.empty(NATIVE_STEP_MAX_ROWS, config.vocab_size)
+        stored = model.embedding_stored
         self._model_args = DecodeModelArgs(
-            model.embed_tokens.data_ptr(),
+            None if stored is not None else model.embed_tokens.data_ptr(),
+            native.matrix(stored, None) if stored is not None else Matrix(),
             model.norm.weight.data_ptr(),
-            native.matrix(model.lm_head.compact, model.lm_head.bias),
+            self._matrix(model.lm_head),
             self._hidden[0].data_ptr(),
             self._hidden[1].data_ptr(),
             self._logits.data_ptr(),
@@ -91,14 +97,18 @@ class NativeDecodeStep:
         many as the model's linear layers multiply by their compact weights."""
         return len(q_lens) <= self.model.compact_max_rows and all(n == 1 for n in q_lens)
 
-    @staticmethod
-    def _layer_args(layer, kv_pool: KVPool, native: NativeKernels) -> DecoderLayerArgs:
+    def _matrix(self, linear: Linear) -> Matrix:
+        matrix = self.native.matrix(linear.compact, linear.bias)
+        self._matrices.append(matrix)
+        return matrix
+
+    def _layer_args(self, layer, kv_pool: KVPool) -> DecoderLayerArgs:
         attn, mlp = layer.self_attn, layer.mlp
         return DecoderLayerArgs(
-            native.matrix(attn.qkv_proj.compact, attn.qkv_proj.bias),
-            native.matrix(attn.o_proj.compact, attn.o_proj.bias),
-            native.matrix(mlp.gate_up_proj.compact, mlp.gate_up_proj.bias),
-            native.matrix(mlp.down_proj.compact, mlp.down_proj.bias),
+            self._matrix(attn.qkv_proj),
+            self._matrix(attn.o_proj),
+            self._matrix(mlp.gate_up_proj),
+            self._matrix(mlp.down_proj),
             layer.input_layernorm.weight.data_ptr(),
             layer.post_attention_layernorm.weight.data_ptr(),
             None if attn.qk_norm is None else attn.qk_norm.data_ptr(),

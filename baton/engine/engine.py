@@ -10,6 +10,7 @@ import random
 import torch
 
 from baton.checkpoint.load import Checkpoint, load_checkpoint
+from baton.checkpoint.model_config import CheckpointError
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.config import BatonConfig
 from baton.cpu_binding import bind_engine_thread
@@ -25,8 +26,10 @@ from baton.engine.graphs.cuda_setup import record_decode_graphs
 from baton.engine.graphs.decode_graphs import DecodeGraphs
 from baton.engine.kv.pool import KVPool
 from baton.engine.kv.sizing import kv_pool_pages
+from baton.engine.memory_fit import available_memory_bytes, check_fits, expected_weight_bytes
 from baton.engine.models.causal_lm import CausalLM
-from baton.engine.native.formats import COMPACT_MAX_ROWS
+from baton.engine.models.stored_weights import free_float32_copies, hold_stored_weights
+from baton.engine.native.formats import COMPACT_MAX_ROWS, FORMATS
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
 from baton.engine.sampling.argmax import greedy_argmax
 from baton.engine.sampling.grammar_masks import GrammarMasks
@@ -35,6 +38,7 @@ from baton.engine.sampling.sampler import Sampler
 from baton.engine.sampling.token_counts import SlotTokenCounts
 from baton.engine.speculation.setup import TargetEngine, make_speculator
 from baton.engine.weights.checkpoint_tensors import iter_compact_weights, iter_weights
+from baton.engine.weights.gguf_weights import forget_gguf_tensors, unsupported_gguf_matrices
 from baton.hardware import isa_rank
 
 logger = logging.getLogger(__name__)
@@ -100,19 +104,40 @@ class Engine(BatchRunner):
         self.page_size = config.page_size
         self.num_pages = kv_pool_pages(config, model_config, self.dtype, self.max_model_len)
         self.gemm_dtype = _TORCH_DTYPES[self.plan.gemm_dtype] if self.plan.gemm_dtype else None
+        compact = native is not None and self.plan.compact_small_batches
+        # (The compact kernels multiply float32 rows: a GGUF computed in bf16 is widened.)
+        held_as_stored = self.checkpoint.gguf_file is not None and self.dtype == torch.float32
+        if self.device.type == "cpu":
+            element_bytes = torch.finfo(self.gemm_dtype or self.dtype).bits // 8
+            kv_bytes = self.num_pages * KVPool.bytes_per_page(
+                model_config.num_layers,
+                self.page_size,
+                model_config.num_kv_heads,
+                model_config.head_dim,
+                self.dtype,
+            )
+            weight_bytes = expected_weight_bytes(
+                self.checkpoint, element_bytes, compact and held_as_stored
+            )
+            check_fits(weight_bytes, kv_bytes, available_memory_bytes())
         memory_before_weights = _memory_in_use(self.device)
         self.model = CausalLM(model_config, self.dtype, self.device, self.gemm_dtype)
-        self.model.load_weights(iter_weights(self.checkpoint, native))
-        if native is not None and self.plan.compact_small_batches:
-            attached = self.model.attach_compact_weights(
-                iter_compact_weights(self.checkpoint), native
-            )
-            # (With bf16 GEMMs, start-up then times how many rows the layers keep: logged below.)
-            logger.info(
-                "%d linear layers read their stored weights in batches of up to %d rows",
-                attached,
-                COMPACT_MAX_ROWS,
-            )
+        if compact and held_as_stored:
+            self._hold_stored_weights(native)
+        else:
+            self.model.load_weights(iter_weights(self.checkpoint, native))
+        if compact:
+            if not held_as_stored:
+                attached = self.model.attach_compact_weights(
+                    iter_compact_weights(self.checkpoint), native
+                )
+                # (With bf16 GEMMs, start-up then times how many rows the layers keep: logged
+                # below.)
+                logger.info(
+                    "%d linear layers read their stored weights in batches of up to %d rows",
+                    len(attached),
+                    COMPACT_MAX_ROWS,
+                )
             if self.plan.amx_tiles and not native.amx:
                 logger.warning("this CPU has AMX, but Linux refused its tiles: no AMX here")
             elif self.plan.amx_tiles:
@@ -192,6 +217,31 @@ class Engine(BatchRunner):
             _mib(self.kv_pool.nbytes),
             " (resident as its pages fill)" if self.device.type == "cpu" else "",
             _mib(_memory_in_use(self.device)),
+        )
+
+    def _hold_stored_weights(self, native: NativeKernels) -> None:
+        """Load a GGUF as it is stored (models/stored_weights.py): every matrix in its blocks,
+        no float32 copy; CheckpointError for a matrix in a type no kernel multiplies."""
+        gguf_file = self.checkpoint.gguf_file
+        unsupported = unsupported_gguf_matrices(gguf_file)
+        if unsupported:
+            types = sorted({kind for _, kind in unsupported})
+            raise CheckpointError(
+                f"{gguf_file.name}: {len(unsupported)} matrices (first {unsupported[0][0]}) are "
+                f"stored as {', '.join(types)}, which Baton cannot multiply as stored; it reads "
+                f"F32 and {', '.join(name.upper() for name in FORMATS)}"
+            )
+        stored = dict(iter_compact_weights(self.checkpoint))
+        held = hold_stored_weights(self.model, stored, native)
+        del stored  # (the model holds what it uses)
+        self.model.load_weights(iter_weights(self.checkpoint, native, skip=held), held=held)
+        layers = free_float32_copies(self.model)
+        forget_gguf_tensors()
+        logger.info(
+            "%d linear layers%s hold only the file's blocks: small batches multiply them in "
+            "the compact kernels, larger ones a float32 slab at a time",
+            layers,
+            " and the embedding" if self.model.embedding_stored is not None else "",
         )
 
     def _native_kernels(self) -> NativeKernels | None:

@@ -22,11 +22,43 @@ def stored_weight(weight: np.ndarray, compact_format: str) -> tuple[CompactWeigh
         assert compact is not None
         return compact, stored.float()
     quant = getattr(gguf.GGMLQuantizationType, compact_format.upper())
-    blocks = gguf.quants.quantize(weight, quant)
+    if compact_format in SCALE_OFFSETS:
+        blocks = random_blocks(compact_format, weight.shape[0], weight.shape[1], seed=weight.size)
+    else:
+        blocks = gguf.quants.quantize(weight, quant)
     values = gguf.quants.dequantize(blocks, quant).reshape(weight.shape)
     return CompactWeight(compact_format, torch.from_numpy(blocks), weight.shape[1]), (
         torch.from_numpy(values)
     )
+
+
+# Where the f16 scales sit in a block of each format gguf cannot quantize (llama.cpp's
+# ggml-common.h): every other byte of a block is a quant or a sub-scale, any value valid.
+SCALE_OFFSETS = {
+    "q2_k": (80, 82),
+    "q3_k": (108,),
+    "q4_k": (0, 2),
+    "q5_k": (0, 2),
+    "q6_k": (208,),
+    "iq4_nl": (0,),
+    "iq4_xs": (0,),
+}
+
+
+def random_blocks(
+    compact_format: str, rows: int, in_features: int, seed: int = 0, scale: float = 0.01
+) -> np.ndarray:
+    """uint8 [rows, row bytes]: random blocks of a format gguf cannot quantize (k-quants,
+    IQ4): random quants and sub-scales, finite f16 scales of about `scale`. Their values are
+    what gguf's dequantization says."""
+    quant = getattr(gguf.GGMLQuantizationType, compact_format.upper())
+    block, block_bytes = gguf.GGML_QUANT_SIZES[quant]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows, in_features // block, block_bytes), dtype=np.uint8)
+    for offset in SCALE_OFFSETS[compact_format]:
+        scales = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16)
+        blocks[:, :, offset : offset + 2] = scales.view(np.uint8).reshape(*blocks.shape[:2], 2)
+    return blocks.reshape(rows, -1)
 
 
 def check_against_float64(
@@ -44,8 +76,19 @@ def check_against_float64(
     compact, values = stored_weight(weight, compact_format)
     x = torch.from_numpy(rng.normal(size=(rows, in_features)).astype(np.float32))
     bias = torch.from_numpy(rng.normal(size=out_features).astype(np.float32))
-    expected = (x.double() @ values.double().T + bias.double()).float()
-    # A float32 sum's rounding error grows like the square root of its length.
-    atol = 1e-4 * (in_features / 160) ** 0.5
+    expected = x.double() @ values.double().T + bias.double()
     product = native.gemv(x, prepare(compact), bias)
-    torch.testing.assert_close(product, expected, rtol=1e-5, atol=atol)
+    assert_float32_sums(product, expected, x, values)
+
+
+def assert_float32_sums(
+    product: torch.Tensor, expected: torch.Tensor, x: torch.Tensor, values: torch.Tensor
+) -> None:
+    """`product` (float32 sums of x times the weights `values`) is `expected` (float64) up to
+    float32 rounding: a sum's error is bounded by the sum of its terms' magnitudes times a few
+    ulps per term in the worst case, about its square root's worth in practice (1e-5 of the
+    magnitudes is 80 ulps: wide of the sums here, far short of a wrong weight)."""
+    magnitudes = x.abs().double() @ values.abs().double().T
+    error = (product.double() - expected).abs()
+    worst = (error / (magnitudes + 1e-30)).max()
+    assert worst <= 1e-5, f"an output is off by {float(worst):.2e} of its terms' magnitude"

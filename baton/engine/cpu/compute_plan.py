@@ -15,7 +15,6 @@ from baton.hardware import DTYPES, ComputePlan, CpuCapabilities, isa_rank
 EMULATED_BF16_COST = "emulated bf16 GEMMs measured 3-10x slower than float32 at 16-128 rows"
 
 
-
 def choose_compute_plan(
     requested: str,
     checkpoint_dtype: str | None,

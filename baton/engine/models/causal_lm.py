@@ -68,6 +68,10 @@ class CausalLM(nn.Module):
         self.gemm_dtype = gemm_dtype
         embedding_shape = (config.vocab_size, config.hidden_size)
         self.embed_tokens = empty_parameter(*embedding_shape, dtype=dtype, device=device)
+        # The embedding as the checkpoint stores it, where no float32 table is kept
+        # (models/stored_weights.py): its rows are dequantized as they are looked up.
+        self.embedding_stored: CompactWeight | None = None
+        self.embedding_native: NativeKernels | None = None
         self.layers = nn.ModuleList(
             DecoderLayer(config, layer, dtype, device, gemm_dtype)
             for layer in range(config.num_layers)
@@ -121,7 +125,7 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """`forward` up to the LM head: the final norm's float32 output at the chosen rows,
         which `lm_head` turns into logits (a caller may do so a slice at a time)."""
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        hidden = self.embed(input_ids)
         angles = self.rotary.angles(positions)
         for layer in self.layers:
             hidden = layer(hidden, angles, kv_pool, attn, meta)
@@ -129,6 +133,16 @@ class CausalLM(nn.Module):
         # in float32 (see __init__), so no rounding to the model's dtype comes between them.
         hidden = hidden[logits_indices].float()
         return rms_norm(hidden, self.norm.weight.float(), self.norm.eps)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of `input_ids` [tokens] -> [tokens, hidden]; IndexError for an id
+        outside the vocabulary, as F.embedding raises."""
+        if self.embedding_stored is None:
+            return F.embedding(input_ids, self.embed_tokens)
+        ids = input_ids.to(torch.int64)
+        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.config.vocab_size:
+            raise IndexError("index out of range in self")
+        return self.embedding_native.dequantize_rows(self.embedding_stored, ids)
 
     def use_native_kernels(self, native: NativeKernels) -> None:
         """Normalise, rotate q/k and store K/V with the native kernels: float32 CPU models whose
@@ -152,12 +166,11 @@ class CausalLM(nn.Module):
 
     def attach_compact_weights(
         self, weights: Iterable[tuple[str, CompactWeight]], native: NativeKernels
-    ) -> int:
+    ) -> set[str]:
         """Give float32 linear layers their stored compact weights (native/formats.py), to be
-        multiplied by `native.gemv` in small batches; returns how many layers got them.
-
-        Call after `load_weights`. A fused layer gets them only where all its parts came in
-        one format (else it keeps multiplying float32 weights at every batch size).
+        multiplied by `native.gemv` in small batches; returns the names of the tensors they
+        hold. A fused layer gets them only where all its parts came (else it keeps multiplying
+        float32 weights at every batch size).
         """
         targets = self._weight_targets()
         # The kernel multiplies float32 rows: the layers of a float32 model (their weights in
@@ -170,23 +183,23 @@ class CausalLM(nn.Module):
         }
         if self.config.tie_word_embeddings:
             owners[id(self.embed_tokens)] = self.lm_head  # the head multiplies by the embedding
-        parts: dict[Linear, dict[int, CompactWeight]] = {}
+        parts: dict[Linear, dict[int, tuple[str, CompactWeight]]] = {}
         for name, compact in weights:
             target = targets.get(name)
             owner = owners.get(id(target.param)) if target is not None else None
             if owner is None or (compact.out_features, compact.in_features) != target.shape:
                 continue
-            parts.setdefault(owner, {})[target.rows.start or 0] = compact
-        attached = 0
+            parts.setdefault(owner, {})[target.rows.start or 0] = (name, compact)
+        held: set[str] = set()
         for linear, by_first_row in parts.items():
-            ordered = [by_first_row[row] for row in sorted(by_first_row)]
-            if sum(part.out_features for part in ordered) != linear.weight.shape[0]:
+            names, ordered = zip(*(by_first_row[row] for row in sorted(by_first_row)))
+            if sum(part.out_features for part in ordered) != linear.out_features:
                 continue
             combined = concat_rows(ordered)
             if combined is not None:
                 linear.compact, linear.native = combined, native
-                attached += 1
-        return attached
+                held.update(names)
+        return held
 
     def tile_compact_weights(self, native: NativeKernels) -> int:
         """Give linear layers' compact weights their tile-ordered copy, which every batch of
@@ -196,13 +209,19 @@ class CausalLM(nn.Module):
         The tiled layers' GEMM weights are freed: no batch reaches their GEMMs."""
         tiled = 0
         tileable = ("bf16",) if self.gemm_dtype == torch.bfloat16 else BLOCK_FORMATS
+
+        def tile(part: CompactWeight) -> CompactWeight:
+            return native.with_tiles(part) if part.format in tileable else part
+
         for module in self.modules():
-            if isinstance(module, Linear) and module.compact and module.compact.format in tileable:
-                module.compact = native.with_tiles(module.compact)
+            compact = module.compact if isinstance(module, Linear) else None
+            if compact is not None and compact.stored_formats() & set(tileable):
+                module.compact = compact.map_parts(tile)
                 tiled += 1
                 # SmolLM2: 424 MB of float32 layers; the 0.5B shape: 716 MB of bf16 ones. A
                 # tied head's weight is the embedding, which keeps its own reference.
-                module.drop_gemm_weight()
+                if module.compact.multiplies_any_rows and not module.stored_only:
+                    module.drop_gemm_weight()
         return tiled
 
     def panel_compact_weights(self, native: NativeKernels) -> int:
@@ -210,10 +229,14 @@ class CausalLM(nn.Module):
         panels of 16 features, which batches of a few rows or more multiply where the CPU has
         AVX-512 (`native.avx512`); returns how many got one."""
         panelled = 0
+
+        def panel(part: CompactWeight) -> CompactWeight:
+            return native.with_panels(part) if part.format in BLOCK_FORMATS else part
+
         for module in self.modules():
             compact = module.compact if isinstance(module, Linear) else None
-            if compact is not None and compact.format in BLOCK_FORMATS:
-                module.compact = native.with_panels(compact)
+            if compact is not None and compact.stored_formats() & set(BLOCK_FORMATS):
+                module.compact = compact.map_parts(panel)
                 panelled += 1
         return panelled
 
@@ -234,13 +257,16 @@ class CausalLM(nn.Module):
                 module.compact = None
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy HF-named tensors into our parameters, fusing q/k/v and gate/up on the way.
+    def load_weights(
+        self, weights: Iterable[tuple[str, torch.Tensor]], held: frozenset[str] = frozenset()
+    ) -> None:
+        """Copy HF-named tensors into our parameters, fusing q/k/v and gate/up on the way;
+        `held`: the names whose stored weights the model holds already (stored_weights.py).
 
         Raises `CheckpointError` naming any unexpected, wrongly shaped or missing tensor.
         """
         targets = self._weight_targets()
-        loaded: set[str] = set()
+        loaded: set[str] = set(held)
         for name, tensor in weights:
             # Old checkpoints store RoPE buffers; tied checkpoints may also repeat the embedding.
             if name.endswith("rotary_emb.inv_freq"):
@@ -259,7 +285,8 @@ class CausalLM(nn.Module):
         missing = sorted(targets.keys() - loaded)
         if missing:
             raise CheckpointError(f"checkpoint lacks {len(missing)} tensor(s): {missing[:5]}")
-        if self.config.tie_word_embeddings and self.lm_head.weight is not self.embed_tokens:
+        tied_copy = self.config.tie_word_embeddings and self.lm_head.weight is not self.embed_tokens
+        if tied_copy and self.embedding_stored is None:
             self.lm_head.weight.copy_(self.embed_tokens)  # the float32 head of a tied model
 
     def _weight_targets(self) -> dict[str, _WeightTarget]:

@@ -56,6 +56,9 @@ class Linear(nn.Module):
         self.compact: CompactWeight | None = None
         self.compact_max_rows = COMPACT_MAX_ROWS
         self.native: NativeKernels | None = None
+        # No float32 copy of the stored weight is kept (`hold_stored_only`): batches past the
+        # compact kernels' rows multiply it a slab at a time (NativeKernels.stored_product).
+        self.stored_only = False
 
     def pack_for_cpu(self) -> None:
         """Reorder the loaded weight, once, into oneDNN's blocked layout.
@@ -66,8 +69,8 @@ class Linear(nn.Module):
         The packed weight is opaque, so this comes after loading (and after the compact weights
         are attached), and only where the compute plan packs (`ComputePlan.pack_weights`).
         """
-        if self.compact is not None and self.compact.multiplies_any_rows:
-            return  # no batch reaches the GEMM (see drop_gemm_weight)
+        if self.stored_only or (self.compact is not None and self.compact.multiplies_any_rows):
+            return  # no batch reaches the GEMM (see drop_gemm_weight, hold_stored_only)
         # The batch-size hint picks oneDNN's blocking. A layer with compact weights multiplies
         # its packed weight only in batches over COMPACT_MAX_ROWS rows (PANELS_MAX_ROWS with
         # panels): prefill chunks, which run 5-18 % faster at 48-160 rows blocked for
@@ -82,6 +85,8 @@ class Linear(nn.Module):
         """[tokens, in_features] -> [tokens, out_features]."""
         if self.reads_compact(x.shape[0]):
             return self.native.gemv(x, self.compact, self.bias)
+        if self.stored_only:
+            return self.native.stored_product(x, self.compact, self.bias)
         if self.gemm_dtype is None:
             return self._gemm(x, self.bias)
         out = self._gemm(x.to(self.gemm_dtype), None).to(x.dtype)
@@ -102,6 +107,15 @@ class Linear(nn.Module):
         if self.compact is None or not self.compact.multiplies_any_rows:
             raise ValueError("this layer's GEMM still multiplies some batches")
         self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
+
+    def hold_stored_only(self) -> None:
+        """Free the float32 weight: the compact weights multiply every batch, past the
+        kernels' rows a slab at a time. (A tied head's weight is the embedding, which the model
+        frees itself.)"""
+        if self.compact is None or self.native is None:
+            raise ValueError("this layer has no stored weights to multiply")
+        self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
+        self.stored_only = True
 
     def reads_compact(self, rows: int) -> bool:
         """Whether a batch of `rows` rows multiplies the compact weights (else the GEMM): with

@@ -11,8 +11,8 @@ value, so both paths multiply the same weights; only the order of the sums diffe
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -43,11 +43,24 @@ FORMATS = {
     "q8_0": CompactFormat(2, 32, 34),  # f16 scale d, 32 int8: w = d * q
     "q4_0": CompactFormat(3, 32, 18),  # f16 d, 16 bytes of nibbles: w = d * (q - 8)
     "q4_1": CompactFormat(4, 32, 20),  # f16 d, f16 m, 16 bytes of nibbles: w = d * q + m
+    # llama.cpp's k-quants: super-blocks of 256 weights, eight sub-blocks with their own scales
+    # (native/linear/block_formats.h has each layout).
+    "q4_k": CompactFormat(5, 256, 144),
+    "q5_k": CompactFormat(6, 256, 176),
+    "q6_k": CompactFormat(7, 256, 210),
+    "q3_k": CompactFormat(8, 256, 110),
+    "q2_k": CompactFormat(9, 256, 84),
+    "iq4_nl": CompactFormat(10, 32, 18),  # f16 d, nibbles indexing 16 non-uniform levels
+    "iq4_xs": CompactFormat(11, 256, 136),
+    "q5_0": CompactFormat(12, 32, 22),
+    "q5_1": CompactFormat(13, 32, 24),
 }
 # The formats whose weights are small integers times a block's scale (plus its minimum), which
 # AMX multiplies in float32 precision (native/linear/amx_blocks.c) and AVX-512 CPUs also keep in
 # panels of 16 features (native/linear/block_panels.c).
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
+# The format of a fused weight whose parts are stored in different formats (CompactWeight.parts).
+PARTS = "parts"
 # The fewest rows a bf16 weight's tiles multiply (linear.c's AMX_MIN_ROWS): one row keeps
 # the compact kernel's exact float32 products at the same bytes read.
 TILES_MIN_ROWS = 2
@@ -64,13 +77,18 @@ class CompactWeight:
     (native/linear/amx_blocks.c). Either way the tiles take every larger batch, prefill chunks
     included. `panels`, on AVX-512 CPUs only, holds a block format's weight once more in panels
     of 16 features, which batches of a few rows or more (below the tiles') multiply instead
-    (native/linear/block_panels.c), up to PANELS_MAX_ROWS rows."""
+    (native/linear/block_panels.c), up to PANELS_MAX_ROWS rows.
+
+    A fused weight whose parts are stored in different formats (a GGUF's q and k in Q4_K, its v
+    in Q6_K) has format PARTS and its `parts` stacked row-wise; its `data` is [out_features, 0].
+    """
 
     format: str
     data: torch.Tensor
     in_features: int
     tiles: torch.Tensor | None = None
     panels: torch.Tensor | None = None
+    parts: tuple[CompactWeight, ...] = ()
 
     @property
     def out_features(self) -> int:
@@ -78,13 +96,29 @@ class CompactWeight:
 
     @property
     def multiplies_any_rows(self) -> bool:
-        """The native kernels multiply batches of any size with it: it has tiles."""
+        """The native kernels multiply batches of any size with it: it has tiles (every part
+        has)."""
+        if self.parts:
+            return all(part.multiplies_any_rows for part in self.parts)
         return self.tiles is not None
 
     @property
     def panel_max_rows(self) -> int:
-        """The most rows its panels take from the GEMM (PANELS_MAX_ROWS; 0 without panels)."""
+        """The most rows its panels take from the GEMM (PANELS_MAX_ROWS; 0 without panels, or
+        where a part has none)."""
+        if self.parts:
+            return min(part.panel_max_rows for part in self.parts)
         return PANELS_MAX_ROWS if self.panels is not None else 0
+
+    def map_parts(self, change: Callable[[CompactWeight], CompactWeight]) -> CompactWeight:
+        """`change` applied to the weight, or to each of its parts."""
+        if not self.parts:
+            return change(self)
+        return replace(self, parts=tuple(change(part) for part in self.parts))
+
+    def stored_formats(self) -> set[str]:
+        """The formats its bytes are stored in: its own, or its parts'."""
+        return {part.format for part in self.parts} if self.parts else {self.format}
 
     @staticmethod
     def from_tensor(tensor: torch.Tensor) -> CompactWeight | None:
@@ -96,10 +130,18 @@ class CompactWeight:
 
 
 def concat_rows(parts: Iterable[CompactWeight]) -> CompactWeight | None:
-    """The parts stacked row-wise (a fused q/k/v or gate/up weight), or None where their
-    formats or widths differ (e.g. a GGUF storing v in another type than q and k)."""
+    """The parts stacked row-wise (a fused q/k/v or gate/up weight): one weight where they share
+    a format, else a PARTS weight (a GGUF storing v in another type than q and k); None where
+    their widths differ."""
     parts = list(parts)
     first = parts[0]
-    if any((part.format, part.in_features) != (first.format, first.in_features) for part in parts):
+    if any(part.in_features != first.in_features for part in parts):
         return None
-    return CompactWeight(first.format, torch.cat([part.data for part in parts]), first.in_features)
+    if len(parts) == 1:
+        return first
+    if all(part.format == first.format for part in parts):
+        data = torch.cat([part.data for part in parts])
+        return CompactWeight(first.format, data, first.in_features)
+    rows = sum(part.out_features for part in parts)
+    empty = torch.empty(rows, 0, dtype=torch.uint8)
+    return CompactWeight(PARTS, empty, first.in_features, parts=tuple(parts))

@@ -11,6 +11,8 @@ import torch
 from baton.engine.native.formats import FORMATS, CompactWeight
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+# linear.h's FMT_PARTS: a fused weight of parts in different formats.
+PARTS_KERNEL_ID = 100
 
 
 class Matrix(ctypes.Structure):
@@ -27,22 +29,49 @@ class Matrix(ctypes.Structure):
         ("tiles", _ptr),
         ("panels", _ptr),
         ("avx512", _i64),
+        ("parts", _ptr),
+        ("num_parts", _i64),
     )
 
     @staticmethod
     def of(weight: CompactWeight, bias: torch.Tensor | None, avx512: bool) -> Matrix:
         """Pointers into `weight` and `bias`: the caller keeps both alive. `avx512`: the compact
-        kernel may use AVX-512 (NativeKernels.avx512)."""
+        kernel may use AVX-512 (NativeKernels.avx512). A PARTS weight's parts are an array
+        this Matrix keeps alive, each with its rows of the bias."""
+        if weight.parts:
+            parts, first = [], 0
+            for part in weight.parts:
+                rows = None if bias is None else bias[first : first + part.out_features]
+                parts.append(Matrix.of(part, rows, avx512))
+                first += part.out_features
+            array = (Matrix * len(parts))(*parts)
+            matrix = Matrix(
+                PARTS_KERNEL_ID,
+                weight.in_features,
+                weight.out_features,
+                0,
+                None,
+                None,
+                None,
+                None,
+                int(avx512),
+                ctypes.addressof(array),
+                len(parts),
+            )
+            matrix.keep_alive = array
+            return matrix
         return Matrix(
             FORMATS[weight.format].kernel_id,
             weight.in_features,
             weight.out_features,
-            weight.data.shape[1],
+            weight.data.stride(0),
             weight.data.data_ptr(),
             None if bias is None else bias.data_ptr(),
             None if weight.tiles is None else weight.tiles.data_ptr(),
             None if weight.panels is None else weight.panels.data_ptr(),
             int(avx512),
+            None,
+            0,
         )
 
 
@@ -74,6 +103,7 @@ class DecodeModelArgs(ctypes.Structure):
 
     _fields_ = (
         ("embeddings", _ptr),
+        ("embedding", Matrix),
         ("final_norm", _ptr),
         ("lm_head", Matrix),
         ("hidden", _ptr),

@@ -23,15 +23,18 @@ _COMPACT_SAFETENSORS_DTYPES = ("BF16", "F16")
 
 
 def iter_weights(
-    checkpoint: Checkpoint, native: NativeKernels | None = None
+    checkpoint: Checkpoint,
+    native: NativeKernels | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor under its HF parameter name, read lazily one at a time (a GGUF's blocks
-    dequantized by the `native` kernels where given)."""
+    dequantized by the `native` kernels where given; those named in `skip`, which the model
+    holds as stored, not read)."""
     if checkpoint.path is None:
         yield from iter_random_weights(checkpoint.config)
         return
     if checkpoint.gguf_file is not None:
-        yield from iter_gguf_weights(checkpoint.gguf_file, checkpoint.config, native)
+        yield from iter_gguf_weights(checkpoint.gguf_file, checkpoint.config, native, skip)
         return
     for file in safetensors_files(checkpoint.path):
         try:
@@ -40,7 +43,8 @@ def iter_weights(
             raise CheckpointError(f"{file}: unreadable safetensors: {error}") from error
         with handle as tensors:
             for name in tensors.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, tensors.get_tensor(name)
+                if name not in skip:
+                    yield name, tensors.get_tensor(name)
 
 
 def iter_compact_weights(checkpoint: Checkpoint) -> Iterator[tuple[str, CompactWeight]]:

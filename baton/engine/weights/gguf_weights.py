@@ -38,12 +38,34 @@ def _cached_tensors(gguf_file: str, size: int, mtime_ns: int) -> list[GGUFTensor
     return read_gguf_tensors(Path(gguf_file))
 
 
+def forget_gguf_tensors() -> None:
+    """Unmap the file read last: once the model holds its weights, the mapped pages it read
+    would count in the process's resident memory a second time."""
+    _cached_tensors.cache_clear()
+
+
+def unsupported_gguf_matrices(gguf_file: Path) -> list[tuple[str, str]]:
+    """(name, type) of each matrix stored in a type the native kernels cannot multiply as
+    stored (F32 matrices are multiplied as they are)."""
+    return [
+        (tensor.name, tensor.tensor_type.name)
+        for tensor in _tensors(gguf_file)
+        if len(tensor.shape) == 2
+        and tensor.tensor_type.name != "F32"
+        and tensor.tensor_type.name.lower() not in FORMATS
+    ]
+
+
 def iter_gguf_weights(
-    gguf_file: Path, config: ModelConfig, native: NativeKernels | None = None
+    gguf_file: Path,
+    config: ModelConfig,
+    native: NativeKernels | None = None,
+    skip: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of `gguf_file` under its HF name, dequantized to float32, in HF's row order
-    (see `_unpermute`). With `native`, the formats the compact kernels read are dequantized
-    there (the same exact values, 4.1 s -> a few hundred ms for SmolLM2's 135M weights)."""
+    """Every tensor of `gguf_file` under its HF name but those in `skip`, dequantized to
+    float32, in HF's row order (see `_unpermute`). With `native`, the formats the compact
+    kernels read are dequantized there (the same exact values, 4.1 s -> a few hundred ms for
+    SmolLM2's 135M weights)."""
     import gguf
     from tqdm import tqdm
 
@@ -61,6 +83,8 @@ def iter_gguf_weights(
             name = hf_tensor_name(tensor.name)
         except KeyError:
             raise CheckpointError(f"{gguf_file}: unexpected tensor {tensor.name!r}") from None
+        if name in skip:
+            continue
         compact = _compact(tensor, name, config) if native is not None else None
         if compact is not None:
             yield name, native.dequantize(compact)  # type: ignore[union-attr]

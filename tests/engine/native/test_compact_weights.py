@@ -8,11 +8,18 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.compact_reference import check_against_float64, stored_weight
+from helpers.compact_reference import (
+    SCALE_OFFSETS,
+    assert_float32_sums,
+    check_against_float64,
+    random_blocks,
+    stored_weight,
+)
 from helpers.hf_reference import hf_greedy_generate
 
 from baton import LLM, SamplingParams
@@ -21,7 +28,13 @@ from baton.checkpoint.load import load_checkpoint
 from baton.engine.cpu.capabilities import detect_cpu_capabilities
 from baton.engine.models.causal_lm import CausalLM
 from baton.engine.models.layers import Linear
-from baton.engine.native.formats import BLOCK_FORMATS, COMPACT_MAX_ROWS, FORMATS, CompactWeight
+from baton.engine.native.formats import (
+    BLOCK_FORMATS,
+    COMPACT_MAX_ROWS,
+    FORMATS,
+    PARTS,
+    CompactWeight,
+)
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
 from baton.engine.weights.checkpoint_tensors import iter_compact_weights, iter_weights
 from baton.hardware import isa_rank
@@ -48,14 +61,21 @@ def native(request: pytest.FixtureRequest) -> NativeKernels:
     return load_native_kernels(avx512=request.param)
 
 
+def whole_blocks(width: int, compact_format: str) -> int:
+    """`width` rounded up to whole blocks of the format (256 weights for the k-quants)."""
+    block = FORMATS[compact_format].block
+    return -(-width // block) * block
+
+
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
 def test_the_kernel_reads_each_weight_as_exactly_its_float32_value(
     native: NativeKernels, compact_format: str
 ) -> None:
-    weight = np.random.default_rng(0).normal(size=(40, 96)).astype(np.float32)
+    width = whole_blocks(96, compact_format)
+    weight = np.random.default_rng(0).normal(size=(40, width)).astype(np.float32)
     compact, values = stored_weight(weight, compact_format)
     # One-hot rows pick single weights: no sum, so any difference is in the dequantization.
-    assert torch.equal(native.gemv(torch.eye(96), compact, None), values.T)
+    assert torch.equal(native.gemv(torch.eye(width), compact, None), values.T)
 
 
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
@@ -63,9 +83,30 @@ def test_dequantizing_gives_exactly_the_stored_values(
     native: NativeKernels, compact_format: str
 ) -> None:
     """What loading a GGUF uses: the whole matrix, bit for bit what gguf's numpy code gives."""
-    weight = np.random.default_rng(1).normal(size=(40, 96)).astype(np.float32)
-    compact, values = stored_weight(weight, compact_format)
+    weight = np.random.default_rng(1).normal(size=(40, whole_blocks(96, compact_format)))
+    compact, values = stored_weight(weight.astype(np.float32), compact_format)
     assert torch.equal(native.dequantize(compact), values)
+    # An embedding's lookups: any rows, in any order, repeated.
+    ids = torch.tensor([39, 0, 7, 7])
+    assert torch.equal(native.dequantize_rows(compact, ids), values[ids])
+
+
+@pytest.mark.parametrize("compact_format", sorted(FORMATS))
+@pytest.mark.parametrize("rows", [33, 100])
+def test_a_batch_past_the_compact_kernels_multiplies_the_stored_weights_in_slabs(
+    native: NativeKernels, compact_format: str, rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefill chunk on a model that keeps no float32 copy: the slabs (made small here, so
+    that there are several and the last is partial) give the float32 product."""
+    monkeypatch.setattr("baton.engine.native.linear_kernels.SLAB_BYTES", 4 * 256 * 20)
+    monkeypatch.setattr("baton.engine.native.linear_kernels.SLAB_MIN_FEATURES", 1)
+    width = whole_blocks(160, compact_format)
+    weight = np.random.default_rng(rows).normal(size=(71, width)).astype(np.float32)
+    compact, values = stored_weight(weight, compact_format)
+    x = torch.randn(rows, width)
+    bias = torch.randn(71)
+    expected = x.double() @ values.double().T + bias.double()
+    assert_float32_sums(native.stored_product(x, compact, bias), expected, x, values)
 
 
 # Up to 8 rows of x share one pass over the weights (16 with AVX-512 where they fit L1, as these
@@ -76,7 +117,8 @@ def test_dequantizing_gives_exactly_the_stored_values(
 def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
     native: NativeKernels, compact_format: str, rows: int
 ) -> None:
-    check_against_float64(native, compact_format, rows, out_features=71, in_features=160)
+    width = whole_blocks(160, compact_format)
+    check_against_float64(native, compact_format, rows, out_features=71, in_features=width)
 
 
 # Weight rows far longer than a layer's here: rows of x no longer fit in L1 (the AVX-512 sweep
@@ -121,14 +163,17 @@ def test_every_linear_of_a_bf16_checkpoint_gets_its_stored_weights(
     model.load_weights(iter_weights(checkpoint))
     attached = model.attach_compact_weights(iter_compact_weights(checkpoint), native)
     linears = [module for module in model.modules() if isinstance(module, Linear)]
-    assert attached == len(linears) == 4 * checkpoint.config.num_layers + 1
+    assert len(linears) == 4 * checkpoint.config.num_layers + 1
+    assert len(attached) == 7 * checkpoint.config.num_layers + 1  # q, k, v, o, gate, up, down
     for linear in linears:
         assert torch.equal(linear.compact.data.view(torch.bfloat16).float(), linear.weight)
 
 
-def test_a_fused_layer_whose_parts_differ_in_format_keeps_float32_weights(
+def test_a_fused_layer_whose_parts_differ_in_format_multiplies_each_part_as_stored(
     tiny_model_factory: Callable[..., Path], native: NativeKernels
 ) -> None:
+    """A GGUF's q and k in Q4_K with v in Q6_K: the fused weight holds its parts, each
+    multiplied in its own format into its columns (with its share of the bias)."""
     checkpoint = load_checkpoint(str(tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)))
     model = CausalLM(checkpoint.config, torch.float32, "cpu")
     model.load_weights(iter_weights(checkpoint))
@@ -142,12 +187,37 @@ def test_a_fused_layer_whose_parts_differ_in_format_keeps_float32_weights(
             yield name, compact
 
     attached = model.attach_compact_weights(weights(), native)
-    assert attached == 4 * checkpoint.config.num_layers  # all but layer 0's q/k/v
-    assert model.layers[0].self_attn.qkv_proj.compact is None
-    assert model.layers[1].self_attn.qkv_proj.compact is not None
+    assert len(attached) == 7 * checkpoint.config.num_layers + 1  # and the tied head
+    qkv = model.layers[0].self_attn.qkv_proj
+    assert qkv.compact.format == PARTS
+    assert [part.format for part in qkv.compact.parts] == ["bf16", "f16", "bf16"]
+    assert model.layers[1].self_attn.qkv_proj.compact.format == "bf16"
+    # The float32 weights hold the same values (bf16 -> f16 is exact for these small weights).
+    x = torch.randn(5, qkv.in_features)
+    expected = x.double() @ qkv.weight.double().T + qkv.bias.double()
+    for rows in (1, 3, 5):
+        got = native.gemv(x[:rows], qkv.compact, qkv.bias)
+        torch.testing.assert_close(got.double(), expected[:rows], rtol=1e-5, atol=1e-5)
+    got = native.stored_product(x, qkv.compact, qkv.bias)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("tensor_type", ["Q4_0", "Q4_1", "Q8_0", "BF16"])
+def random_blocks_of(values: np.ndarray, quant: gguf.GGMLQuantizationType) -> np.ndarray:
+    """A matrix's blocks for a type gguf cannot quantize: random ones (helpers'
+    random_blocks), scaled so that a tiny model's activations stay of the usual size."""
+    rows, width = values.shape
+    return random_blocks(quant.name.lower(), rows, width, seed=values.size, scale=0.0005)
+
+
+# The k-quants and IQ4 need in_features in whole 256-weight super-blocks: a wider tiny model.
+WIDE_TINY = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64}
+
+
+@pytest.mark.parametrize(
+    "tensor_type",
+    ["Q4_0", "Q4_1", "Q8_0", "BF16", "Q5_0", "Q5_1", "IQ4_NL"]
+    + [name.upper() for name in SCALE_OFFSETS if FORMATS[name].block == 256],
+)
 @pytest.mark.parametrize("variant", ["llama", "qwen3"])
 def test_greedy_tokens_from_a_quantized_gguf_equal_transformers_on_its_weights(
     tiny_model_factory: Callable[..., Path],
@@ -162,11 +232,20 @@ def test_greedy_tokens_from_a_quantized_gguf_equal_transformers_on_its_weights(
     from transformers import AutoModelForCausalLM
 
     plain_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
-    model_dir = tiny_model_factory(variant, vocab_size=300, **plain_rope)
-    path = export_gguf(model_dir, "float32", tmp_path / f"tiny-{tensor_type}.gguf", tensor_type)
+    random = tensor_type.lower() in SCALE_OFFSETS
+    wide = WIDE_TINY if FORMATS[tensor_type.lower()].block == 256 else {}
+    model_dir = tiny_model_factory(variant, vocab_size=300, **plain_rope, **wide)
+    target = tmp_path / f"tiny-{tensor_type}.gguf"
+    path = export_gguf(
+        model_dir, "float32", target, tensor_type, random_blocks_of if random else None
+    )
     llm = LLM(str(path))
-    linears = [m for m in llm.engine.model.modules() if isinstance(m, Linear)]
-    assert all(linear.compact is not None for linear in linears)
+    model = llm.engine.model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    # Held as stored: no float32 copy of any matrix or of the embedding.
+    assert all(linear.compact is not None and linear.stored_only for linear in linears)
+    assert model.embedding_stored is not None and model.embed_tokens.numel() == 0
+    assert all(linear.weight.numel() == 0 for linear in linears)
     reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     checkpoint = load_checkpoint(str(path))
     dequantized = dict(iter_weights(checkpoint))
@@ -177,8 +256,10 @@ def test_greedy_tokens_from_a_quantized_gguf_equal_transformers_on_its_weights(
     if llm.engine.decode_step.native.avx512 and tensor_type != "BF16":
         blocks = [linear for linear in linears if linear.compact.format in BLOCK_FORMATS]
         assert blocks and all(linear.compact.panels is not None for linear in blocks)
-    # Five rows a decode step: AVX-512 CPUs multiply block layers' panels (from 3 rows).
-    prompts = [[1, 2, 3, 4, 5], [40, 41, 42], [7] * 20, [9, 8, 7], [100, 200, 50, 25]]
+    # Five rows a decode step: AVX-512 CPUs multiply block layers' panels (from 3 rows). The
+    # 40-token prompt is past the compact kernels' 32 rows: its prefill multiplies the blocks a
+    # float32 slab at a time.
+    prompts = [[1, 2, 3, 4, 5], [40, 41, 42], [7] * 40, [9, 8, 7], [100, 200, 50, 25]]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     outputs = llm.generate(prompts, params)
     for prompt, output in zip(prompts, outputs):

@@ -40,7 +40,8 @@ typedef struct {
 
 /* The model around its layers (decode_step.py's DecodeModelArgs). */
 typedef struct {
-    const float *embeddings; /* [vocab_size, hidden_size] */
+    const float *embeddings; /* [vocab_size, hidden_size], or NULL: the rows of `embedding` */
+    Matrix embedding;        /* the embedding as stored (formats.py), where embeddings is NULL */
     const float *final_norm;
     Matrix lm_head;
     float *hidden, *normed; /* [rows, hidden_size] each */
@@ -120,10 +121,17 @@ int baton_decode_step(const DecoderLayer *layers, int64_t num_layers, const Deco
     const int64_t vocab_size = model->lm_head.out_features;
     for (int64_t r = 0; r < rows; r++)
         if (step->input_ids[r] < 0 || step->input_ids[r] >= vocab_size) return -1;
-    for (int64_t r = 0; r < rows; r++)
-        memcpy(model->hidden + r * hidden_size,
-               model->embeddings + step->input_ids[r] * hidden_size,
-               sizeof(float) * hidden_size);
+    if (!model->embeddings) {
+        const Matrix *e = &model->embedding;
+        if (baton_dequantize_rows((int)e->format, e->data, hidden_size, e->row_bytes,
+                                  step->input_ids, rows, model->hidden))
+            return -2;
+    } else {
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(model->hidden + r * hidden_size,
+                   model->embeddings + step->input_ids[r] * hidden_size,
+                   sizeof(float) * hidden_size);
+    }
     for (int64_t i = 0; i < num_layers; i++)
         if (decode_layer(&layers[i], step, model->hidden)) return -2;
     baton_rms_norm(model->hidden, rows, hidden_size, model->final_norm, model->eps,

@@ -4,8 +4,10 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "linear.h"
+#include "runtime/thread_buffer.h"
 
 /* Rows from which a layer with tile-ordered weights multiplies them on AMX rather than reading
  * its compact weights. bf16 tiles: from 2 rows, at any number (prefill chunks too); one row
@@ -26,7 +28,26 @@
 
 static int64_t amx_blocks_min_rows(int64_t format) { return format == FMT_Q8_0 ? 5 : 9; }
 
+/* A PARTS matrix: each part's product into a buffer, then into its columns of y. */
+static int linear_parts(const Matrix *m, const float *x, int64_t rows, float *y) {
+    static __thread ThreadBuffer part_buffer;
+    if (!rows) return 0;
+    int64_t widest = 0;
+    for (int64_t p = 0; p < m->num_parts; p++)
+        widest = m->parts[p].out_features > widest ? m->parts[p].out_features : widest;
+    float *product = thread_buffer(&part_buffer, rows * widest * (int64_t)sizeof(float));
+    if (!product) return -1;
+    for (int64_t p = 0, column = 0; p < m->num_parts; column += m->parts[p].out_features, p++) {
+        const int64_t width = m->parts[p].out_features;
+        if (baton_linear(&m->parts[p], x, rows, product)) return -1;
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(y + r * m->out_features + column, product + r * width, sizeof(float) * width);
+    }
+    return 0;
+}
+
 int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
+    if (m->num_parts) return linear_parts(m, x, rows, y);
     if (m->tiles && m->format != FMT_BF16 && rows >= amx_blocks_min_rows(m->format))
         return baton_amx_block_gemm((int)m->format, x, rows, m->in_features, m->tiles,
                                     m->out_features, m->bias, y)
@@ -47,7 +68,7 @@ int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
 }
 
 int baton_linear_add(const Matrix *m, const float *x, int64_t rows, float *y, float *scratch) {
-    if (m->tiles && m->format == FMT_BF16 && rows >= AMX_MIN_ROWS && !m->bias)
+    if (!m->num_parts && m->tiles && m->format == FMT_BF16 && rows >= AMX_MIN_ROWS && !m->bias)
         return baton_amx_gemm(x, NULL, rows, m->in_features, m->tiles, m->out_features, NULL,
                               EPILOGUE_ADD, y)
                    ? -1

@@ -5,7 +5,11 @@
 #include <stdint.h>
 
 /* The compact formats (formats.py's FORMATS' kernel ids). */
-enum { FMT_BF16 = 0, FMT_F16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4 };
+enum {
+    FMT_BF16, FMT_F16, FMT_Q8_0, FMT_Q4_0, FMT_Q4_1, FMT_Q4_K, FMT_Q5_K, FMT_Q6_K, FMT_Q3_K,
+    FMT_Q2_K, FMT_IQ4_NL, FMT_IQ4_XS, FMT_Q5_0, FMT_Q5_1, FMT_COUNT,
+    FMT_PARTS = 100 /* formats.py's PARTS */
+};
 
 /* A linear layer's compact weight (formats.py's CompactWeight), its bias (or NULL) and, on
  * AMX CPUs, the same weight in tile order (NULL where there is none): a bf16 weight as bf16
@@ -13,13 +17,17 @@ enum { FMT_BF16 = 0, FMT_F16 = 1, FMT_Q8_0 = 2, FMT_Q4_0 = 3, FMT_Q4_1 = 4 };
  * block format's weight in panels of 16 features (block_panels.c), on AVX-512 CPUs (NULL where
  * there are none); avx512: the compact kernel may use AVX-512 (the CPU has it and the plan's
  * ISA allows it). Mirrored by structs.py's Matrix: keep the field order in step. */
-typedef struct {
+typedef struct Matrix {
     int64_t format, in_features, out_features, row_bytes;
     const uint8_t *data;
     const float *bias;
     const void *tiles;
     const uint8_t *panels;
     int64_t avx512;
+    /* A fused weight whose parts are stored in different formats: num_parts matrices stacked
+     * row-wise (each with its share of the bias), format FMT_PARTS, no data of its own. */
+    const struct Matrix *parts;
+    int64_t num_parts;
 } Matrix;
 
 /* y [rows, out_features] = x [rows, in_features] @ W^T (+ bias). Returns 0, or -1 if memory ran
@@ -45,6 +53,8 @@ int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t
 int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
                        const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
                        float *y);
+int baton_dequantize_rows(int fmt, const uint8_t *w, int64_t k_dim, int64_t row_bytes,
+                          const int64_t *ids, int64_t count, float *out);
 void baton_block_panel_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
                             const uint8_t *panels, int64_t n_dim, const float *bias, float *y);
 int baton_amx_block_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,

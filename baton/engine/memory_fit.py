@@ -1,0 +1,76 @@
+"""Whether a model fits this machine's memory, asked before any weight is read: a model that
+does not fit is refused in one line at start-up, not killed by the kernel's OOM killer minutes
+into loading (issue 45: an 8B Q4_K_M sat 2.5 minutes, then the scheduler died at 24 GB).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from baton.checkpoint.load import Checkpoint
+from baton.config import ConfigurationError
+
+# What a CPU engine holds besides its weights and KV pool: the interpreter, torch and oneDNN, the
+# native kernels' buffers, a step's activations (measured on the default model: about 400 MiB).
+RUNTIME_BYTES = 512 << 20
+_GIB = 2**30
+
+
+def expected_weight_bytes(checkpoint: Checkpoint, element_bytes: int, held_as_stored: bool) -> int:
+    """The bytes the engine will hold for `checkpoint`'s weights: a GGUF held as stored, its
+    file; else every parameter at `element_bytes` (the compute dtype's), plus the stored copy
+    the compact kernels keep where the checkpoint is bf16/f16 or a GGUF."""
+    if checkpoint.path is None:
+        return 0  # the built-in random model: a few MB
+    if checkpoint.gguf_file is not None and held_as_stored:
+        return checkpoint.gguf_file.stat().st_size
+    config = checkpoint.config
+    hidden, inter = config.hidden_size, config.intermediate_size
+    per_layer = hidden * (config.q_size + 2 * config.kv_size) + config.q_size * hidden
+    per_layer += 3 * hidden * inter
+    embeddings = config.vocab_size * hidden * (1 if config.tie_word_embeddings else 2)
+    computed = (config.num_layers * per_layer + embeddings) * element_bytes
+    stored = checkpoint.gguf_file.stat().st_size if checkpoint.gguf_file else 0
+    if checkpoint.stored_compactly and not checkpoint.gguf_file:
+        stored = computed * 2 // element_bytes  # bf16/f16 matrices, kept for small batches
+    return computed + stored
+
+
+def available_memory_bytes(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """What this process may still allocate: the kernel's MemAvailable, or less under a cgroup
+    (v2) limit; None where neither can be read."""
+    available = None
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        current = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            headroom = int(limit) - current
+            available = headroom if available is None else min(available, headroom)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def check_fits(weight_bytes: int, kv_pool_bytes: int, available: int | None) -> None:
+    """ConfigurationError, in one line naming the fix, when weights, KV pool and runtime need
+    more than `available` bytes (nothing is checked where that is unknown). The KV pool counts
+    whole: on a CPU it is resident only as its pages fill, but a pool that cannot fill would
+    end the server under load instead of now."""
+    if available is None:
+        return
+    needed = weight_bytes + kv_pool_bytes + RUNTIME_BYTES
+    if needed <= available:
+        return
+    raise ConfigurationError(
+        f"the model does not fit in this machine's memory: it needs about "
+        f"{needed / _GIB:.1f} GiB (weights {weight_bytes / _GIB:.1f}, KV pool "
+        f"{kv_pool_bytes / _GIB:.1f}, runtime {RUNTIME_BYTES / _GIB:.1f}) and "
+        f"{available / _GIB:.1f} GiB are available: give a smaller --kv-cache-memory-bytes or "
+        "--max-model-len, or a smaller quantization of the model"
+    )

@@ -1,0 +1,219 @@
+/* The GGUF block formats past Q8_0 / Q4_0 / Q4_1, one block of 32 weights at a time, as four
+ * vectors of 8 float32 weights (AVX2 + FMA + F16C): Q5_0, Q5_1, IQ4_NL (32 weights a block),
+ * and the 256-weight super-blocks Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS, read as their eight
+ * sub-blocks of 32. Layouts: llama.cpp's ggml-common.h.
+ *
+ * Each weight comes out as exactly the float32 value gguf's numpy dequantization gives (the
+ * engine's float32 reference dequantizes with it): a block's scale times a small integer is
+ * exact in float32 (an f16 scale has 11 significant bits, a 6-bit sub-scale 6 more, a 5-bit
+ * quant 5 more), so where gguf computes `d * q - m` or `d * q + m`, rounding once, one FMA
+ * rounds the same exact value once; Q6_K's `(d * scale) * q` can need 25 bits and rounds once
+ * either way.
+ *
+ * Every dequantizer takes the block (or super-block) and the index of the 32 weights wanted in
+ * it (0 for the 32-weight formats).
+ */
+#ifndef BATON_BLOCK_FORMATS_H
+#define BATON_BLOCK_FORMATS_H
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float block_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* 32 int8 values (weights 0..31 in order) as four vectors of 8 floats. */
+static inline void int8x32_to_float(__m256i v, __m256 *w) {
+    const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+/* 16 bytes holding weight j in byte j's low nibble and weight j + 16 in its high one (Q4_0's,
+ * Q5_0's, IQ4's order) as 32 bytes, weight j in byte j, each 0..15. */
+static inline __m256i split_nibbles16(const uint8_t *qs) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), low),
+                            _mm_and_si128(bytes, low));
+}
+
+/* 32 bytes' nibbles: the low ones (high = 0) or the high ones, each 0..15. */
+static inline __m256i nibbles32(const uint8_t *qs, int high) {
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)qs);
+    const __m256i shifted = high ? _mm256_srli_epi16(bytes, 4) : bytes;
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+}
+
+/* Bit `bit` of each of 32 bytes, as 0 or 1 in each byte. */
+static inline __m256i bit_of_bytes(const uint8_t *bytes, int bit) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)bytes);
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(bit)), _mm256_set1_epi8(1));
+}
+
+/* The 32 bits of `bits`, bit j as byte j: 0x10 where set, 0 where not (Q5_0/Q5_1's fifth bit). */
+static inline __m256i fifth_bits(uint32_t bits) {
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32((int)bits),
+        _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL, 0x0303030303030303LL));
+    /* Byte j keeps bit j % 8 of byte j / 8: OR-ing every other bit in makes it all ones where
+     * that bit is set. */
+    const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfeLL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1));
+    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+/* Q5_0 (22 bytes): f16 d, 32 fifth bits, 16 bytes of nibbles: w = d * (q - 16). */
+static inline void dq_q5_0(const uint8_t *b, int sub, __m256 *w) {
+    (void)sub;
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(split_nibbles16(b + 6), fifth_bits(qh)),
+                                      _mm256_set1_epi8(16));
+    const __m256 d = _mm256_set1_ps(block_f16(b));
+    int8x32_to_float(q, w);
+    for (int j = 0; j < 4; j++) w[j] = _mm256_mul_ps(d, w[j]);
+}
+
+/* Q5_1 (24 bytes): f16 d, f16 m, 32 fifth bits, 16 bytes of nibbles: w = d * q + m. */
+static inline void dq_q5_1(const uint8_t *b, int sub, __m256 *w) {
+    (void)sub;
+    uint32_t qh;
+    memcpy(&qh, b + 4, 4);
+    const __m256 d = _mm256_set1_ps(block_f16(b)), m = _mm256_set1_ps(block_f16(b + 2));
+    int8x32_to_float(_mm256_or_si256(split_nibbles16(b + 8), fifth_bits(qh)), w);
+    for (int j = 0; j < 4; j++) w[j] = _mm256_fmadd_ps(d, w[j], m);
+}
+
+/* IQ4_NL's and IQ4_XS's 16 non-uniform levels (llama.cpp's kvalues_iq4nl). */
+static inline __m256i iq4_levels(__m256i nibbles) {
+    const __m256i table = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25,
+                                           38, 53, 69, 89, 113, -127, -104, -83, -65, -49, -35,
+                                           -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+    return _mm256_shuffle_epi8(table, nibbles);
+}
+
+/* IQ4_NL (18 bytes): f16 d, 16 bytes of nibbles indexing the levels: w = d * level. */
+static inline void dq_iq4_nl(const uint8_t *b, int sub, __m256 *w) {
+    (void)sub;
+    const __m256 d = _mm256_set1_ps(block_f16(b));
+    int8x32_to_float(iq4_levels(split_nibbles16(b + 2)), w);
+    for (int j = 0; j < 4; j++) w[j] = _mm256_mul_ps(d, w[j]);
+}
+
+/* IQ4_XS (136 bytes): f16 d, the sub-blocks' 6-bit scales (high 2 bits in a u16, low 4 in 4
+ * bytes), 8 times 16 bytes of nibbles: w = (d * (scale - 32)) * level. */
+static inline void dq_iq4_xs(const uint8_t *b, int sub, __m256 *w) {
+    uint16_t scales_high;
+    memcpy(&scales_high, b + 2, 2);
+    const int low = (b[4 + sub / 2] >> (4 * (sub % 2))) & 0x0F;
+    const int scale = (low | (((scales_high >> (2 * sub)) & 3) << 4)) - 32;
+    const __m256 dl = _mm256_set1_ps(block_f16(b) * (float)scale);
+    int8x32_to_float(iq4_levels(split_nibbles16(b + 8 + 16 * sub)), w);
+    for (int j = 0; j < 4; j++) w[j] = _mm256_mul_ps(dl, w[j]);
+}
+
+/* Q2_K (84 bytes): 16 scale bytes (4-bit scale, 4-bit min per 16 weights), 64 bytes of 2-bit
+ * quants, f16 d, f16 dmin: w = (d * scale) * q - dmin * min. Sub-block s takes bits 2(s % 4)
+ * of bytes 32(s / 4) ..+32, weights 0-15 and 16-31 with scale bytes 2s and 2s + 1. */
+static inline void dq_q2_k(const uint8_t *b, int sub, __m256 *w) {
+    const float d = block_f16(b + 80), dmin = block_f16(b + 82);
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (sub / 4)));
+    const __m256i q = _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * (sub % 4))),
+                                       _mm256_set1_epi8(3));
+    int8x32_to_float(q, w);
+    for (int half = 0; half < 2; half++) {
+        const uint8_t scale = b[2 * sub + half];
+        const __m256 dl = _mm256_set1_ps(d * (float)(scale & 0x0F));
+        const __m256 ml = _mm256_set1_ps(dmin * (float)(scale >> 4));
+        for (int j = 2 * half; j < 2 * half + 2; j++) w[j] = _mm256_fmsub_ps(dl, w[j], ml);
+    }
+}
+
+/* Q3_K's 6-bit scale i (of 16, one per 16 weights), minus 32: its low 4 bits in the nibbles of
+ * bytes 0-7, its high 2 in bytes 8-11. */
+static inline int q3_k_scale(const uint8_t *scales, int i) {
+    const int low = i < 8 ? scales[i] & 0x0F : scales[i - 8] >> 4;
+    const int high = (scales[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return (low | (high << 4)) - 32;
+}
+
+/* Q3_K (110 bytes): 32 bytes of high bits, 64 bytes of 2-bit quants, 12 bytes of 6-bit scales,
+ * f16 d: w = (d * scale) * (q - (high bit ? 0 : 4)). Sub-block s: low bits as Q2_K's, high bit
+ * s of the 32 hmask bytes. */
+static inline void dq_q3_k(const uint8_t *b, int sub, __m256 *w) {
+    const float d = block_f16(b + 108);
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * (sub / 4)));
+    const __m256i low = _mm256_and_si256(
+        _mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * (sub % 4))), _mm256_set1_epi8(3));
+    /* q - 4 + 4 * high: -4..3 */
+    const __m256i high4 = _mm256_slli_epi16(bit_of_bytes(b, sub), 2);
+    const __m256i q = _mm256_sub_epi8(_mm256_add_epi8(low, high4), _mm256_set1_epi8(4));
+    int8x32_to_float(q, w);
+    for (int half = 0; half < 2; half++) {
+        const __m256 dl = _mm256_set1_ps(d * (float)q3_k_scale(b + 96, 2 * sub + half));
+        for (int j = 2 * half; j < 2 * half + 2; j++) w[j] = _mm256_mul_ps(dl, w[j]);
+    }
+}
+
+/* Q4_K's and Q5_K's 6-bit scale and min of sub-block j (of 8), packed in 12 bytes. */
+static inline void k_scale_min(const uint8_t *q, int j, int *scale, int *min) {
+    if (j < 4) {
+        *scale = q[j] & 63;
+        *min = q[j + 4] & 63;
+    } else {
+        *scale = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+        *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K (144 bytes): f16 d, f16 dmin, 12 bytes of scales and mins, 128 bytes of nibbles:
+ * w = (d * scale) * q - dmin * min. Sub-block s: the low (s even) or high nibbles of bytes
+ * 32(s / 2) ..+32. */
+static inline void dq_q4_k(const uint8_t *b, int sub, __m256 *w) {
+    int scale, min;
+    k_scale_min(b + 4, sub, &scale, &min);
+    const __m256 dl = _mm256_set1_ps(block_f16(b) * (float)scale);
+    const __m256 ml = _mm256_set1_ps(block_f16(b + 2) * (float)min);
+    int8x32_to_float(nibbles32(b + 16 + 32 * (sub / 2), sub & 1), w);
+    for (int j = 0; j < 4; j++) w[j] = _mm256_fmsub_ps(dl, w[j], ml);
+}
+
+/* Q5_K (176 bytes): as Q4_K with 32 bytes of fifth bits (bit s for sub-block s) before the
+ * 128 bytes of nibbles. */
+static inline void dq_q5_k(const uint8_t *b, int sub, __m256 *w) {
+    int scale, min;
+    k_scale_min(b + 4, sub, &scale, &min);
+    const __m256 dl = _mm256_set1_ps(block_f16(b) * (float)scale);
+    const __m256 ml = _mm256_set1_ps(block_f16(b + 2) * (float)min);
+    const __m256i fifth = _mm256_slli_epi16(bit_of_bytes(b + 16, sub), 4);
+    int8x32_to_float(_mm256_or_si256(nibbles32(b + 48 + 32 * (sub / 2), sub & 1), fifth), w);
+    for (int j = 0; j < 4; j++) w[j] = _mm256_fmsub_ps(dl, w[j], ml);
+}
+
+/* Q6_K (210 bytes): 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales, f16 d:
+ * w = (d * scale) * (q - 32). Sub-block s = 4h + t: low nibbles (t < 2) or high ones of bytes
+ * 64h + 32(t % 2) ..+32, high bits 2t of bytes 128 + 32h ..+32, scales 8h + 2t and + 1. */
+static inline void dq_q6_k(const uint8_t *b, int sub, __m256 *w) {
+    const int h = sub / 4, t = sub % 4;
+    const __m256i low = nibbles32(b + 64 * h + 32 * (t % 2), t >= 2);
+    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+    const __m256i high = _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * t)),
+                                          _mm256_set1_epi8(3));
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
+                                      _mm256_set1_epi8(32));
+    int8x32_to_float(q, w);
+    const float d = block_f16(b + 208);
+    const int8_t *scales = (const int8_t *)(b + 192);
+    for (int half = 0; half < 2; half++) {
+        const __m256 dl = _mm256_set1_ps(d * (float)scales[8 * h + 2 * t + half]);
+        for (int j = 2 * half; j < 2 * half + 2; j++) w[j] = _mm256_mul_ps(dl, w[j]);
+    }
+}
+
+#endif
