@@ -4,7 +4,9 @@ Each server engine (Baton, then vLLM and llama.cpp where given) is started on a 
 until healthy, sent the same serving workload as `baton.bench.serving` sends (ignore_eos, fixed
 seed), then stopped with its whole process group. transformers has no server: it runs the same
 requests offline in static batches last, so it reports output tok/s only. The table gives each
-engine's output tok/s, mean TTFT and mean TPOT, and Baton's figure divided by each peer's.
+engine's output tok/s, mean TTFT and mean TPOT, a server's peak resident memory (the summed RSS
+of all its processes, sampled every 0.5 s while it is measured), and Baton's figure divided by
+each peer's.
 
 With `--concurrency-sweep 1,16,32` each server is started once and measured at every level in
 turn (transformers gets static batches of each level), a table per level; `--plot DIR` then
@@ -34,6 +36,7 @@ from baton.bench.machine import describe_machine, machine_line
 from baton.bench.offline_workload import Workload
 from baton.bench.output import write_report
 from baton.bench.peers import (
+    PeakRssSampler,
     ServerCommand,
     ServerProcess,
     baton_command,
@@ -182,7 +185,8 @@ def concurrency_levels(args: argparse.Namespace) -> list[int | None]:
 def run_server_engine(
     engine: str, args: argparse.Namespace, model: str, work_dir: Path
 ) -> dict[str, Any]:
-    """Start `engine`'s server, run the workload at each level on it, stop it: its record."""
+    """Start `engine`'s server, run the workload at each level on it, stop it: its record, with
+    each level's (and the overall) peak RSS of the server's processes, `peak_rss_mib`."""
     port = free_port()
     command = server_command(engine, args, model, port, work_dir)
     logger.info("starting %s: %s", engine, shlex.join(command.argv))
@@ -193,7 +197,12 @@ def run_server_engine(
         for index, level in enumerate(concurrency_levels(args)):
             bench_args = sweep_level_args(args, index, level)
             bench_args.base_url, bench_args.model = server.base_url, None
-            record["results"].append(asyncio.run(run_benchmark(bench_args)))
+            with PeakRssSampler(server.pid) as memory:
+                result = asyncio.run(run_benchmark(bench_args))
+            result["peak_rss_mib"] = memory.peak_mib
+            record["results"].append(result)
+    peaks = [result["peak_rss_mib"] for result in record["results"]]
+    record["peak_rss_mib"] = max((peak for peak in peaks if peak is not None), default=None)
     return record
 
 

@@ -1,7 +1,8 @@
 """Peer engines as servers: their command lines, and a process that is started, probed, stopped.
 
 Each server runs in its own session (process group), so stopping it reaches every process it
-spawned (Baton's pipeline processes, vLLM's engine core) and nothing is left behind.
+spawned (Baton's pipeline processes, vLLM's engine core) and nothing is left behind, and
+`PeakRssSampler` sums the memory of all of them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -222,3 +224,112 @@ def group_members(group: int) -> list[int]:
         if int(pgrp) == group and state != "Z":
             members.append(int(entry.name))
     return members
+
+
+def _process_table() -> dict[int, tuple[str, int, int]]:
+    """{pid: (state, ppid, pgrp)} of every process, read from /proc (empty off Linux)."""
+    table = {}
+    with contextlib.suppress(OSError):
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # exited while we looked
+            state, ppid, pgrp = stat.rpartition(")")[2].split()[:3]
+            table[int(entry.name)] = (state, int(ppid), int(pgrp))
+    return table
+
+
+def process_tree(root: int) -> list[int]:
+    """Live (non-zombie) processes of `root`'s tree: its process group (`root` leads one, as a
+    server does), plus any descendant of `root` that left the group (a child that called
+    setsid). Linux /proc; empty elsewhere."""
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (_, ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    descendants, pending = {root}, [root]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            if child not in descendants:
+                descendants.add(child)
+                pending.append(child)
+    group = {pid for pid, (_, _, pgrp) in table.items() if pgrp == root}
+    return sorted(pid for pid in group | descendants if pid in table and table[pid][0] != "Z")
+
+
+def rss_bytes(pid: int) -> int:
+    """Process `pid`'s resident set size (VmRSS in /proc/<pid>/status); 0 once it is gone (or
+    for a zombie or kernel thread, which has none)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024  # in kB
+    return 0
+
+
+def tree_rss_bytes(root: int) -> int:
+    """The summed RSS of every process of `root`'s tree (pages shared between them, such as a
+    forked child's copy-on-write pages, count once per process, as in `ps`)."""
+    return sum(rss_bytes(pid) for pid in process_tree(root))
+
+
+class PeakRssSampler:
+    """The peak summed RSS of process `root`'s tree (see `tree_rss_bytes`), sampled once on
+    `start`, every `interval_s` seconds from a background thread, and once more on `stop`.
+
+        with PeakRssSampler(server.pid) as memory:
+            ...  # measure
+        memory.peak_mib
+    """
+
+    def __init__(self, root: int, interval_s: float = 0.5) -> None:
+        self.root = root
+        self.interval_s = interval_s
+        self.peak_bytes = 0
+        self.num_samples = 0
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def peak_mib(self) -> float | None:
+        """The peak in MiB (one decimal), or None when no sample found a process (off Linux)."""
+        return round(self.peak_bytes / 2**20, 1) if self.peak_bytes else None
+
+    def sample(self) -> int:
+        """Take one sample now; returns it (bytes) and raises the peak to it."""
+        total = tree_rss_bytes(self.root)
+        self.peak_bytes = max(self.peak_bytes, total)
+        self.num_samples += 1
+        return total
+
+    def start(self) -> None:
+        """Sample now, then every `interval_s` seconds until `stop`."""
+        self._stopped.clear()
+        self.sample()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval_s):
+            self.sample()
+
+    def stop(self) -> None:
+        """Stop the thread and take a last sample."""
+        if self._thread is not None:
+            self._stopped.set()
+            self._thread.join()
+            self._thread = None
+            self.sample()
+
+    def __enter__(self) -> PeakRssSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,9 +1,13 @@
-"""Baton vs peers: engine command lines, the ratio table, server process groups, one real run."""
+"""Baton vs peers: engine command lines, the ratio table, server process groups, their memory,
+one real run."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,7 +17,9 @@ import pytest
 
 import baton
 from baton.bench import compare
+from baton.bench.compare_report import level_runs, print_tables
 from baton.bench.peers import (
+    PeakRssSampler,
     ServerCommand,
     ServerProcess,
     ServerStartError,
@@ -21,6 +27,8 @@ from baton.bench.peers import (
     find_hf_to_gguf_converter,
     free_port,
     llama_server_command,
+    process_tree,
+    rss_bytes,
     vllm_command,
 )
 from baton.config_cli import add_config_args, config_from_args
@@ -141,6 +149,106 @@ def test_a_server_that_exits_reports_its_output(tmp_path: Path) -> None:
         server.start(timeout_s=30)
 
 
+# --- server memory -------------------------------------------------------------------------
+
+MIB = 2**20
+# A parent holding 100 MiB that starts a child holding 200 MiB, every page written, and prints
+# both pids once both are resident.
+MEMORY_TREE = """
+import subprocess, sys, time
+held = bytearray(b"\\x01") * (100 << 20)
+child = subprocess.Popen([sys.executable, "-c",
+    "import sys, time; held = bytearray(b'\\x01') * (200 << 20); print('ready', flush=True);"
+    " time.sleep(60)"], stdout=subprocess.PIPE)
+child.stdout.readline()
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_rss_sampler_sums_every_process_of_the_tree() -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", MEMORY_TREE], stdout=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        child = int(parent.stdout.readline())  # both hold their memory from here on
+        assert {parent.pid, child} <= set(process_tree(parent.pid))
+        assert rss_bytes(child) >= 200 * MIB
+        with PeakRssSampler(parent.pid, interval_s=0.05) as memory:
+            pass
+        assert memory.num_samples >= 2  # on start and on stop, however short the run
+        # Neither process alone holds 300 MiB: the sum is over the tree.
+        assert memory.peak_bytes >= 300 * MIB
+        assert memory.peak_mib == pytest.approx(memory.peak_bytes / MIB, abs=0.05)
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+        parent.stdout.close()
+    gone = PeakRssSampler(parent.pid)
+    assert gone.sample() == 0 and gone.peak_mib is None
+
+
+def test_report_carries_peak_rss_for_servers_only(capsys: pytest.CaptureFixture[str]) -> None:
+    def result(throughput: float, peak_rss_mib: float | None = None) -> dict:
+        figures = {"output_throughput": throughput, "mean_ttft_ms": 1.0, "mean_tpot_ms": 2.0}
+        return figures if peak_rss_mib is None else {**figures, "peak_rss_mib": peak_rss_mib}
+
+    records = {
+        "baton": {"status": "ok", "results": [result(10.0, 300.0)], "peak_rss_mib": 300.0},
+        "vllm": {"status": "ok", "results": [result(20.0, 1200.0)], "peak_rss_mib": 1200.0},
+        "transformers": {"status": "ok", "results": [{"output_throughput": 5.0}]},
+    }
+    [run] = json.loads(json.dumps(level_runs([4], records)))  # as the JSON report holds it
+    summary, ratios = run["summary"], run["ratios"]
+    assert [summary[name]["peak_rss_mib"] for name in records] == [300.0, 1200.0, None]
+    assert ratios["vllm"]["peak_rss_mib"] == 0.25
+    assert ratios["transformers"]["peak_rss_mib"] is None
+    print_tables([run])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "peak RSS MiB" in lines[1] and lines[1].split()[-1] == "RSS"  # ... "B/x RSS"
+    assert lines[3].split() == [
+        "vllm", "20.00", "1.00", "2.00", "1200.00", "0.50x", "1.00x", "1.00x", "0.25x",
+    ]  # fmt: skip
+    assert lines[4].split()[:9] == ["transformers", "5.00", "-", "-", "-", "2.00x", *"---"]
+    assert "RSS: <1 Baton smaller" in lines[-1]
+    # Without any memory figure (transformers alone) the table has no memory columns.
+    print_tables(level_runs([4], {"transformers": records["transformers"]}))
+    assert "RSS MiB" not in capsys.readouterr().out
+
+
+# A healthy server holding 64 MiB, stopped by SIGTERM.
+MEMORY_SERVER = """
+import http.server, sys
+held = bytearray(b"\\x01") * (64 << 20)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_each_server_level_records_the_peak_rss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def stub_command(engine, args, model, port, work_dir) -> ServerCommand:
+        return ServerCommand(engine, [sys.executable, "-c", MEMORY_SERVER, str(port)])
+
+    async def stub_benchmark(args: argparse.Namespace) -> dict:
+        return {"max_concurrency": args.max_concurrency, "output_throughput": 1.0}
+
+    monkeypatch.setattr(compare, "server_command", stub_command)
+    monkeypatch.setattr(compare, "run_benchmark", stub_benchmark)
+    args = compare.build_parser().parse_args(["--concurrency-sweep", "1,2"])
+    record = compare.run_server_engine("vllm", args, "/models/m", tmp_path)
+    assert [result["max_concurrency"] for result in record["results"]] == [1, 2]
+    peaks = [result["peak_rss_mib"] for result in record["results"]]
+    assert min(peaks) >= 64 and record["peak_rss_mib"] == max(peaks)
+    assert live_group_members(record["server_pid"]) == []
+
+
 # --- compare end to end ---------------------------------------------------------------------
 
 
@@ -170,6 +278,7 @@ def test_compare_sweeps_baton_and_transformers(tmp_path: Path, tiny_qwen2_dir: P
     baton, hf = report["engines"]["baton"], report["engines"]["transformers"]
     assert (baton["status"], hf["status"]) == ("ok", "ok")
     assert live_group_members(baton["server_pid"]) == []
+    assert baton["peak_rss_mib"] > 0 and "peak_rss_mib" not in hf
     assert [result["max_concurrency"] for result in baton["results"]] == [2, 4]
     assert [result["seed"] for result in baton["results"]] == [0, 1]
     assert [result["details"]["batch_size"] for result in hf["results"]] == [2, 4]
@@ -190,6 +299,8 @@ def test_compare_sweeps_baton_and_transformers(tmp_path: Path, tiny_qwen2_dir: P
         assert theirs["output_tokens"] == 8 * 16
         assert run["summary"]["baton"]["mean_ttft_ms"] > 0
         assert run["summary"]["transformers"]["mean_ttft_ms"] is None
+        assert 0 < run["summary"]["baton"]["peak_rss_mib"] == ours["peak_rss_mib"]
+        assert run["summary"]["transformers"]["peak_rss_mib"] is None
         expected = ours["output_throughput"] / theirs["output_throughput"]
         assert run["ratios"]["transformers"]["output_throughput"] == pytest.approx(expected)
     png = (plots / "engines_vs_concurrency.png").read_bytes()

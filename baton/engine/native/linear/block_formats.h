@@ -50,6 +50,31 @@ static inline __m256i nibbles32(const uint8_t *qs, int high) {
     return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
 }
 
+/* 32 bytes of memory as four vectors of 8 int32, byte j in lane j % 8 of vector j / 8. Each 16
+ * bytes go to both 128-bit lanes (a load), and an in-lane byte shuffle moves 8 of them to the low
+ * bytes of 32-bit lanes: 4 shuffles for 32 weights, where widening a register's bytes
+ * (vpmovzxbd, crossing lanes) took 7, on the ports the FMAs share (Q4_K at one row 1.3x faster
+ * on Zen 3). */
+static inline void bytes32_to_int32(const uint8_t *p, __m256i *q) {
+    const __m256i first = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1,
+                                           -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1,
+                                           -1, -1);
+    const __m256i second = _mm256_add_epi32(first, _mm256_set1_epi32(8));
+    for (int half = 0; half < 2; half++) {
+        const __m256i packed =
+            _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 16 * half)));
+        q[2 * half] = _mm256_shuffle_epi8(packed, first);
+        q[2 * half + 1] = _mm256_shuffle_epi8(packed, second);
+    }
+}
+
+/* bytes32_to_int32's lanes, their low nibbles (high = 0) or their high ones. */
+static inline void nibbles32_to_int32(const uint8_t *p, int high, __m256i *q) {
+    bytes32_to_int32(p, q);
+    for (int j = 0; j < 4; j++)
+        q[j] = high ? _mm256_srli_epi32(q[j], 4) : _mm256_and_si256(q[j], _mm256_set1_epi32(0x0F));
+}
+
 /* Bit `bit` of each of 32 bytes, as 0 or 1 in each byte. */
 static inline __m256i bit_of_bytes(const uint8_t *bytes, int bit) {
     const __m256i v = _mm256_loadu_si256((const __m256i *)bytes);
@@ -68,9 +93,25 @@ static inline __m256i fifth_bits(uint32_t bits) {
     return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
 }
 
+/* What a sweep computes once a super-block and hands each of its sub-blocks (the sweeps unroll
+ * a super-block's sub-blocks: decoding a sub-block's scales in scalar code cost more than its
+ * 32 weights' arithmetic, and the compiler did not hoist it). Sub-block s's d * scale is
+ * `dl[s]` and its dmin * min `ml[s]`, each broadcast from memory where it is used (a load, where
+ * a lane permute cost more); Q6_K's 16 scales fill `dl`. Formats that decode their scales per
+ * sub-block leave it unset. */
+typedef struct {
+    float dl[16], ml[8];
+} SuperScales;
+
+static inline void no_super_scales(const uint8_t *b, SuperScales *s) {
+    (void)b;
+    (void)s;
+}
+
 /* Q5_0 (22 bytes): f16 d, 32 fifth bits, 16 bytes of nibbles: w = d * (q - 16). */
-static inline void dq_q5_0(const uint8_t *b, int sub, __m256 *w) {
+static inline void dq_q5_0(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
     (void)sub;
+    (void)ss;
     uint32_t qh;
     memcpy(&qh, b + 2, 4);
     const __m256i q = _mm256_sub_epi8(_mm256_or_si256(split_nibbles16(b + 6), fifth_bits(qh)),
@@ -81,8 +122,9 @@ static inline void dq_q5_0(const uint8_t *b, int sub, __m256 *w) {
 }
 
 /* Q5_1 (24 bytes): f16 d, f16 m, 32 fifth bits, 16 bytes of nibbles: w = d * q + m. */
-static inline void dq_q5_1(const uint8_t *b, int sub, __m256 *w) {
+static inline void dq_q5_1(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
     (void)sub;
+    (void)ss;
     uint32_t qh;
     memcpy(&qh, b + 4, 4);
     const __m256 d = _mm256_set1_ps(block_f16(b)), m = _mm256_set1_ps(block_f16(b + 2));
@@ -99,8 +141,9 @@ static inline __m256i iq4_levels(__m256i nibbles) {
 }
 
 /* IQ4_NL (18 bytes): f16 d, 16 bytes of nibbles indexing the levels: w = d * level. */
-static inline void dq_iq4_nl(const uint8_t *b, int sub, __m256 *w) {
+static inline void dq_iq4_nl(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
     (void)sub;
+    (void)ss;
     const __m256 d = _mm256_set1_ps(block_f16(b));
     int8x32_to_float(iq4_levels(split_nibbles16(b + 2)), w);
     for (int j = 0; j < 4; j++) w[j] = _mm256_mul_ps(d, w[j]);
@@ -108,7 +151,8 @@ static inline void dq_iq4_nl(const uint8_t *b, int sub, __m256 *w) {
 
 /* IQ4_XS (136 bytes): f16 d, the sub-blocks' 6-bit scales (high 2 bits in a u16, low 4 in 4
  * bytes), 8 times 16 bytes of nibbles: w = (d * (scale - 32)) * level. */
-static inline void dq_iq4_xs(const uint8_t *b, int sub, __m256 *w) {
+static inline void dq_iq4_xs(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
+    (void)ss;
     uint16_t scales_high;
     memcpy(&scales_high, b + 2, 2);
     const int low = (b[4 + sub / 2] >> (4 * (sub % 2))) & 0x0F;
@@ -121,7 +165,8 @@ static inline void dq_iq4_xs(const uint8_t *b, int sub, __m256 *w) {
 /* Q2_K (84 bytes): 16 scale bytes (4-bit scale, 4-bit min per 16 weights), 64 bytes of 2-bit
  * quants, f16 d, f16 dmin: w = (d * scale) * q - dmin * min. Sub-block s takes bits 2(s % 4)
  * of bytes 32(s / 4) ..+32, weights 0-15 and 16-31 with scale bytes 2s and 2s + 1. */
-static inline void dq_q2_k(const uint8_t *b, int sub, __m256 *w) {
+static inline void dq_q2_k(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
+    (void)ss;
     const float d = block_f16(b + 80), dmin = block_f16(b + 82);
     const __m256i bytes = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * (sub / 4)));
     const __m256i q = _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(2 * (sub % 4))),
@@ -146,7 +191,8 @@ static inline int q3_k_scale(const uint8_t *scales, int i) {
 /* Q3_K (110 bytes): 32 bytes of high bits, 64 bytes of 2-bit quants, 12 bytes of 6-bit scales,
  * f16 d: w = (d * scale) * (q - (high bit ? 0 : 4)). Sub-block s: low bits as Q2_K's, high bit
  * s of the 32 hmask bytes. */
-static inline void dq_q3_k(const uint8_t *b, int sub, __m256 *w) {
+static inline void dq_q3_k(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
+    (void)ss;
     const float d = block_f16(b + 108);
     const __m256i bytes = _mm256_loadu_si256((const __m256i *)(b + 32 + 32 * (sub / 4)));
     const __m256i low = _mm256_and_si256(
@@ -172,34 +218,55 @@ static inline void k_scale_min(const uint8_t *q, int j, int *scale, int *min) {
     }
 }
 
+/* A Q4_K/Q5_K super-block's eight d * scale and dmin * min (k_scale_min's values, unpacked as
+ * whole words). */
+static inline void k_super_scales(const uint8_t *b, SuperScales *ss) {
+    uint32_t u[3];
+    memcpy(u, b + 4, 12);
+    const uint32_t low6 = 0x3f3f3f3f, low4 = 0x0f0f0f0f, low2 = 0x03030303;
+    const uint32_t scales_0_3 = u[0] & low6, mins_0_3 = u[1] & low6;
+    const uint32_t scales_4_7 = (u[2] & low4) | (((u[0] >> 6) & low2) << 4);
+    const uint32_t mins_4_7 = ((u[2] >> 4) & low4) | (((u[1] >> 6) & low2) << 4);
+    const __m128i packed = _mm_setr_epi32((int)scales_0_3, (int)scales_4_7, (int)mins_0_3,
+                                          (int)mins_4_7);
+    const __m256 scales = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed));
+    const __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)));
+    _mm256_storeu_ps(ss->dl, _mm256_mul_ps(_mm256_set1_ps(block_f16(b)), scales));
+    _mm256_storeu_ps(ss->ml, _mm256_mul_ps(_mm256_set1_ps(block_f16(b + 2)), mins));
+}
+
 /* Q4_K (144 bytes): f16 d, f16 dmin, 12 bytes of scales and mins, 128 bytes of nibbles:
  * w = (d * scale) * q - dmin * min. Sub-block s: the low (s even) or high nibbles of bytes
  * 32(s / 2) ..+32. */
-static inline void dq_q4_k(const uint8_t *b, int sub, __m256 *w) {
-    int scale, min;
-    k_scale_min(b + 4, sub, &scale, &min);
-    const __m256 dl = _mm256_set1_ps(block_f16(b) * (float)scale);
-    const __m256 ml = _mm256_set1_ps(block_f16(b + 2) * (float)min);
-    int8x32_to_float(nibbles32(b + 16 + 32 * (sub / 2), sub & 1), w);
-    for (int j = 0; j < 4; j++) w[j] = _mm256_fmsub_ps(dl, w[j], ml);
+static inline void dq_q4_k(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
+    const __m256 dl = _mm256_broadcast_ss(ss->dl + sub), ml = _mm256_broadcast_ss(ss->ml + sub);
+    __m256i q[4];
+    nibbles32_to_int32(b + 16 + 32 * (sub / 2), sub & 1, q);
+    for (int j = 0; j < 4; j++) w[j] = _mm256_fmsub_ps(dl, _mm256_cvtepi32_ps(q[j]), ml);
 }
 
 /* Q5_K (176 bytes): as Q4_K with 32 bytes of fifth bits (bit s for sub-block s) before the
  * 128 bytes of nibbles. */
-static inline void dq_q5_k(const uint8_t *b, int sub, __m256 *w) {
-    int scale, min;
-    k_scale_min(b + 4, sub, &scale, &min);
-    const __m256 dl = _mm256_set1_ps(block_f16(b) * (float)scale);
-    const __m256 ml = _mm256_set1_ps(block_f16(b + 2) * (float)min);
+static inline void dq_q5_k(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
+    const __m256 dl = _mm256_broadcast_ss(ss->dl + sub), ml = _mm256_broadcast_ss(ss->ml + sub);
     const __m256i fifth = _mm256_slli_epi16(bit_of_bytes(b + 16, sub), 4);
     int8x32_to_float(_mm256_or_si256(nibbles32(b + 48 + 32 * (sub / 2), sub & 1), fifth), w);
     for (int j = 0; j < 4; j++) w[j] = _mm256_fmsub_ps(dl, w[j], ml);
 }
 
+/* A Q6_K super-block's 16 d * scale. */
+static inline void q6_k_super_scales(const uint8_t *b, SuperScales *ss) {
+    const __m256 d = _mm256_set1_ps(block_f16(b + 208));
+    const __m128i scales = _mm_loadu_si128((const __m128i *)(b + 192));
+    _mm256_storeu_ps(ss->dl, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scales))));
+    _mm256_storeu_ps(ss->dl + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                      _mm_srli_si128(scales, 8)))));
+}
+
 /* Q6_K (210 bytes): 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales, f16 d:
  * w = (d * scale) * (q - 32). Sub-block s = 4h + t: low nibbles (t < 2) or high ones of bytes
  * 64h + 32(t % 2) ..+32, high bits 2t of bytes 128 + 32h ..+32, scales 8h + 2t and + 1. */
-static inline void dq_q6_k(const uint8_t *b, int sub, __m256 *w) {
+static inline void dq_q6_k(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
     const int h = sub / 4, t = sub % 4;
     const __m256i low = nibbles32(b + 64 * h + 32 * (t % 2), t >= 2);
     const __m256i bytes = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
@@ -208,10 +275,8 @@ static inline void dq_q6_k(const uint8_t *b, int sub, __m256 *w) {
     const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)),
                                       _mm256_set1_epi8(32));
     int8x32_to_float(q, w);
-    const float d = block_f16(b + 208);
-    const int8_t *scales = (const int8_t *)(b + 192);
     for (int half = 0; half < 2; half++) {
-        const __m256 dl = _mm256_set1_ps(d * (float)scales[8 * h + 2 * t + half]);
+        const __m256 dl = _mm256_broadcast_ss(ss->dl + 8 * h + 2 * t + half);
         for (int j = 2 * half; j < 2 * half + 2; j++) w[j] = _mm256_mul_ps(dl, w[j]);
     }
 }

@@ -39,21 +39,24 @@
 static inline float f16_scalar(const uint8_t *p) { return _cvtsh_ss(*(const uint16_t *)p); }
 
 /* Each dequantizer turns one block of 32 weights into four vectors of 8 float32 weights. */
-static inline void dq_bf16(const uint8_t *b, int sub, __m256 *w) {
+static inline void dq_bf16(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
     (void)sub;
+    (void)ss;
     for (int j = 0; j < 4; j++) {
         __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 16 * j)));
         w[j] = _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
     }
 }
 
-static inline void dq_f16(const uint8_t *b, int sub, __m256 *w) {
+static inline void dq_f16(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
     (void)sub;
+    (void)ss;
     for (int j = 0; j < 4; j++) w[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + 16 * j)));
 }
 
-static inline void dq_q8_0(const uint8_t *b, int sub, __m256 *w) {
+static inline void dq_q8_0(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
     (void)sub;
+    (void)ss;
     __m256 d = _mm256_set1_ps(f16_scalar(b));
     for (int j = 0; j < 4; j++) {
         __m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * j));
@@ -81,8 +84,9 @@ static inline void nibbles_to_int32(const uint8_t *qs, __m256i *q) {
     q[3] = _mm256_srli_epi32(bytes_8_15, 4);
 }
 
-static inline void dq_q4_0(const uint8_t *b, int sub, __m256 *w) {
+static inline void dq_q4_0(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
     (void)sub;
+    (void)ss;
     __m256 d = _mm256_set1_ps(f16_scalar(b));
     __m256 eight = _mm256_set1_ps(8.0f);
     __m256i q[4];
@@ -90,8 +94,9 @@ static inline void dq_q4_0(const uint8_t *b, int sub, __m256 *w) {
     for (int j = 0; j < 4; j++) w[j] = _mm256_mul_ps(d, _mm256_sub_ps(_mm256_cvtepi32_ps(q[j]), eight));
 }
 
-static inline void dq_q4_1(const uint8_t *b, int sub, __m256 *w) {
+static inline void dq_q4_1(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
     (void)sub;
+    (void)ss;
     /* d and m are adjacent f16s: one conversion for both. */
     __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(*(const int32_t *)b));
     __m256 d = _mm256_broadcastss_ps(dm), m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
@@ -149,7 +154,7 @@ typedef struct {
  * FMA chains run at once: one chain would wait out the FMA latency on every vector (measured
  * 2.5x slower at one row). The loop over weight rows is inside the specialised copy: a SmolLM2
  * weight row is only 18 blocks, and dispatching on `rows` per weight row cost 12 % at one row. */
-#define DEFINE_SWEEP(FMT, DEQUANT, SUPER_BYTES, SUBS)                                            \
+#define DEFINE_SWEEP(FMT, DEQUANT, SUPER_BYTES, SUBS, PREPARE)                                   \
     static inline __attribute__((always_inline)) void sweep_##FMT(                              \
         const float *x, int64_t k_dim, const uint8_t *w, int64_t row_bytes, int64_t n_begin,    \
         int64_t n_end, int64_t n_dim, int rows, const float *bias, float *y) {                  \
@@ -167,12 +172,13 @@ typedef struct {
                     _mm_prefetch((const char *)block + 64 + PREFETCH_AHEAD, _MM_HINT_T0);       \
                     _mm_prefetch((const char *)block + 128 + PREFETCH_AHEAD, _MM_HINT_T0);      \
                 }                                                                               \
-                /* Unrolled: each sub-block's scales at a constant offset, the super-block's   \
-                 * f16 scales converted once. */                                                \
+                SuperScales scales;                                                             \
+                PREPARE(block, &scales);                                                        \
+                /* Unrolled: each sub-block at constant offsets and lanes. */                   \
                 _Pragma("GCC unroll 8") for (int sub = 0; sub < (SUBS); sub++) {                \
                 const int64_t blk = super * (SUBS) + sub;                                       \
                 __m256 w8[4];                                                                   \
-                DEQUANT(block, sub, w8);                                                        \
+                DEQUANT(block, sub, &scales, w8);                                               \
                 for (int j = 0; j < 4; j++) {                                                   \
                     const float *xk = x + blk * 32 + 8 * j;                                     \
                     for (int r = 0; r < rows; r++) {                                            \
@@ -195,35 +201,37 @@ typedef struct {
 
 /* The whole matrix as float32 [n_dim, k_dim], the same exact values: what loading a checkpoint
  * needs (gguf's numpy dequantization takes seconds for a 135M-parameter model). */
-#define DEFINE_DEQUANTIZE(FMT, DEQUANT, SUPER_BYTES, SUBS)                                       \
+#define DEFINE_DEQUANTIZE(FMT, DEQUANT, SUPER_BYTES, SUBS, PREPARE)                              \
     static void dequantize_row_##FMT(const uint8_t *row, int64_t k_dim, float *dst) {          \
         for (int64_t blk = 0; blk < k_dim / 32; blk++) {                                        \
             __m256 v[4];                                                                        \
-            DEQUANT(row + blk / (SUBS) * (SUPER_BYTES), (int)(blk % (SUBS)), v);                \
+            SuperScales scales;                                                                 \
+            PREPARE(row + blk / (SUBS) * (SUPER_BYTES), &scales);                               \
+            DEQUANT(row + blk / (SUBS) * (SUPER_BYTES), (int)(blk % (SUBS)), &scales, v);       \
             for (int j = 0; j < 4; j++) _mm256_storeu_ps(dst + blk * 32 + 8 * j, v[j]);         \
         }                                                                                       \
     }
 
 /* Each format: its sweeps (8 and 16 floats a vector) and its row dequantizer. A super-block of
  * SUBS blocks of 32 weights takes SUPER_BYTES; the blocks of 32 are what every loop steps by. */
-#define DEFINE_FORMAT(FMT, DEQUANT, SUPER_BYTES, SUBS)                                           \
-    DEFINE_SWEEP(FMT, DEQUANT, SUPER_BYTES, SUBS)                                               \
-    DEFINE_DEQUANTIZE(FMT, DEQUANT, SUPER_BYTES, SUBS)
+#define DEFINE_FORMAT(FMT, DEQUANT, SUPER_BYTES, SUBS, PREPARE)                                  \
+    DEFINE_SWEEP(FMT, DEQUANT, SUPER_BYTES, SUBS, PREPARE)                                      \
+    DEFINE_DEQUANTIZE(FMT, DEQUANT, SUPER_BYTES, SUBS, PREPARE)
 
-DEFINE_FORMAT(bf16, dq_bf16, 64, 1)
-DEFINE_FORMAT(f16, dq_f16, 64, 1)
-DEFINE_FORMAT(q8_0, dq_q8_0, 34, 1)
-DEFINE_FORMAT(q4_0, dq_q4_0, 18, 1)
-DEFINE_FORMAT(q4_1, dq_q4_1, 20, 1)
-DEFINE_FORMAT(q4_k, dq_q4_k, 144, 8)
-DEFINE_FORMAT(q5_k, dq_q5_k, 176, 8)
-DEFINE_FORMAT(q6_k, dq_q6_k, 210, 8)
-DEFINE_FORMAT(q3_k, dq_q3_k, 110, 8)
-DEFINE_FORMAT(q2_k, dq_q2_k, 84, 8)
-DEFINE_FORMAT(iq4_nl, dq_iq4_nl, 18, 1)
-DEFINE_FORMAT(iq4_xs, dq_iq4_xs, 136, 8)
-DEFINE_FORMAT(q5_0, dq_q5_0, 22, 1)
-DEFINE_FORMAT(q5_1, dq_q5_1, 24, 1)
+DEFINE_FORMAT(bf16, dq_bf16, 64, 1, no_super_scales)
+DEFINE_FORMAT(f16, dq_f16, 64, 1, no_super_scales)
+DEFINE_FORMAT(q8_0, dq_q8_0, 34, 1, no_super_scales)
+DEFINE_FORMAT(q4_0, dq_q4_0, 18, 1, no_super_scales)
+DEFINE_FORMAT(q4_1, dq_q4_1, 20, 1, no_super_scales)
+DEFINE_FORMAT(q4_k, dq_q4_k, 144, 8, k_super_scales)
+DEFINE_FORMAT(q5_k, dq_q5_k, 176, 8, k_super_scales)
+DEFINE_FORMAT(q6_k, dq_q6_k, 210, 8, q6_k_super_scales)
+DEFINE_FORMAT(q3_k, dq_q3_k, 110, 8, no_super_scales)
+DEFINE_FORMAT(q2_k, dq_q2_k, 84, 8, no_super_scales)
+DEFINE_FORMAT(iq4_nl, dq_iq4_nl, 18, 1, no_super_scales)
+DEFINE_FORMAT(iq4_xs, dq_iq4_xs, 136, 8, no_super_scales)
+DEFINE_FORMAT(q5_0, dq_q5_0, 22, 1, no_super_scales)
+DEFINE_FORMAT(q5_1, dq_q5_1, 24, 1, no_super_scales)
 
 /* The same sweeps 16 floats a vector, for CPUs with AVX-512 (the engine asks for them where its
  * plan's ISA allows: --max-cpu-isa, torch's and oneDNN's caps), from two rows: half the
@@ -232,21 +240,24 @@ DEFINE_FORMAT(q5_1, dq_q5_1, 24, 1)
  * block dequantizes to the same float32 weights as above, in two vectors of 16. */
 #define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
-WIDE static inline void dq16_bf16(const uint8_t *b, int sub, __m512 *w) {
+WIDE static inline void dq16_bf16(const uint8_t *b, int sub, const SuperScales *ss, __m512 *w) {
     (void)sub;
+    (void)ss;
     for (int j = 0; j < 2; j++) {
         __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + 32 * j)));
         w[j] = _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
     }
 }
 
-WIDE static inline void dq16_f16(const uint8_t *b, int sub, __m512 *w) {
+WIDE static inline void dq16_f16(const uint8_t *b, int sub, const SuperScales *ss, __m512 *w) {
     (void)sub;
+    (void)ss;
     for (int j = 0; j < 2; j++) w[j] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(b + 32 * j)));
 }
 
-WIDE static inline void dq16_q8_0(const uint8_t *b, int sub, __m512 *w) {
+WIDE static inline void dq16_q8_0(const uint8_t *b, int sub, const SuperScales *ss, __m512 *w) {
     (void)sub;
+    (void)ss;
     const __m512 d = _mm512_set1_ps(f16_scalar(b));
     for (int j = 0; j < 2; j++) {
         const __m128i q = _mm_loadu_si128((const __m128i *)(b + 2 + 16 * j));
@@ -261,16 +272,18 @@ WIDE static inline void nibbles16_to_float(const uint8_t *qs, __m512 *q) {
     q[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask)));
 }
 
-WIDE static inline void dq16_q4_0(const uint8_t *b, int sub, __m512 *w) {
+WIDE static inline void dq16_q4_0(const uint8_t *b, int sub, const SuperScales *ss, __m512 *w) {
     (void)sub;
+    (void)ss;
     const __m512 d = _mm512_set1_ps(f16_scalar(b)), eight = _mm512_set1_ps(8.0f);
     __m512 q[2];
     nibbles16_to_float(b + 2, q);
     for (int j = 0; j < 2; j++) w[j] = _mm512_mul_ps(d, _mm512_sub_ps(q[j], eight));
 }
 
-WIDE static inline void dq16_q4_1(const uint8_t *b, int sub, __m512 *w) {
+WIDE static inline void dq16_q4_1(const uint8_t *b, int sub, const SuperScales *ss, __m512 *w) {
     (void)sub;
+    (void)ss;
     const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(*(const int32_t *)b));
     const __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
     __m512 q[2];
@@ -333,7 +346,7 @@ WIDE static void pack_rows(const float *x, int64_t m_dim, int64_t k_dim, int64_t
 /* As DEFINE_SWEEP, 16 floats a vector and up to WIDE_ROWS_PER_PASS rows of x packed by
  * pack_rows; at least four FMA chains at any number of rows. From 12 rows the rows' sums are
  * taken together (lane_sums16; below, one horizontal sum a row measured as fast). */
-#define DEFINE_WIDE_SWEEP(FMT, DEQUANT, SUPER_BYTES, SUBS)                                       \
+#define DEFINE_WIDE_SWEEP(FMT, DEQUANT, SUPER_BYTES, SUBS, PREPARE)                              \
     WIDE static inline __attribute__((always_inline)) void sweep16_##FMT(                        \
         const float *x, int64_t k_dim, const uint8_t *w, int64_t row_bytes, int64_t n_begin,    \
         int64_t n_end, int64_t n_dim, int rows, const float *bias, float *y) {                  \
@@ -349,7 +362,9 @@ WIDE static void pack_rows(const float *x, int64_t m_dim, int64_t k_dim, int64_t
                              _MM_HINT_T0);                                                      \
                 _mm_prefetch((const char *)row + blk * (SUPER_BYTES) / (SUBS) + PREFETCH_FAR,   \
                              _MM_HINT_T1);                                                      \
-                DEQUANT(row + blk / (SUBS) * (SUPER_BYTES), (int)(blk % (SUBS)), w16);          \
+                SuperScales scales;                                                             \
+                PREPARE(row + blk / (SUBS) * (SUPER_BYTES), &scales);                           \
+                DEQUANT(row + blk / (SUBS) * (SUPER_BYTES), (int)(blk % (SUBS)), &scales, w16); \
                 const float *xb = x + blk * rows * 32; /* pack_rows: the block's rows in turn */ \
                 for (int j = 0; j < 2; j++) {                                                   \
                     for (int r = 0; r < rows; r++) {                                            \
@@ -377,9 +392,10 @@ WIDE static void pack_rows(const float *x, int64_t m_dim, int64_t k_dim, int64_t
 
 /* The formats of block_formats.h, their 8-float vectors joined in pairs. */
 #define DEFINE_WIDE_FROM_NARROW(FMT)                                                             \
-    WIDE static inline void dq16_##FMT(const uint8_t *b, int sub, __m512 *w) {                  \
+    WIDE static inline void dq16_##FMT(const uint8_t *b, int sub, const SuperScales *ss,        \
+                                       __m512 *w) {                                             \
         __m256 w8[4];                                                                           \
-        dq_##FMT(b, sub, w8);                                                                   \
+        dq_##FMT(b, sub, ss, w8);                                                               \
         w[0] = _mm512_insertf32x8(_mm512_castps256_ps512(w8[0]), w8[1], 1);                     \
         w[1] = _mm512_insertf32x8(_mm512_castps256_ps512(w8[2]), w8[3], 1);                     \
     }
@@ -394,20 +410,20 @@ DEFINE_WIDE_FROM_NARROW(iq4_xs)
 DEFINE_WIDE_FROM_NARROW(q5_0)
 DEFINE_WIDE_FROM_NARROW(q5_1)
 
-DEFINE_WIDE_SWEEP(bf16, dq16_bf16, 64, 1)
-DEFINE_WIDE_SWEEP(f16, dq16_f16, 64, 1)
-DEFINE_WIDE_SWEEP(q8_0, dq16_q8_0, 34, 1)
-DEFINE_WIDE_SWEEP(q4_0, dq16_q4_0, 18, 1)
-DEFINE_WIDE_SWEEP(q4_1, dq16_q4_1, 20, 1)
-DEFINE_WIDE_SWEEP(q4_k, dq16_q4_k, 144, 8)
-DEFINE_WIDE_SWEEP(q5_k, dq16_q5_k, 176, 8)
-DEFINE_WIDE_SWEEP(q6_k, dq16_q6_k, 210, 8)
-DEFINE_WIDE_SWEEP(q3_k, dq16_q3_k, 110, 8)
-DEFINE_WIDE_SWEEP(q2_k, dq16_q2_k, 84, 8)
-DEFINE_WIDE_SWEEP(iq4_nl, dq16_iq4_nl, 18, 1)
-DEFINE_WIDE_SWEEP(iq4_xs, dq16_iq4_xs, 136, 8)
-DEFINE_WIDE_SWEEP(q5_0, dq16_q5_0, 22, 1)
-DEFINE_WIDE_SWEEP(q5_1, dq16_q5_1, 24, 1)
+DEFINE_WIDE_SWEEP(bf16, dq16_bf16, 64, 1, no_super_scales)
+DEFINE_WIDE_SWEEP(f16, dq16_f16, 64, 1, no_super_scales)
+DEFINE_WIDE_SWEEP(q8_0, dq16_q8_0, 34, 1, no_super_scales)
+DEFINE_WIDE_SWEEP(q4_0, dq16_q4_0, 18, 1, no_super_scales)
+DEFINE_WIDE_SWEEP(q4_1, dq16_q4_1, 20, 1, no_super_scales)
+DEFINE_WIDE_SWEEP(q4_k, dq16_q4_k, 144, 8, k_super_scales)
+DEFINE_WIDE_SWEEP(q5_k, dq16_q5_k, 176, 8, k_super_scales)
+DEFINE_WIDE_SWEEP(q6_k, dq16_q6_k, 210, 8, q6_k_super_scales)
+DEFINE_WIDE_SWEEP(q3_k, dq16_q3_k, 110, 8, no_super_scales)
+DEFINE_WIDE_SWEEP(q2_k, dq16_q2_k, 84, 8, no_super_scales)
+DEFINE_WIDE_SWEEP(iq4_nl, dq16_iq4_nl, 18, 1, no_super_scales)
+DEFINE_WIDE_SWEEP(iq4_xs, dq16_iq4_xs, 136, 8, no_super_scales)
+DEFINE_WIDE_SWEEP(q5_0, dq16_q5_0, 22, 1, no_super_scales)
+DEFINE_WIDE_SWEEP(q5_1, dq16_q5_1, 24, 1, no_super_scales)
 
 /* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias), 16 floats a vector where `avx512` (the
  * caller checked the CPU has it) and there are two rows or more, else 8. Returns 0, -1 for an
