@@ -9,6 +9,8 @@ from pathlib import Path
 
 from baton.checkpoint.load import Checkpoint
 from baton.config import ConfigurationError
+from baton.engine.native.formats import BLOCK_FORMATS
+from baton.engine.weights.gguf_weights import gguf_bytes_of_types
 
 # What a CPU engine holds besides its weights and KV pool: the interpreter, torch and oneDNN, the
 # native kernels' buffers, a step's activations (measured on the default model: about 400 MiB).
@@ -16,14 +18,19 @@ RUNTIME_BYTES = 512 << 20
 _GIB = 2**30
 
 
-def expected_weight_bytes(checkpoint: Checkpoint, element_bytes: int, held_as_stored: bool) -> int:
+def expected_weight_bytes(
+    checkpoint: Checkpoint, element_bytes: int, held_as_stored: bool, block_copies: int = 0
+) -> int:
     """The bytes the engine will hold for `checkpoint`'s weights: a GGUF held as stored, its
-    file; else every parameter at `element_bytes` (the compute dtype's), plus the stored copy
-    the compact kernels keep where the checkpoint is bf16/f16 or a GGUF."""
+    file, plus `block_copies` more of its Q8_0/Q4_0/Q4_1 matrices (AVX-512 CPUs keep them once
+    more in panels, AMX CPUs in tiles: about their stored size each); else every parameter at
+    `element_bytes` (the compute dtype's), plus the stored copy the compact kernels keep where
+    the checkpoint is bf16/f16 or a GGUF."""
     if checkpoint.path is None:
         return 0  # the built-in random model: a few MB
     if checkpoint.gguf_file is not None and held_as_stored:
-        return checkpoint.gguf_file.stat().st_size
+        copied = gguf_bytes_of_types(checkpoint.gguf_file, BLOCK_FORMATS) if block_copies else 0
+        return checkpoint.gguf_file.stat().st_size + block_copies * copied
     config = checkpoint.config
     hidden, inter = config.hidden_size, config.intermediate_size
     per_layer = hidden * (config.q_size + 2 * config.kv_size) + config.q_size * hidden

@@ -19,6 +19,7 @@ from baton.engine.memory_fit import (
     check_fits,
     expected_weight_bytes,
 )
+from baton.engine.weights.gguf_file import read_gguf_tensors
 
 MIB = 1 << 20
 PLAIN_ROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
@@ -149,6 +150,14 @@ def test_a_gguf_held_as_stored_takes_its_file_size(tiny_gguf: Path) -> None:
     assert checkpoint.gguf_file is not None
     size = tiny_gguf.stat().st_size
     assert expected_weight_bytes(checkpoint, 4, held_as_stored=True) == size
+    # AVX-512 panels and AMX tiles hold its Q8_0 matrices once more each (all of them here: the
+    # norms are F32 vectors, not matrices).
+    matrices = sum(
+        tensor.data.nbytes for tensor in read_gguf_tensors(tiny_gguf) if len(tensor.shape) == 2
+    )
+    assert 0 < matrices < size
+    for copies in (1, 2):
+        assert expected_weight_bytes(checkpoint, 4, True, copies) == size + copies * matrices
 
 
 def test_a_gguf_computed_in_float32_copies_takes_its_matrices_and_its_file(

@@ -44,6 +44,15 @@ def forget_gguf_tensors() -> None:
     _cached_tensors.cache_clear()
 
 
+def gguf_bytes_of_types(gguf_file: Path, formats: tuple[str, ...]) -> int:
+    """The bytes of the file's matrices stored in `formats` (formats.py's names)."""
+    return sum(
+        tensor.data.nbytes
+        for tensor in _tensors(gguf_file)
+        if len(tensor.shape) == 2 and tensor.tensor_type.name.lower() in formats
+    )
+
+
 def unsupported_gguf_matrices(gguf_file: Path) -> list[tuple[str, str]]:
     """(name, type) of each matrix stored in a type the native kernels cannot multiply as
     stored (F32 matrices are multiplied as they are)."""
