@@ -6,7 +6,6 @@ stored for the compact kernels, with llama.cpp's q/k row permutation undone for 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from baton.engine.weights.gguf_names import (
     permuted_heads,
     unpermute_rows,
 )
+from baton.engine.weights.load_progress import with_progress
 
 
 def _tensors(gguf_file: Path) -> list[GGUFTensor]:
@@ -76,16 +76,8 @@ def iter_gguf_weights(
     kernels read are dequantized there (the same exact values, 4.1 s -> a few hundred ms for
     SmolLM2's 135M weights)."""
     import gguf
-    from tqdm import tqdm
 
-    tensors = tqdm(
-        _tensors(gguf_file),
-        desc=f"loading {gguf_file.name}",
-        unit="tensor",
-        delay=1.0,  # only a load that takes a while shows a bar, and only on a terminal
-        disable=not sys.stderr.isatty(),
-    )
-    for tensor in tensors:
+    for tensor in _with_progress(gguf_file, skip):
         if tensor.name == ROPE_FREQS_TENSOR:
             continue  # not a weight: the converted config's rope scaling
         try:
@@ -109,13 +101,33 @@ def iter_gguf_compact_weights(
 ) -> Iterator[tuple[str, CompactWeight]]:
     """The matrices stored in a format the compact kernel reads (native/formats.py), as
     stored: the blocks of each row, rows in HF order (see `_unpermute`)."""
-    for tensor in _tensors(gguf_file):
+    for tensor in _with_progress(gguf_file):
         if tensor.name == ROPE_FREQS_TENSOR:
             continue
         name = hf_tensor_name(tensor.name)
         compact = _compact(tensor, name, config)
         if compact is not None:
             yield name, compact
+
+
+def _with_progress(gguf_file: Path, skip: frozenset[str] = frozenset()) -> Iterator[GGUFTensor]:
+    """The file's tensors but those whose HF names are in `skip`, with the load's progress
+    (load_progress.py) by their bytes."""
+    tensors = [
+        tensor for tensor in _tensors(gguf_file) if _hf_name_or_none(tensor.name) not in skip
+    ]
+    return with_progress(
+        ((tensor, tensor.data.nbytes) for tensor in tensors),
+        sum(tensor.data.nbytes for tensor in tensors),
+        f"loading {gguf_file.name}",
+    )
+
+
+def _hf_name_or_none(gguf_name: str) -> str | None:
+    try:
+        return hf_tensor_name(gguf_name)
+    except KeyError:
+        return None  # (the loaders name it in their error, or skip it: rope_freqs)
 
 
 def _compact(tensor: GGUFTensor, hf_name: str, config: ModelConfig) -> CompactWeight | None:
