@@ -52,9 +52,10 @@ def hf_tensor_name(gguf_name: str) -> str:
     """The HF name of a llama.cpp tensor; KeyError for one Baton's models have no place for."""
     if gguf_name in _HF_GLOBAL_TENSORS:
         return _HF_GLOBAL_TENSORS[gguf_name]
-    block, layer, rest = gguf_name.split(".", 2)
-    if block != "blk" or not layer.isdigit():
+    parts = gguf_name.split(".", 2)
+    if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
         raise KeyError(gguf_name)
+    _, layer, rest = parts
     return f"model.layers.{layer}.{_HF_LAYER_TENSORS[rest]}"
 
 
