@@ -1,6 +1,6 @@
 """Compiles Baton's native CPU kernels, once per machine, with the C compiler present.
 
-The sources (plain C with AVX2 intrinsics and OpenMP) compile in about two seconds into
+The sources (plain C with AVX2 intrinsics and OpenMP) compile in about 20 s on 2 cores into
 `$XDG_CACHE_HOME/baton/native/<hash>/`, keyed by the sources, the flags and the compiler's
 version: no torch headers, no build step at install. Where they cannot be built (no compiler, an
 unwritable cache) the caller gets a `NativeBuildError` with a one-line reason, and the engine
@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -78,15 +79,25 @@ def build_library(cache_root: Path) -> Path:
         raise NativeBuildError(f"cannot write under {cache_root}: {error}") from error
     with scratch_dir as scratch:
         built = Path(scratch) / LIBRARY_NAME
-        result = subprocess.run(
-            [compiler, *FLAGS, f"-I{_HERE}", "-o", str(built), *map(str, SOURCES), "-lm"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
-            first_error = (result.stderr.strip().splitlines() or ["no output"])[0]
-            raise NativeBuildError(f"{compiler} failed on the native kernels: {first_error}")
+        objects = [Path(scratch) / f"{index}.o" for index in range(len(SOURCES))]
+        # One compiler per source, as many at once as there are CPUs (the compact kernels'
+        # file alone takes most of the build), then one link.
+        compile_flags = [flag for flag in FLAGS if flag != "-shared"]
+        commands = [
+            [compiler, *compile_flags, f"-I{_HERE}", "-c", "-o", str(obj), str(source)]
+            for source, obj in zip(SOURCES, objects)
+        ]
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            results = list(pool.map(_run, commands))
+        results.append(_run([compiler, *FLAGS, "-o", str(built), *map(str, objects), "-lm"]))
+        for result in results:
+            if result.returncode != 0:
+                first_error = (result.stderr.strip().splitlines() or ["no output"])[0]
+                raise NativeBuildError(f"{compiler} failed on the native kernels: {first_error}")
         built.replace(target)
     logger.info("built the native kernels into %s", target)
     return target
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, capture_output=True, text=True, check=False)
