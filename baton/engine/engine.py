@@ -119,7 +119,11 @@ class Engine(BatchRunner):
             # Block formats' panels (AVX-512) and tiles (AMX): once more each.
             block_copies = int(native is not None and native.avx512) + int(self.plan.amx_tiles)
             weight_bytes = expected_weight_bytes(
-                self.checkpoint, element_bytes, compact and held_as_stored, block_copies
+                self.checkpoint,
+                element_bytes,
+                compact and held_as_stored,
+                block_copies,
+                stored_copy=compact,
             )
             check_fits(weight_bytes, kv_bytes, available_memory_bytes())
         memory_before_weights = _memory_in_use(self.device)
@@ -180,25 +184,22 @@ class Engine(BatchRunner):
             and NativeDecodeStep.supports(self.model)
         ):
             self.decode_step = NativeDecodeStep(self.model, self.kv_pool, attention_kernels)
-        # A GGUF held as stored multiplies batches past the compact kernels' rows a float32
-        # slab at a time, at the GEMM's rate (plus the slabs' dequantization).
-        slabs = compact and held_as_stored
-        if (self.plan.gemm_dtype is not None or slabs) and not tiled:
-            # bf16 GEMMs in hardware, or float32 GEMMs on slabs, overtake the compact weights at
-            # a number of rows that depends on the machine and the model's shapes and formats:
-            # measured (native step or op by op, whichever serves), not assumed. (On AMX the
-            # tiles take every batch of 2 rows or more, and no GEMM weights are left to time.)
-            logger.info(
-                "timing decode steps from the stored weights against %s",
-                "bf16 GEMMs" if self.plan.gemm_dtype is not None else "float32 slabs",
-            )
+        # (A GGUF held as stored keeps the compact kernels up to COMPACT_MAX_ROWS rows: float32
+        # slabs pay 4-5 ms to write each 8192 x 2048 matrix's slab and overtake them only at
+        # 16-32 rows on Zen 3; timing them at start-up chose 4 rows within its time budget and
+        # halved a 16-stream run, 16.4 -> 11.1 tok/s on the 1B Q4_K_M shape.)
+        if self.plan.gemm_dtype is not None and not tiled:  # (a plan only native kernels make)
+            # bf16 GEMMs in hardware overtake the compact weights at a number of rows that
+            # depends on the machine and the model's shapes: measured (native step or op by op,
+            # whichever serves), not assumed. (On AMX the tiles take every batch of 2 rows or
+            # more, and no GEMM weights are left to time.)
+            logger.info("timing decode steps from the stored weights against bf16 GEMMs")
             largest = min(
                 config.max_running_requests, self.num_pages * self.page_size, COMPACT_MAX_ROWS
             )
             if compact_crossover(self.idle_decode_step, self.model, largest) == 0:
                 self.decode_step = None
-                if not slabs:
-                    self.model.drop_layer_compact_weights()
+                self.model.drop_layer_compact_weights()
         logger.info(
             "decode steps of up to %d rows: %s",
             self.model.compact_max_rows,

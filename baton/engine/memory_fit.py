@@ -19,13 +19,17 @@ _GIB = 2**30
 
 
 def expected_weight_bytes(
-    checkpoint: Checkpoint, element_bytes: int, held_as_stored: bool, block_copies: int = 0
+    checkpoint: Checkpoint,
+    element_bytes: int,
+    held_as_stored: bool,
+    block_copies: int = 0,
+    stored_copy: bool = True,
 ) -> int:
     """The bytes the engine will hold for `checkpoint`'s weights: a GGUF held as stored, its
     file, plus `block_copies` more of its Q8_0/Q4_0/Q4_1 matrices (AVX-512 CPUs keep them once
     more in panels, AMX CPUs in tiles: about their stored size each); else every parameter at
-    `element_bytes` (the compute dtype's), plus the stored copy the compact kernels keep where
-    the checkpoint is bf16/f16 or a GGUF."""
+    `element_bytes` (the compute dtype's), plus, where `stored_copy` (the plan reads stored
+    weights in small batches), the stored copy of a bf16/f16 checkpoint or a GGUF."""
     if checkpoint.path is None:
         return 0  # the built-in random model: a few MB
     if checkpoint.gguf_file is not None and held_as_stored:
@@ -37,6 +41,8 @@ def expected_weight_bytes(
     per_layer += 3 * hidden * inter
     embeddings = config.vocab_size * hidden * (1 if config.tie_word_embeddings else 2)
     computed = (config.num_layers * per_layer + embeddings) * element_bytes
+    if not stored_copy:
+        return computed
     stored = checkpoint.gguf_file.stat().st_size if checkpoint.gguf_file else 0
     if checkpoint.stored_compactly and not checkpoint.gguf_file:
         stored = computed * 2 // element_bytes  # bf16/f16 matrices, kept for small batches

@@ -172,6 +172,8 @@ def test_a_gguf_computed_in_float32_copies_takes_its_matrices_and_its_file(
     checkpoint = load_checkpoint(str(tiny_gguf))
     expected = matrices * 4 + tiny_gguf.stat().st_size
     assert expected_weight_bytes(checkpoint, 4, held_as_stored=False) == expected
+    # A plan that reads no stored weights (no native kernels) keeps no copy of the blocks.
+    assert expected_weight_bytes(checkpoint, 4, False, stored_copy=False) == matrices * 4
 
 
 def test_the_built_in_random_model_takes_no_file_bytes(random_checkpoint: Checkpoint) -> None:
