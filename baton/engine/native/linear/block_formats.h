@@ -10,8 +10,9 @@
  * rounds the same exact value once; Q6_K's `(d * scale) * q` can need 25 bits and rounds once
  * either way.
  *
- * Every dequantizer takes the block (or super-block) and the index of the 32 weights wanted in
- * it (0 for the 32-weight formats).
+ * Every dequantizer takes the block (or super-block), the index of the 32 weights wanted in it
+ * (0 for the 32-weight formats) and the super-block's scales where its format decodes them once
+ * a super-block (SuperScales).
  */
 #ifndef BATON_BLOCK_FORMATS_H
 #define BATON_BLOCK_FORMATS_H
@@ -207,19 +208,9 @@ static inline void dq_q3_k(const uint8_t *b, int sub, const SuperScales *ss, __m
     }
 }
 
-/* Q4_K's and Q5_K's 6-bit scale and min of sub-block j (of 8), packed in 12 bytes. */
-static inline void k_scale_min(const uint8_t *q, int j, int *scale, int *min) {
-    if (j < 4) {
-        *scale = q[j] & 63;
-        *min = q[j + 4] & 63;
-    } else {
-        *scale = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-        *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
-/* A Q4_K/Q5_K super-block's eight d * scale and dmin * min (k_scale_min's values, unpacked as
- * whole words). */
+/* A Q4_K/Q5_K super-block's eight d * scale and dmin * min: 6-bit scales and mins packed in 12
+ * bytes (sub-blocks 0-3 in the low 6 bits of bytes 0-3 and 4-7, sub-blocks 4-7's low 4 bits in
+ * bytes 8-11 and their high 2 bits in the top bits of bytes 0-7), unpacked as whole words. */
 static inline void k_super_scales(const uint8_t *b, SuperScales *ss) {
     uint32_t u[3];
     memcpy(u, b + 4, 12);
