@@ -31,6 +31,9 @@ class ChildSpec(msgspec.Struct, kw_only=True):
 
     config: BatonConfig
     addresses: ServerAddresses
+    # The launcher's pid: a child whose launcher died before it asked to die with it (while it
+    # imported its modules: seconds, for the scheduler's torch) sees another parent, and exits.
+    launcher_pid: int
 
 
 class ProcessReady(msgspec.Struct, tag="ready", kw_only=True):
@@ -75,7 +78,8 @@ def start_child(module: str, config: BatonConfig, addresses: ServerAddresses) ->
         [sys.executable, "-m", module], stdin=subprocess.PIPE, start_new_session=True
     )
     assert process.stdin is not None
-    process.stdin.write(msgspec.json.encode(ChildSpec(config=config, addresses=addresses)))
+    spec = ChildSpec(config=config, addresses=addresses, launcher_pid=os.getpid())
+    process.stdin.write(msgspec.json.encode(spec))
     process.stdin.close()
     return process
 
@@ -119,6 +123,9 @@ def run_child(
     )
     if sys.platform == "linux":
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != spec.launcher_pid:
+        # The launcher died before the line above took effect: no signal will come.
+        os._exit(1)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, lambda *_: sys.exit(0))
     sys.unraisablehook = exit_outside_finalizers

@@ -100,6 +100,26 @@ def test_children_die_with_a_killed_launcher(stories260k_dir: Path) -> None:
     assert wait_dead(children) == []
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc and PR_SET_PDEATHSIG")
+def test_children_die_with_a_launcher_killed_while_they_start(stories260k_dir: Path) -> None:
+    """A child asks to die with its launcher (PR_SET_PDEATHSIG) only after its imports: seconds,
+    for the scheduler's torch. A launcher killed before then once left all four serving, with no
+    parent, forever; now each sees that its parent is not the launcher and exits."""
+    command = [sys.executable, "-m", "baton.launch", "--model", str(stories260k_dir)]
+    launcher = subprocess.Popen(
+        [*command, "--port", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    children: dict[int, str] = {}
+    deadline = time.monotonic() + 30
+    while len(children) < 4 and time.monotonic() < deadline:
+        children = children_of(launcher.pid)
+        time.sleep(0.005)
+    launcher.kill()
+    launcher.wait()
+    assert len(children) == 4, children
+    assert wait_dead(list(children), timeout=60.0) == []
+
+
 def blocked_signals(pid: int, tid: int) -> int:
     """A thread's blocked-signal mask (bit n - 1 for signal n)."""
     status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
