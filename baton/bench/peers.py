@@ -211,19 +211,8 @@ def group_members(group: int) -> list[int]:
         except ProcessLookupError:
             return []
         return [group]
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # exited while we looked
-        # Fields after the parenthesised command name: state, ppid, pgrp, ...
-        state, _, pgrp = stat.rpartition(")")[2].split()[:3]
-        if int(pgrp) == group and state != "Z":
-            members.append(int(entry.name))
-    return members
+    table = _process_table()
+    return [pid for pid, (state, _, pgrp) in table.items() if pgrp == group and state != "Z"]
 
 
 def _process_table() -> dict[int, tuple[str, int, int]]:
@@ -237,6 +226,7 @@ def _process_table() -> dict[int, tuple[str, int, int]]:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue  # exited while we looked
+            # Fields after the parenthesised command name: state, ppid, pgrp, ...
             state, ppid, pgrp = stat.rpartition(")")[2].split()[:3]
             table[int(entry.name)] = (state, int(ppid), int(pgrp))
     return table
