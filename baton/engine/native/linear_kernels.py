@@ -15,11 +15,12 @@ from baton.engine.native.structs import Matrix
 
 I64, PTR = ctypes.c_int64, ctypes.c_void_p
 # The float32 slab of a stored weight that a product past the compact kernels' rows
-# dequantizes and multiplies at a time (LinearKernels.stored_product): big enough that each
-# GEMM runs at the rate of the whole one, small enough to stay in cache. Measured on AMD EPYC
-# Zen 3 (1 thread, 256 x 2048 rows by 8192 features): slabs of 256-1024 features as fast as
-# the whole product.
-SLAB_BYTES = 4 << 20
+# dequantizes and multiplies at a time (LinearKernels.stored_product): big enough that each GEMM
+# runs at the rate of the whole one (on AMD EPYC Zen 3, 1 thread, 256 x 2048 rows by 8192
+# features: slabs of 256-1024 features as fast as the whole product) and that a small model's
+# layer is one slab, whose product is the result with no transposed copy (SmolLM2's 576-wide
+# layers; with 4 MB slabs its 1024-token prefill ran 20-30 % slower than from float32 weights).
+SLAB_BYTES = 16 << 20
 SLAB_MIN_FEATURES = 64
 # linear.h's epilogues of baton_amx_gemm.
 _EPILOGUE_STORE, _EPILOGUE_SILU_MUL, _EPILOGUE_ADD = 0, 1, 2
@@ -230,26 +231,38 @@ class LinearKernels:
         parts = weight.parts or (weight,)
         slab_rows = max(SLAB_MIN_FEATURES, SLAB_BYTES // (4 * k))
         buffer = torch.empty(min(slab_rows, max(p.out_features for p in parts)), k)
+        if not weight.parts and weight.out_features <= slab_rows:
+            # One slab: its product is the result, in place, with no transposed copy.
+            self._dequantize_into(weight, 0, weight.out_features, buffer)
+            y = torch.mm(x, buffer.t())
+            return y if bias is None else y.add_(bias)
         # y^T, so that each slab's product is whole rows of it.
         product = torch.empty(weight.out_features, rows, dtype=torch.float32)
         first = 0
         for part in parts:
-            kernel_id = FORMATS[part.format].kernel_id
             for start in range(0, part.out_features, slab_rows):
                 count = min(slab_rows, part.out_features - start)
-                slab = buffer[:count]
-                self._dequantize(
-                    kernel_id,
-                    part.data[start].data_ptr(),
-                    count,
-                    k,
-                    part.data.stride(0),
-                    slab.data_ptr(),
-                )
+                slab = self._dequantize_into(part, start, count, buffer)
                 torch.mm(slab, x.t(), out=product[first + start : first + start + count])
             first += part.out_features
         y = product.t().contiguous()
         return y if bias is None else y.add_(bias)
+
+    def _dequantize_into(
+        self, weight: CompactWeight, start: int, count: int, buffer: torch.Tensor
+    ) -> torch.Tensor:
+        """Rows start..start+count of a (one-format) stored weight as float32, in `buffer`'s
+        first rows; returns them."""
+        slab = buffer[:count]
+        self._dequantize(
+            FORMATS[weight.format].kernel_id,
+            weight.data[start].data_ptr(),
+            count,
+            weight.in_features,
+            weight.data.stride(0),
+            slab.data_ptr(),
+        )
+        return slab
 
     def dequantize_rows(self, weight: CompactWeight, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (int64, each in range: the caller checked) of the stored matrix as float32

@@ -92,14 +92,20 @@ def test_dequantizing_gives_exactly_the_stored_values(
 
 
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
-@pytest.mark.parametrize("rows", [33, 100])
+@pytest.mark.parametrize(("rows", "slabs"), [(33, "several"), (100, "several"), (40, "one")])
 def test_a_batch_past_the_compact_kernels_multiplies_the_stored_weights_in_slabs(
-    native: NativeKernels, compact_format: str, rows: int, monkeypatch: pytest.MonkeyPatch
+    native: NativeKernels,
+    compact_format: str,
+    rows: int,
+    slabs: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A prefill chunk on a model that keeps no float32 copy: the slabs (made small here, so
-    that there are several and the last is partial) give the float32 product."""
-    monkeypatch.setattr("baton.engine.native.linear_kernels.SLAB_BYTES", 4 * 256 * 20)
-    monkeypatch.setattr("baton.engine.native.linear_kernels.SLAB_MIN_FEATURES", 1)
+    that there are several and the last is partial; or the whole weight in one) give the
+    float32 product."""
+    if slabs == "several":
+        monkeypatch.setattr("baton.engine.native.linear_kernels.SLAB_BYTES", 4 * 256 * 20)
+        monkeypatch.setattr("baton.engine.native.linear_kernels.SLAB_MIN_FEATURES", 1)
     width = whole_blocks(160, compact_format)
     weight = np.random.default_rng(rows).normal(size=(71, width)).astype(np.float32)
     compact, values = stored_weight(weight, compact_format)
