@@ -113,16 +113,22 @@ def test_converter_found_in_the_llama_cpp_checkout(tmp_path: Path) -> None:
 # --- server processes ----------------------------------------------------------------------
 
 # A healthy server whose grandchild ignores SIGTERM: stopping must still leave nothing behind.
-STUBBORN_SERVER = """
-import http.server, subprocess, sys
-subprocess.Popen([sys.executable, "-c",
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+# A server that answers /health on the port it is given (a stub's last lines).
+HEALTH_SERVING = """
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
 http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 """
+STUBBORN_SERVER = (
+    """
+import http.server, subprocess, sys
+subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+"""
+    + HEALTH_SERVING
+)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
@@ -220,15 +226,13 @@ def test_report_carries_peak_rss_for_servers_only(capsys: pytest.CaptureFixture[
 
 
 # A healthy server holding 64 MiB, stopped by SIGTERM.
-MEMORY_SERVER = """
+MEMORY_SERVER = (
+    """
 import http.server, sys
 held = bytearray(b"\\x01") * (64 << 20)
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200 if self.path == "/health" else 404)
-        self.end_headers()
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 """
+    + HEALTH_SERVING
+)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
