@@ -127,6 +127,20 @@ def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
     check_against_float64(native, compact_format, rows, out_features=71, in_features=width)
 
 
+# From 8 rows (STAGED_MIN_ROWS) the staged kernel (staged_gemm.c) takes the product without
+# AVX-512: 12 weight rows a stage, 256 inputs a slice, 32 rows of x a pass. Here inputs span
+# several slices, the last one partial for the 32-weight blocks (608: 256 + 256 + 96), 9 rows
+# tile as 3 + 3 + 3, rows of x take more than one pass (40, 70), and 37 outputs are not whole
+# stages.
+@pytest.mark.parametrize("compact_format", sorted(FORMATS))
+@pytest.mark.parametrize("rows", [9, 40, 70])
+def test_a_batch_over_several_slices_and_passes_sums_as_a_float32_matmul_does(
+    native: NativeKernels, compact_format: str, rows: int
+) -> None:
+    width = whole_blocks(600, compact_format)
+    check_against_float64(native, compact_format, rows, out_features=37, in_features=width)
+
+
 # Weight rows far longer than a layer's here: rows of x no longer fit in L1 (the AVX-512 sweep
 # then takes 8 a pass) and the float32 sums are long.
 @pytest.mark.parametrize("compact_format", ["bf16", "q4_1"])

@@ -6,7 +6,8 @@
  * and f16 widen exactly; d * q is exact in float32, and Q4_1's d * q + m is one FMA: the same
  * single rounding as gguf's `d * q + m`), so the result differs from a float32 GEMM only in the
  * order of the sum. A decode step reads every weight once per step: reading 2-6x fewer bytes
- * than float32 is the whole point.
+ * than float32 is the whole point. From STAGED_MIN_ROWS rows (without AVX-512's wide sweeps)
+ * the staged kernel takes the product instead (staged_gemm.c), with these row dequantizers.
  *
  * Rows of W are split into chunks that the engine's threads claim (thread_pool.c). Loading a
  * checkpoint dequantizes with OpenMP: the library is loaded after torch, so its libgomp is
@@ -26,6 +27,11 @@
  * amortize it further; 8 accumulators + 4 weight vectors still fit the 16 ymm registers
  * (measured 1.5x faster than 4 at 8-16 rows of Q4_1, equal at 1-4). */
 #define ROWS_PER_PASS 8
+/* Rows from which the staged kernel (staged_gemm.c) takes a product the 8-float sweeps would:
+ * below, its stage's dequantization costs more than it saves. The 1B Llama shape's four layer
+ * matrices on AMD EPYC Zen 3 (2 threads), staged / sweeps: 1.4-1.8x the time at 2 rows, 1.2-1.4x
+ * at 4, 0.9-1.2x at 6, 0.80-0.99x at 8 (Q6_K the last), 0.67-0.78x at 16, 0.60-0.66x at 32. */
+#define STAGED_MIN_ROWS 8
 
 /* Bytes ahead of the block being read that each block asks the cache for: the hardware
  * prefetcher alone leaves one core reading a matrix at about 9 GB/s; asking 1 KB ahead
@@ -203,12 +209,16 @@ typedef struct {
  * needs (gguf's numpy dequantization takes seconds for a 135M-parameter model). */
 #define DEFINE_DEQUANTIZE(FMT, DEQUANT, SUPER_BYTES, SUBS, PREPARE)                              \
     static void dequantize_row_##FMT(const uint8_t *row, int64_t k_dim, float *dst) {          \
-        for (int64_t blk = 0; blk < k_dim / 32; blk++) {                                        \
-            __m256 v[4];                                                                        \
+        for (int64_t super = 0; super < k_dim / 32 / (SUBS); super++) {                         \
+            const uint8_t *block = row + super * (SUPER_BYTES);                                 \
             SuperScales scales;                                                                 \
-            PREPARE(row + blk / (SUBS) * (SUPER_BYTES), &scales);                               \
-            DEQUANT(row + blk / (SUBS) * (SUPER_BYTES), (int)(blk % (SUBS)), &scales, v);       \
-            for (int j = 0; j < 4; j++) _mm256_storeu_ps(dst + blk * 32 + 8 * j, v[j]);         \
+            PREPARE(block, &scales);                                                            \
+            _Pragma("GCC unroll 8") for (int sub = 0; sub < (SUBS); sub++) {                    \
+                __m256 v[4];                                                                    \
+                DEQUANT(block, sub, &scales, v);                                                \
+                float *out = dst + (super * (SUBS) + sub) * 32;                                 \
+                for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + 8 * j, v[j]);                \
+            }                                                                                   \
         }                                                                                       \
     }
 
@@ -396,6 +406,8 @@ DEFINE_WIDE_SWEEP(q8_0, dq16_q8_0, 34, 1, no_super_scales)
 DEFINE_WIDE_SWEEP(q4_0, dq16_q4_0, 18, 1, no_super_scales)
 DEFINE_WIDE_SWEEP(q4_1, dq16_q4_1, 20, 1, no_super_scales)
 
+static row_dequantizer row_dequantizers(int fmt);
+
 /* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias), 16 floats a vector where `avx512` (the
  * caller checked the CPU has it) and there are two rows or more, else 8. Returns 0, -1 for an
  * unknown format, or -2 if the packed rows could not be allocated. The caller guarantees
@@ -416,6 +428,10 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
     int64_t rows_per_chunk = (n_dim + chunks_wanted - 1) / chunks_wanted;
     rows_per_chunk = rows_per_chunk > MIN_ROWS_PER_CHUNK ? rows_per_chunk : MIN_ROWS_PER_CHUNK;
     const int wide = avx512 && m_dim >= 2 && fmt <= FMT_Q4_1;
+    if (!wide && m_dim >= STAGED_MIN_ROWS) {
+        baton_staged_gemm(row_dequantizers(fmt), x, m_dim, k_dim, w, n_dim, row_bytes, bias, y);
+        return 0;
+    }
     int64_t rows_per_pass = ROWS_PER_PASS;
     if (wide) {
         if (WIDE_ROWS_PER_PASS * k_dim * (int64_t)sizeof(float) <= WIDE_PASS_BYTES)
@@ -431,8 +447,6 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
     baton_parallel(chunk_fns[wide][fmt], &loop, (n_dim + rows_per_chunk - 1) / rows_per_chunk);
     return 0;
 }
-
-typedef void (*row_dequantizer)(const uint8_t *row, int64_t k_dim, float *dst);
 
 static row_dequantizer row_dequantizers(int fmt) {
     static const row_dequantizer by_format[FMT_COUNT] = {

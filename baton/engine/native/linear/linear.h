@@ -50,6 +50,14 @@ enum { EPILOGUE_STORE = 0, EPILOGUE_SILU_MUL = 1, EPILOGUE_ADD = 2 };
 int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t k_dim,
                    const uint16_t *tiles, int64_t n_dim, const float *bias, int64_t epilogue,
                    void *y);
+/* The first k_dim weights of a compact row (from a super-block boundary) as float32: each
+ * format's exact values (compact_gemv.c). */
+typedef void (*row_dequantizer)(const uint8_t *row, int64_t k_dim, float *dst);
+/* y [m_dim, n_dim] = x @ W^T (+ bias) from W's rows dequantized a stage at a time
+ * (staged_gemm.c); k_dim a multiple of 32, and of 256 for the 256-weight super-blocks. */
+void baton_staged_gemm(row_dequantizer dequantize, const float *x, int64_t m_dim, int64_t k_dim,
+                       const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
+                       float *y);
 int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
                        const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
                        float *y);
