@@ -28,6 +28,10 @@ SCHEDULING_POLICIES: tuple[SchedulingPolicy, ...] = ("fcfs", "priority", "edf", 
 # decode first and prefill chunks in the budget left (vLLM's chunked prefill).
 BatchOrder = Literal["prefill-first", "decode-first"]
 BATCH_ORDERS: tuple[BatchOrder, ...] = ("prefill-first", "decode-first")
+# --kv-cache-dtype's choices, vLLM's names: auto (the compute dtype), or the dtype the KV cache
+# holds whatever the model computes in; fp8 is fp8_e4m3, as in vLLM. Their torch dtypes are
+# engine/kv/cache_dtype.py's.
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
 # Decode graphs recorded by default, at most: each holds its own activations' memory, and
@@ -78,6 +82,10 @@ class BatonConfig:
     page_size: int = 16
     num_pages: int | None = None
     kv_cache_memory_bytes: int = 4 << 30
+    # The dtype K and V are stored in (KV_CACHE_DTYPES): a narrower one holds more tokens in the
+    # same budget at some cost in accuracy (docs/benchmarks.md, "KV cache dtype: accuracy and
+    # memory"); attention widens what it reads back to the compute dtype.
+    kv_cache_dtype: str = "auto"
     max_model_len: int | None = None
     # Scheduling
     max_running_requests: int = 256
@@ -200,6 +208,11 @@ class BatonConfig:
             raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}")
         if self.batch_order not in BATCH_ORDERS:
             raise ValueError(f"unknown batch_order {self.batch_order!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; "
+                f"expected one of {', '.join(KV_CACHE_DTYPES)}"
+            )
         validate_setting(self.omp_threads_bind)
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")

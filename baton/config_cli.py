@@ -11,6 +11,7 @@ from typing import Any
 
 from baton.config import (
     BATCH_ORDERS,
+    KV_CACHE_DTYPES,
     REASONING_PARSERS,
     SCHEDULING_POLICIES,
     TOOL_CALL_PARSERS,
@@ -98,6 +99,14 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         default=defaults.kv_cache_memory_bytes,
         help="the KV cache's size in bytes, capped at what --max-num-seqs requests of "
         "--max-model-len tokens can fill",
+    )
+    group.add_argument(
+        "--kv-cache-dtype",
+        default=defaults.kv_cache_dtype,
+        choices=KV_CACHE_DTYPES,
+        help="the dtype K and V are stored in: auto (the compute dtype), or a narrower one that "
+        "holds more tokens in the same memory (fp8 is fp8_e4m3, saturating at 448); on CUDA, "
+        "only auto or the model's own dtype",
     )
     group.add_argument(
         "--max-model-len",

@@ -148,3 +148,15 @@ def test_the_reasoning_parser_flag(capsys: pytest.CaptureFixture) -> None:
         assert config_from_args(build_parser().parse_args(args)).reasoning_parser == parser
     with pytest.raises(ValueError, match="unknown reasoning_parser 'nope'"):
         BatonConfig(reasoning_parser="nope")
+
+
+def test_the_kv_cache_dtype_flag_takes_vllms_names(capsys: pytest.CaptureFixture) -> None:
+    assert config_from_args(build_parser().parse_args(["launch"])).kv_cache_dtype == "auto"
+    for name in ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"):
+        args = build_parser().parse_args(["launch", "--kv-cache-dtype", name])
+        assert config_from_args(args).kv_cache_dtype == name
+    with pytest.raises(SystemExit):
+        main(["launch", "--kv-cache-dtype", "int8"])
+    assert "invalid choice: 'int8'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown kv_cache_dtype 'fp4'"):
+        BatonConfig(kv_cache_dtype="fp4")

@@ -27,7 +27,7 @@ from baton.engine.kv.pool import KVPool
 from baton.engine.models.causal_lm import CausalLM
 from baton.engine.models.layers import Linear
 from baton.engine.native.formats import COMPACT_MAX_ROWS
-from baton.engine.native.library import NativeKernels
+from baton.engine.native.library import NativeKernels, kv_element_type
 from baton.engine.native.structs import (
     DecodeModelArgs,
     DecoderLayerArgs,
@@ -118,6 +118,7 @@ class NativeDecodeStep:
             attn.num_kv_heads,
             attn.head_dim,
             kv_pool.page_size,
+            kv_element_type(kv_pool.k_cache(attn.layer)),
             attn.eps,
             attn.scale,
         )

@@ -24,8 +24,9 @@ from baton.engine.cpu.vector_math import initialize_vector_math
 from baton.engine.decode_step import NativeDecodeStep
 from baton.engine.graphs.cuda_setup import record_decode_graphs
 from baton.engine.graphs.decode_graphs import DecodeGraphs
+from baton.engine.kv.cache_dtype import kv_cache_dtype
 from baton.engine.kv.pool import KVPool
-from baton.engine.kv.sizing import kv_pool_pages
+from baton.engine.kv.sizing import kv_pool_pages, page_bytes
 from baton.engine.memory_fit import available_memory_bytes, check_fits, expected_weight_bytes
 from baton.engine.models.causal_lm import CausalLM
 from baton.engine.models.stored_weights import free_float32_copies, hold_stored_weights
@@ -100,22 +101,18 @@ class Engine(BatchRunner):
             logger.info("CPU: %s", self.cpu.summary())
         logger.info("compute plan: %s", self.plan.summary())
         self.dtype = _TORCH_DTYPES[self.plan.dtype]
+        # What K and V are stored in (--kv-cache-dtype); attention widens them back to `dtype`.
+        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         self.max_model_len = model_config.served_context_length(config.max_model_len)
         self.page_size = config.page_size
-        self.num_pages = kv_pool_pages(config, model_config, self.dtype, self.max_model_len)
+        self.num_pages = kv_pool_pages(config, model_config, self.kv_dtype, self.max_model_len)
         self.gemm_dtype = _TORCH_DTYPES[self.plan.gemm_dtype] if self.plan.gemm_dtype else None
         compact = native is not None and self.plan.compact_small_batches
         # (The compact kernels multiply float32 rows: a GGUF computed in bf16 is widened.)
         held_as_stored = self.checkpoint.gguf_file is not None and self.dtype == torch.float32
         if self.device.type == "cpu":
             element_bytes = torch.finfo(self.gemm_dtype or self.dtype).bits // 8
-            kv_bytes = self.num_pages * KVPool.bytes_per_page(
-                model_config.num_layers,
-                self.page_size,
-                model_config.num_kv_heads,
-                model_config.head_dim,
-                self.dtype,
-            )
+            kv_bytes = self.num_pages * page_bytes(model_config, self.page_size, self.kv_dtype)
             # Block formats' panels (AVX-512) and tiles (AMX): once more each.
             block_copies = int(native is not None and native.avx512) + int(self.plan.amx_tiles)
             weight_bytes = expected_weight_bytes(
@@ -152,6 +149,7 @@ class Engine(BatchRunner):
             if native.avx512:
                 panelled = self.model.panel_compact_weights(native)
                 logger.info("%d linear layers multiply small batches in panels", panelled)
+        # (The kernels read a KV cache of any --kv-cache-dtype, widening as they load.)
         float32_kernels = self.dtype == torch.float32 and model_config.head_dim % 8 == 0
         attention_kernels = native if float32_kernels else None
         if attention_kernels is not None:
@@ -163,7 +161,7 @@ class Engine(BatchRunner):
         # sized for requests, which never hold it (unused if no graph is recorded).
         padding_pages = 1 if self.device.type == "cuda" and not config.enforce_eager else 0
         self.kv_pool = KVPool.for_model(
-            model_config, self.num_pages + padding_pages, self.page_size, self.dtype, self.device
+            model_config, self.num_pages + padding_pages, self.page_size, self.kv_dtype, self.device
         )
         self.attention = model_attention_backend(
             config.attention_backend,
@@ -222,9 +220,10 @@ class Engine(BatchRunner):
             self.max_model_len,
         )
         logger.info(
-            "memory: weights %s, KV pool %s%s, the process %s",
+            "memory: weights %s, KV pool %s of %s%s, the process %s",
             _mib(weights_bytes),
             _mib(self.kv_pool.nbytes),
+            str(self.kv_dtype).removeprefix("torch."),
             " (resident as its pages fill)" if self.device.type == "cpu" else "",
             _mib(_memory_in_use(self.device)),
         )
@@ -294,6 +293,7 @@ class Engine(BatchRunner):
             num_pages=self.num_pages,
             page_size=self.page_size,
             dtype=self.dtype,
+            kv_dtype=self.kv_dtype,
             gemm_dtype=self.gemm_dtype,
             max_rows=self.model.compact_max_rows if capped else None,
             run_idle_step=self.idle_decode_step,

@@ -6,7 +6,8 @@ attention kernels. K/V rows are gathered head-major straight out of the cache vi
 sequence and query heads are grouped over it without repeating K/V (a repeat costs more than the
 attention itself on CPU). Prefill rows run torch's fused attention: on CPU a row without a cached
 prefix is one causal call to its flash kernel (on Zen 3 1.6x a matmul-softmax-matmul, at 128 and
-at 1024 queries); other rows go in masked blocks of queries.
+at 1024 queries); other rows go in masked blocks of queries. Rows gathered from a narrower cache
+(`--kv-cache-dtype`) are widened to the queries' dtype; the native kernels widen as they load.
 """
 
 from __future__ import annotations
@@ -69,10 +70,11 @@ class TorchPagedAttention(AttentionBackend):
         prefill_dtype: torch.dtype | None = None,
         amx_prefill: bool = False,
     ) -> None:
-        """`native`: decode rows run the native kernel (float32 CPU caches, head_dim a
-        multiple of 8: the caller checks), and so do prefill rows in float32
-        (native/attention/prefill_attention.c, at head_dim a multiple of 16 up to 256: 2-3x torch's
-        flash kernel with its gathers and copies for SmolLM2's 128-token prompts, level at 2048).
+        """`native`: decode rows run the native kernel (float32 CPU models, head_dim a
+        multiple of 8: the caller checks; a cache of any --kv-cache-dtype), and so do prefill
+        rows in float32 (native/attention/prefill_attention.c, at head_dim a multiple of 16 up
+        to 256: 2-3x torch's flash kernel with its gathers and copies for SmolLM2's 128-token
+        prompts, level at 2048).
         Prefill rows run in torch in `prefill_dtype` where given (the float32 plan with bf16
         GEMMs: ComputePlan.gemm_dtype, whose prefill stays in the bf16 hardware, attention
         included).
@@ -166,7 +168,7 @@ class TorchPagedAttention(AttentionBackend):
         head_dim = q.shape[-1]
         k_rows = k_cache.view(-1, head_dim)
         v_rows = v_cache.view(-1, head_dim)
-        q_cache = q.to(k_cache.dtype)
+        q_cache = q.to(_attention_dtype(q.dtype, k_cache.dtype))
         decode = self._decode
         if decode is not None and not self._prefill and isinstance(decode.tokens, slice):
             return self._attend_decode(q_cache, k_cache, v_cache, decode, scale).to(q.dtype)
@@ -219,8 +221,8 @@ class TorchPagedAttention(AttentionBackend):
         batch, head_dim = q.shape[0], q.shape[-1]
         groups = batch * self.num_kv_heads  # one [group, head_dim] query matrix per (row, KV head)
         kv_shape = (groups, plan.max_kv_len, head_dim)
-        k = k_cache.view(-1, head_dim).index_select(0, plan.kv_rows).view(kv_shape)
-        v = v_cache.view(-1, head_dim).index_select(0, plan.kv_rows).view(kv_shape)
+        k = k_cache.view(-1, head_dim).index_select(0, plan.kv_rows).to(q.dtype).view(kv_shape)
+        v = v_cache.view(-1, head_dim).index_select(0, plan.kv_rows).to(q.dtype).view(kv_shape)
         grouped_q = q.reshape(groups, self.group, head_dim)
         # baddbmm folds scale and padding bias into the GEMM: one rounding, no extra passes.
         bias = plan.bias.to(q.dtype)
@@ -239,12 +241,11 @@ class TorchPagedAttention(AttentionBackend):
         out: torch.Tensor,
     ) -> None:
         kv_heads, group, head_dim = self.num_kv_heads, self.group, q.shape[-1]
+        dtype = self.prefill_dtype or q.dtype
         # [1, kv_heads, keys, head_dim]: the fused kernel's layout (batch first, as it requires).
-        k = k_rows.index_select(0, row.kv_rows).view(1, kv_heads, row.kv_len, head_dim)
-        v = v_rows.index_select(0, row.kv_rows).view(1, kv_heads, row.kv_len, head_dim)
-        row_q = q[row.q_start : row.q_start + row.q_len]
-        if self.prefill_dtype is not None:
-            row_q, k, v = (t.to(self.prefill_dtype) for t in (row_q, k, v))
+        k = k_rows.index_select(0, row.kv_rows).to(dtype).view(1, kv_heads, row.kv_len, head_dim)
+        v = v_rows.index_select(0, row.kv_rows).to(dtype).view(1, kv_heads, row.kv_len, head_dim)
+        row_q = q[row.q_start : row.q_start + row.q_len].to(dtype)
         prefix = row.kv_len - row.q_len
         if prefix == 0 and q.device.type == "cpu":
             # The CPU flash kernel (grouped KV heads since torch 2.9) holds a block of scores at a
@@ -281,6 +282,14 @@ class TorchPagedAttention(AttentionBackend):
             )
             attended = attended.view(kv_heads, size, group, head_dim).transpose(0, 1)
             out[tokens].view(size, kv_heads, group, head_dim).copy_(attended)
+
+
+def _attention_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype) -> torch.dtype:
+    """The wider of the queries' and the cache's dtype (a float32 cache under a bf16 model stays
+    float32), but never float8, which torch cannot multiply (its values are exact in q's)."""
+    if cache_dtype.itemsize == 1:
+        return q_dtype
+    return torch.promote_types(q_dtype, cache_dtype)
 
 
 def _token_selector(token_ids: list[int], device: torch.device) -> slice | torch.Tensor:

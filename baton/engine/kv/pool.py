@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from baton.checkpoint.model_config import ModelConfig
+from baton.engine.kv.cache_dtype import to_cache_dtype
 
 
 class KVPool:
@@ -72,11 +73,14 @@ class KVPool:
     def write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
     ) -> None:
-        """Store new K/V ([tokens, kv_heads, head_dim]) at flat slots page * page_size + offset."""
-        k_flat = self._storage[layer, 0].view(-1, *k.shape[1:])
-        v_flat = self._storage[layer, 1].view(-1, *v.shape[1:])
-        k_flat.index_copy_(0, slot_mapping, k.to(k_flat.dtype))
-        v_flat.index_copy_(0, slot_mapping, v.to(v_flat.dtype))
+        """Store new K/V ([tokens, kv_heads, head_dim]) at flat slots page * page_size + offset,
+        rounded into the pool's dtype (cache_dtype.py)."""
+        for cache, new in ((self._storage[layer, 0], k), (self._storage[layer, 1], v)):
+            flat = cache.view(-1, *new.shape[1:])
+            stored = to_cache_dtype(new, flat.dtype)
+            if flat.element_size() == 1:  # torch has no index_copy_ for float8: their bytes
+                flat, stored = flat.view(torch.uint8), stored.view(torch.uint8)
+            flat.index_copy_(0, slot_mapping, stored)
 
     @property
     def nbytes(self) -> int:

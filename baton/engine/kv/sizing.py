@@ -10,15 +10,21 @@ from baton.config import BatonConfig, ConfigurationError
 from baton.engine.kv.pool import KVPool
 
 
+def page_bytes(model_config: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
+    """Memory one page of `dtype` takes across `model_config`'s layers, K and V."""
+    return KVPool.bytes_per_page(
+        model_config.num_layers, page_size, model_config.num_kv_heads, model_config.head_dim, dtype
+    )
+
+
 def kv_pool_pages(
     config: BatonConfig, model_config: ModelConfig, dtype: torch.dtype, max_model_len: int
 ) -> int:
-    """The pool's page count. ConfigurationError unless it holds one request of
+    """The pool's page count for a cache of `dtype` (--kv-cache-dtype's: a narrower one holds
+    more pages in the same budget). ConfigurationError unless it holds one request of
     `max_model_len` tokens: one that does not fit could never finish, however long it waited."""
     page_size = config.page_size
-    bytes_per_page = KVPool.bytes_per_page(
-        model_config.num_layers, page_size, model_config.num_kv_heads, model_config.head_dim, dtype
-    )
+    bytes_per_page = page_bytes(model_config, page_size, dtype)
     pages_needed = -(-max_model_len // page_size)
     num_pages = config.num_pages
     if not num_pages:

@@ -19,6 +19,23 @@ from baton.engine.native.structs import (
     RowSampling,
 )
 
+# The KV cache's element types as the attention kernels number them (attention/kv_cache.h's
+# KvType): they widen each to float32 as they read it, and the K/V store rounds into it.
+KV_ELEMENT_TYPES = {
+    torch.float32: 0,
+    torch.bfloat16: 1,
+    torch.float16: 2,
+    torch.float8_e4m3fn: 3,
+    torch.float8_e5m2: 4,
+}
+
+
+def kv_element_type(cache: torch.Tensor) -> int:
+    """The kernels' number for `cache`'s dtype; ValueError for one they do not read."""
+    if cache.dtype not in KV_ELEMENT_TYPES:
+        raise ValueError(f"the native kernels read no KV cache of {cache.dtype}")
+    return KV_ELEMENT_TYPES[cache.dtype]
+
 
 class NativeKernels(LinearKernels):
     """The loaded library's kernels, each taking and returning torch tensors: the linear
@@ -29,7 +46,7 @@ class NativeKernels(LinearKernels):
     def __init__(self, library: ctypes.CDLL, avx512: bool) -> None:
         super().__init__(library, avx512)
         self._rope = declare(
-            library.baton_rope_and_store, None, [PTR, I64, PTR, I64, *[I64] * 4, *[PTR] * 6]
+            library.baton_rope_and_store, None, [PTR, I64, PTR, I64, *[I64] * 4, *[PTR] * 6, I64]
         )
         self._silu_mul = declare(library.baton_silu_mul, None, [PTR, I64, I64, PTR, I64])
         self._silu_mul_bf16 = declare(library.baton_silu_mul_bf16, None, [PTR, I64, I64, PTR, I64])
@@ -51,7 +68,7 @@ class NativeKernels(LinearKernels):
         )
         # A prefill row's attention: bf16 on AMX tiles (amx_attention.c), or float32 with
         # AVX2 FMAs (prefill_attention.c); the same arguments.
-        prefill_arguments = [PTR, *[I64] * 3, *[PTR] * 3, *[I64] * 3, ctypes.c_float, PTR, I64]
+        prefill_arguments = [PTR, *[I64] * 3, *[PTR] * 3, *[I64] * 3, ctypes.c_float, PTR, I64, I64]
         self._prefill_attention = {
             True: declare(library.baton_prefill_attention, ctypes.c_int, prefill_arguments),
             False: declare(library.baton_prefill_attention_f32, ctypes.c_int, prefill_arguments),
@@ -59,7 +76,7 @@ class NativeKernels(LinearKernels):
         self._attention = declare(
             library.baton_decode_attention,
             ctypes.c_int,
-            [PTR, I64, PTR, I64, *[PTR] * 5, *[I64] * 4, ctypes.c_float, PTR],
+            [PTR, I64, PTR, I64, *[PTR] * 5, *[I64] * 4, ctypes.c_float, I64, PTR],
         )
 
     def sample_rows(self, logits: torch.Tensor, sampling: Sequence[RowSampling]) -> list[int]:
@@ -111,7 +128,8 @@ class NativeKernels(LinearKernels):
     ) -> None:
         """Rotate qk ([tokens, q_heads + kv_heads, head_dim], float32, rows may be strided;
         each head contiguous) in place by `positions` (int64) and store its k heads and v
-        ([tokens, kv_heads, head_dim]) at `slots` (int64) of the float32 caches."""
+        ([tokens, kv_heads, head_dim]) at `slots` (int64) of the caches, rounded into their
+        dtype (KV_ELEMENT_TYPES) bit for bit as KVPool.write rounds them."""
         tokens, heads, head_dim = qk.shape
         kv_heads = v.shape[1]
         self._rope(
@@ -129,6 +147,7 @@ class NativeKernels(LinearKernels):
             slots.data_ptr(),
             k_cache.data_ptr(),
             v_cache.data_ptr(),
+            kv_element_type(k_cache),
         )
 
     def prefill_attention(
@@ -147,7 +166,7 @@ class NativeKernels(LinearKernels):
         head_dim a multiple of 16), up to 256 values a head. q and out float32 [q_len, q_heads,
         head_dim] (rows may be strided, each head contiguous), the queries after `prefix`
         cached keys; kv_rows (int64 [kv_heads * (prefix + q_len)]) each KV head's keys as rows
-        of the float32 caches viewed [-1, head_dim]."""
+        of the caches viewed [-1, head_dim], in any dtype of KV_ELEMENT_TYPES."""
         q_len, q_heads, head_dim = q.shape
         for tensor in (q, out):
             if tensor.stride(2) != 1 or tensor.stride(1) != head_dim:
@@ -166,6 +185,7 @@ class NativeKernels(LinearKernels):
             scale,
             out.data_ptr(),
             out.stride(0),
+            kv_element_type(k_cache),
         )
         if status == -2:
             raise MemoryError("the prefill attention could not allocate its buffers")
@@ -185,9 +205,9 @@ class NativeKernels(LinearKernels):
         kv_lens: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:
-        """One query per row of `rows` (int32 batch rows) over its pages of the float32 caches
-        ([pages, page_size, kv_heads, head_dim]); q: [n, q_heads, head_dim], rows may be
-        strided. Returns [n, q_heads, head_dim]."""
+        """One float32 query per row of `rows` (int32 batch rows) over its pages of the caches
+        ([pages, page_size, kv_heads, head_dim], in any dtype of KV_ELEMENT_TYPES); q: [n,
+        q_heads, head_dim], rows may be strided. Returns [n, q_heads, head_dim]."""
         n, q_heads, head_dim = q.shape
         if q.stride(2) != 1 or q.stride(1) != head_dim:
             q = q.contiguous()  # the kernel steps over rows by stride, within them densely
@@ -208,6 +228,7 @@ class NativeKernels(LinearKernels):
             head_dim,
             page_size,
             scale,
+            kv_element_type(k_cache),
             out.data_ptr(),
         )
         if status:

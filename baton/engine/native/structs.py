@@ -92,6 +92,7 @@ class DecoderLayerArgs(ctypes.Structure):
         ("kv_heads", _i64),
         ("head_dim", _i64),
         ("page_size", _i64),
+        ("kv_type", _i64),
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
     )

@@ -44,9 +44,11 @@ class DraftModel:
         vocab_size: int,
         num_pages: int,
         dtype: torch.dtype,
+        kv_dtype: torch.dtype,
         gemm_dtype: torch.dtype | None = None,
     ) -> None:
-        """`dtype` and `gemm_dtype`: the target's (ComputePlan), so both models compute alike."""
+        """`dtype` and `gemm_dtype`: the target's (ComputePlan), so both models compute alike;
+        `kv_dtype`: its KV pool's (--kv-cache-dtype), so both caches round alike."""
         assert spec.model is not None
         checkpoint = load_checkpoint(spec.model)
         model_config = checkpoint.config
@@ -60,7 +62,7 @@ class DraftModel:
         self.model = CausalLM(model_config, dtype, self.device, gemm_dtype)
         self.model.load_weights(iter_weights(checkpoint))
         self.kv_pool = KVPool.for_model(
-            model_config, num_pages, config.page_size, dtype, self.device
+            model_config, num_pages, config.page_size, kv_dtype, self.device
         )
         self.attention = model_attention_backend(
             config.attention_backend, model_config, dtype, self.device

@@ -30,6 +30,7 @@ class TargetEngine:
     num_pages: int
     page_size: int
     dtype: torch.dtype
+    kv_dtype: torch.dtype  # its KV pool's (--kv-cache-dtype), which a draft model's pool shares
     gemm_dtype: torch.dtype | None
     # Rows a verifying step may take at most (None: no cap), as the engine's plan decides.
     max_rows: int | None
@@ -48,7 +49,13 @@ def make_speculator(config: BatonConfig, target: TargetEngine) -> Speculator | N
         )
     else:
         drafter = DraftModel(
-            spec, config, target.vocab_size, target.num_pages, target.dtype, target.gemm_dtype
+            spec,
+            config,
+            target.vocab_size,
+            target.num_pages,
+            target.dtype,
+            target.kv_dtype,
+            target.gemm_dtype,
         )
     many_rows = min(_TIMED_ROWS, target.num_pages * target.page_size)
     cost = StepCost.measure(target.run_idle_step, many_rows)

@@ -11,7 +11,8 @@
  * projection rounds it to bf16 once, as it rounds every row).
  *
  * Queries are the row's last q_len positions: query i sees keys 0 .. prefix + i (a chunk after
- * a cached prefix, or the whole prompt with prefix 0).
+ * a cached prefix, or the whole prompt with prefix 0). The cache's elements (kv_cache.h's
+ * types) are widened to float32 as they are packed, then rounded to bf16 as float32 ones are.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -19,6 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "attention/kv_cache.h"
 #include "runtime/amx_tiles.h"
 #include "runtime/thread_buffer.h"
 #include "runtime/thread_pool.h"
@@ -29,10 +31,10 @@
 #define MAX_HEAD_DIM 256
 
 typedef struct {
-    const float *k_rows, *v_rows; /* the caches viewed [slots * kv_heads, head_dim] */
-    const int64_t *kv_rows;       /* head h's key j is row kv_rows[h * kv_len + j] */
-    uint16_t *k_tiles, *v_tiles;  /* per KV head: kv_pad * head_dim bf16 each */
-    int64_t kv_len, kv_pad, head_dim;
+    const void *k_rows, *v_rows; /* the caches viewed [slots * kv_heads, head_dim] */
+    const int64_t *kv_rows;      /* head h's key j is row kv_rows[h * kv_len + j] */
+    uint16_t *k_tiles, *v_tiles; /* per KV head: kv_pad * head_dim bf16 each */
+    int64_t kv_len, kv_pad, head_dim, kv_type;
 } PackLoop;
 
 /* AMX CPUs convert to bf16 in one instruction (AVX512_BF16), rounding to nearest even as torch
@@ -61,9 +63,12 @@ AMX_TARGET static void pack_task(const void *arg, int64_t task) {
         _Alignas(64) uint16_t k16[MAX_HEAD_DIM];
         if (key < a->kv_len) {
             const int64_t row = a->kv_rows[head * a->kv_len + key];
+            _Alignas(64) float k32[MAX_HEAD_DIM], v32[MAX_HEAD_DIM];
+            kv_widen(a->kv_type, a->k_rows, row * d, d, k32);
+            kv_widen(a->kv_type, a->v_rows, row * d, d, v32);
             for (int64_t i = 0; i < d; i += 16) {
-                _mm256_store_si256((__m256i *)(k16 + i), bf16_of16(a->k_rows + row * d + i));
-                _mm256_store_si256((__m256i *)(v16[j] + i), bf16_of16(a->v_rows + row * d + i));
+                _mm256_store_si256((__m256i *)(k16 + i), bf16_of16(k32 + i));
+                _mm256_store_si256((__m256i *)(v16[j] + i), bf16_of16(v32 + i));
             }
         } else {
             memset(k16, 0, sizeof k16);
@@ -199,12 +204,12 @@ AMX_TARGET static void attend_task(const void *arg, int64_t task) {
 
 /* out [q_len, q_heads, head_dim] (rows out_stride floats apart) = causal attention of q
  * [q_len, q_heads, head_dim] (rows q_stride apart) over the prefix + q_len keys at kv_rows of
- * the caches; AMX enabled (baton_amx_enable). Returns 0, -2 if memory ran out, -3 for a
- * head_dim that is not a multiple of 32 up to MAX_HEAD_DIM. */
+ * the caches, of kv_type elements (KvType); AMX enabled (baton_amx_enable). Returns 0, -2 if
+ * memory ran out, -3 for a head_dim that is not a multiple of 32 up to MAX_HEAD_DIM. */
 int baton_prefill_attention(const float *q, int64_t q_stride, int64_t q_len, int64_t prefix,
-                            const float *k_cache, const float *v_cache, const int64_t *kv_rows,
+                            const void *k_cache, const void *v_cache, const int64_t *kv_rows,
                             int64_t q_heads, int64_t kv_heads, int64_t head_dim, float scale,
-                            float *out, int64_t out_stride) {
+                            float *out, int64_t out_stride, int64_t kv_type) {
     if (head_dim % TILE_K || head_dim > MAX_HEAD_DIM || q_heads % kv_heads || q_len < 1)
         return -3;
     const int64_t kv_len = prefix + q_len, kv_pad = round_up(kv_len, KEY_BLOCK);
@@ -213,7 +218,8 @@ int baton_prefill_attention(const float *q, int64_t q_stride, int64_t q_len, int
     uint16_t *tiles = thread_buffer(&tiles_buffer, kv_heads * kv_pad * head_dim * 2 * 2);
     if (!tiles) return -2;
     uint16_t *v_tiles = tiles + kv_heads * kv_pad * head_dim;
-    const PackLoop pack = {k_cache, v_cache, kv_rows, tiles, v_tiles, kv_len, kv_pad, head_dim};
+    const PackLoop pack = {k_cache, v_cache,  kv_rows, tiles, v_tiles,
+                           kv_len,  kv_pad,   head_dim, kv_type};
     baton_parallel(pack_task, &pack, kv_heads * (kv_pad / KEY_BLOCK));
     _Atomic int failed = 0;
     const AttendLoop attend = {q,      tiles,  v_tiles,           out,      q_stride,

@@ -1,8 +1,10 @@
-/* Decode-step attention, RoPE and RMSNorm for float32 activations and paged KV caches (AVX2 + FMA).
+/* Decode-step attention for float32 queries over paged KV caches (AVX2 + FMA).
  *
- * Both read the page table in place: no K/V gather, no padding to the longest row, no mask.
+ * It reads the page table in place: no K/V gather, no padding to the longest row, no mask.
  * Cache layout (KVPool): [pages, page_size, kv_heads, head_dim], a token's K at flat slot
- * page * page_size + offset. head_dim must be a multiple of 8 (the caller checks).
+ * page * page_size + offset, in any of kv_cache.h's element types, widened to float32 as they
+ * are loaded (each type has its own copy of the kernel, so the float32 one is unchanged).
+ * head_dim must be a multiple of 8 (the caller checks).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -11,8 +13,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "attention/kv_cache.h"
 #include "runtime/thread_pool.h"
 #include "runtime/vector_math.h"
+
+/* The functions below take the cache's element type as their last argument and are inlined
+ * into one attend task per type, where it is a constant: the type's loads alone remain. */
+#define INLINE static inline __attribute__((always_inline))
 
 /* s[t] = e^(s[t] - top) in place for t in [0, len), with top the largest s[t] and total the
  * sum of the exponentials: a softmax left unnormalized, so parts of a row can be merged. */
@@ -53,23 +60,25 @@ static void merge_parts(const float *partial, const float *tops, const float *to
     for (int64_t d = 0; d < head_dim; d++) out[d] /= total;
 }
 
-static inline float dot(const float *a, const float *b, int64_t n) {
+/* q . the key at element `key` of the cache. */
+INLINE float dot(const float *q, const void *cache, int64_t key, int64_t n, int type) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv_load8(type, cache, key + i), acc);
     return hsum8(acc);
 }
 
-/* q . key for 8 keys (token_stride apart) at once, written to s[0..8): the 8 accumulators are
- * reduced together by a horizontal-add tree, a fraction of eight separate reductions. */
-static inline void dot_8_keys(const float *q, const float *keys, int64_t token_stride,
-                              int64_t head_dim, float scale, float *s) {
+/* q . key for 8 keys (token_stride elements apart, the first at element `keys` of the cache) at
+ * once, written to s[0..8): the 8 accumulators are reduced together by a horizontal-add tree, a
+ * fraction of eight separate reductions. */
+INLINE void dot_8_keys(const float *q, const void *cache, int64_t keys, int64_t token_stride,
+                       int64_t head_dim, float scale, float *s, int type) {
     __m256 acc[8];
     for (int k = 0; k < 8; k++) acc[k] = _mm256_setzero_ps();
     for (int64_t d = 0; d < head_dim; d += 8) {
         __m256 qd = _mm256_loadu_ps(q + d);
         for (int k = 0; k < 8; k++)
-            acc[k] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys + k * token_stride + d), acc[k]);
+            acc[k] = _mm256_fmadd_ps(qd, kv_load8(type, cache, keys + k * token_stride + d), acc[k]);
     }
     __m256 pair01 = _mm256_hadd_ps(acc[0], acc[1]), pair23 = _mm256_hadd_ps(acc[2], acc[3]);
     __m256 pair45 = _mm256_hadd_ps(acc[4], acc[5]), pair67 = _mm256_hadd_ps(acc[6], acc[7]);
@@ -79,128 +88,40 @@ static inline void dot_8_keys(const float *q, const float *keys, int64_t token_s
     _mm256_storeu_ps(s, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
 }
 
-/* Rows (of a norm) or tokens (of RoPE) one task of a parallel loop takes: a prefill's thousand
- * rows spread over the threads, a decode step's few stay on the calling one. */
-#define ROWS_PER_TASK 32
-
-typedef struct {
-    const float *x, *weight;
-    float *out;
-    int64_t rows, dim;
-    float eps;
-} NormLoop;
-
-static void rms_norm_task(const void *arg, int64_t task) {
-    const NormLoop *n = arg;
-    const int64_t end = (task + 1) * ROWS_PER_TASK < n->rows ? (task + 1) * ROWS_PER_TASK : n->rows;
-    for (int64_t r = task * ROWS_PER_TASK; r < end; r++) {
-        const float *xr = n->x + r * n->dim;
-        float *outr = n->out + r * n->dim;
-        __m256 squares = _mm256_setzero_ps();
-        int64_t i = 0;
-        for (; i + 8 <= n->dim; i += 8) {
-            __m256 v = _mm256_loadu_ps(xr + i);
-            squares = _mm256_fmadd_ps(v, v, squares);
-        }
-        float total = hsum8(squares);
-        for (; i < n->dim; i++) total += xr[i] * xr[i];
-        float inv = 1.0f / sqrtf(total / (float)n->dim + n->eps);
-        for (i = 0; i < n->dim; i++) outr[i] = xr[i] * inv * n->weight[i];
-    }
-}
-
-/* out = x / sqrt(mean(x^2) + eps) * weight for each of `rows` rows of `dim` (contiguous),
- * the order of operations of torch's float32 rms_norm. */
-void baton_rms_norm(const float *x, int64_t rows, int64_t dim, const float *weight, float eps,
-                    float *out) {
-    const NormLoop loop = {x, weight, out, rows, dim, eps};
-    baton_parallel(rms_norm_task, &loop, (rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK);
-}
-
-/* Rotate each token's q and k heads by its position (rotate-half RoPE, as layers.apply_rope)
- * in place, and store its K and V at its slot. qk: [tokens, q_heads + kv_heads, head_dim] with
- * token stride qk_stride; v: [tokens, kv_heads, head_dim] with token stride v_stride; cos/sin:
- * [positions, head_dim / 2]. */
-typedef struct {
-    float *qk;
-    const float *v, *cos_table, *sin_table;
-    const int64_t *positions, *slots;
-    float *k_cache, *v_cache;
-    int64_t qk_stride, v_stride, tokens, q_heads, kv_heads, head_dim;
-} RopeLoop;
-
-static void rope_task(const void *arg, int64_t task) {
-    const RopeLoop *a = arg;
-    float *qk = a->qk, *k_cache = a->k_cache, *v_cache = a->v_cache;
-    const float *v = a->v, *cos_table = a->cos_table, *sin_table = a->sin_table;
-    const int64_t *positions = a->positions, *slots = a->slots;
-    const int64_t qk_stride = a->qk_stride, v_stride = a->v_stride, q_heads = a->q_heads;
-    const int64_t kv_heads = a->kv_heads, head_dim = a->head_dim;
-    const int64_t half = head_dim / 2, heads = q_heads + kv_heads;
-    const int64_t end = (task + 1) * ROWS_PER_TASK < a->tokens ? (task + 1) * ROWS_PER_TASK : a->tokens;
-    for (int64_t t = task * ROWS_PER_TASK; t < end; t++) {
-        const float *cos_row = cos_table + positions[t] * half;
-        const float *sin_row = sin_table + positions[t] * half;
-        for (int64_t h = 0; h < heads; h++) {
-            float *x = qk + t * qk_stride + h * head_dim;
-            for (int64_t i = 0; i < half; i++) {
-                float x1 = x[i], x2 = x[i + half];
-                x[i] = x1 * cos_row[i] - x2 * sin_row[i];
-                x[i + half] = x2 * cos_row[i] + x1 * sin_row[i];
-            }
-        }
-        float *k_out = k_cache + slots[t] * kv_heads * head_dim;
-        float *v_out = v_cache + slots[t] * kv_heads * head_dim;
-        const float *k_in = qk + t * qk_stride + q_heads * head_dim;
-        const float *v_in = v + t * v_stride;
-        for (int64_t i = 0; i < kv_heads * head_dim; i++) {
-            k_out[i] = k_in[i];
-            v_out[i] = v_in[i];
-        }
-    }
-}
-
-void baton_rope_and_store(float *qk, int64_t qk_stride, const float *v, int64_t v_stride,
-                          int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                          const float *cos_table, const float *sin_table,
-                          const int64_t *positions, const int64_t *slots, float *k_cache,
-                          float *v_cache) {
-    const RopeLoop loop = {qk,        v,        cos_table, sin_table, positions,
-                           slots,     k_cache,  v_cache,   qk_stride, v_stride,
-                           tokens,    q_heads,  kv_heads,  head_dim};
-    baton_parallel(rope_task, &loop, (tokens + ROWS_PER_TASK - 1) / ROWS_PER_TASK);
-}
-
-/* Ask the cache for `width` floats of each of a page's `tokens` tokens (token_stride apart):
- * one head's slice, or with width = token_stride the whole page. */
-static inline void prefetch_page(const float *start, int64_t tokens, int64_t token_stride,
+/* Ask the cache for `width` bytes of each of a page's `tokens` tokens (token_bytes apart): one
+ * head's slice, or with width = token_bytes the whole page. */
+static inline void prefetch_page(const char *start, int64_t tokens, int64_t token_bytes,
                                  int64_t width) {
     for (int64_t t = 0; t < tokens; t++)
-        for (int64_t i = 0; i < width; i += 16)
-            _mm_prefetch((const char *)(start + t * token_stride + i), _MM_HINT_T0);
+        for (int64_t i = 0; i < width; i += 64)
+            _mm_prefetch(start + t * token_bytes + i, _MM_HINT_T0);
 }
 
 /* out[0 .. 8 * vectors) = sum over the tokens t in [begin, end) of p[t - begin] * V[t], V[t]
- * read at `values` (one head's slice) in token t's slot; `vectors` is a constant where it is
- * inlined, so the sums stay in registers. */
-static inline __attribute__((always_inline)) void weigh_values(
-    int vectors, const float *values, const int32_t *pages, int64_t begin, int64_t end,
-    int64_t token_stride, int64_t page_size, const float *p, float *out) {
+ * read from element `values` (one head's slice) of token t's slot on; `vectors` is a constant
+ * where it is inlined, so the sums stay in registers. */
+INLINE void weigh_values(int vectors, const void *cache, int64_t values, const int32_t *pages,
+                         int64_t begin, int64_t end, int64_t token_stride, int64_t page_size,
+                         const float *p, float *out, int type) {
+    const int64_t bytes = kv_element_bytes(type);
     __m256 acc[8];
     for (int v = 0; v < vectors; v++) acc[v] = _mm256_setzero_ps();
     for (int64_t t = begin; t < end;) {
         const int64_t offset = t % page_size, run = end - t < page_size - offset
                                                         ? end - t : page_size - offset;
-        const float *value = values + ((int64_t)pages[t / page_size] * page_size + offset) *
-                                          token_stride;
+        int64_t value = values + ((int64_t)pages[t / page_size] * page_size + offset) *
+                                     token_stride;
         const float *weights = p + (t - begin);
-        if (t + run < end)
-            prefetch_page(values + (int64_t)pages[(t + run) / page_size] * page_size * token_stride,
-                          page_size, token_stride, 8 * vectors);
+        if (t + run < end) {
+            const int64_t next = values + (int64_t)pages[(t + run) / page_size] * page_size *
+                                              token_stride;
+            prefetch_page((const char *)cache + next * bytes, page_size, token_stride * bytes,
+                          8 * vectors * bytes);
+        }
         for (int64_t o = 0; o < run; o++, value += token_stride) {
             const __m256 weight = _mm256_set1_ps(weights[o]);
             for (int v = 0; v < vectors; v++)
-                acc[v] = _mm256_fmadd_ps(weight, _mm256_loadu_ps(value + 8 * v), acc[v]);
+                acc[v] = _mm256_fmadd_ps(weight, kv_load8(type, cache, value + 8 * v), acc[v]);
         }
         t += run;
     }
@@ -213,11 +134,12 @@ static inline __attribute__((always_inline)) void weigh_values(
  * walked page by page (no division per key); the scores token by token across the heads, so
  * each token's K (all heads side by side) is read front to back, and the weighted V query by
  * query (weigh_values), the group's queries re-reading their head's V from the cache. */
-static int attend_range(const float *q, const float *k_cache, const float *v_cache,
+INLINE int attend_range(const float *q, const void *k_cache, const void *v_cache,
                         const int32_t *pages, int64_t begin, int64_t end, int64_t group,
                         int64_t kv_heads, int64_t head_dim, int64_t page_size,
-                        float scale, float *out, float *top, float *total) {
+                        float scale, float *out, float *top, float *total, int type) {
     const int64_t token_stride = kv_heads * head_dim, queries = kv_heads * group;
+    const int64_t token_bytes = token_stride * kv_element_bytes(type);
     const int64_t len = end - begin;
     float *scores = malloc(sizeof(float) * queries * len);
     if (!scores) return -1;
@@ -225,24 +147,25 @@ static int attend_range(const float *q, const float *k_cache, const float *v_cac
     for (int64_t t = begin; t < end;) {
         const int64_t offset = t % page_size, run = end - t < page_size - offset
                                                         ? end - t : page_size - offset;
-        const float *keys = k_cache + ((int64_t)pages[t / page_size] * page_size + offset) *
-                                          token_stride;
+        const int64_t keys = ((int64_t)pages[t / page_size] * page_size + offset) * token_stride;
         if (t + run < end) /* the next page's keys, which the prefetcher cannot guess */
-            prefetch_page(k_cache + (int64_t)pages[(t + run) / page_size] * page_size *
-                                        token_stride, page_size, token_stride, token_stride);
+            prefetch_page((const char *)k_cache + (int64_t)pages[(t + run) / page_size] *
+                                                      page_size * token_bytes,
+                          page_size, token_bytes, token_bytes);
         float *s = scores + (t - begin);
         int64_t o = 0;
         for (; o + 8 <= run; o += 8)
             for (int64_t h = 0; h < kv_heads; h++)
                 for (int64_t g = 0; g < group; g++)
-                    dot_8_keys(q + (h * group + g) * head_dim, keys + o * token_stride + h * head_dim,
-                               token_stride, head_dim, scale, s + (h * group + g) * len + o);
+                    dot_8_keys(q + (h * group + g) * head_dim, k_cache,
+                               keys + o * token_stride + h * head_dim, token_stride, head_dim,
+                               scale, s + (h * group + g) * len + o, type);
         for (; o < run; o++)
             for (int64_t h = 0; h < kv_heads; h++)
                 for (int64_t g = 0; g < group; g++)
                     s[(h * group + g) * len + o] =
-                        dot(q + (h * group + g) * head_dim, keys + o * token_stride + h * head_dim,
-                            head_dim) * scale;
+                        dot(q + (h * group + g) * head_dim, k_cache,
+                            keys + o * token_stride + h * head_dim, head_dim, type) * scale;
         t += run;
     }
     for (int64_t j = 0; j < queries; j++)
@@ -251,22 +174,26 @@ static int attend_range(const float *q, const float *k_cache, const float *v_cac
      * token (in token order, as torch's weighted sum runs): one FMA per 8 values, where
      * accumulating in memory cost a load and a store each. */
     for (int64_t j = 0; j < queries; j++) {
-        const float *v_head = v_cache + (j / group) * head_dim;
+        const int64_t v_head = (j / group) * head_dim;
         for (int64_t d = 0; d < head_dim;) {
             const int64_t left = head_dim - d;
             float *out_slice = out + j * head_dim + d;
             const float *p = scores + j * len;
             if (left >= 64) {
-                weigh_values(8, v_head + d, pages, begin, end, token_stride, page_size, p, out_slice);
+                weigh_values(8, v_cache, v_head + d, pages, begin, end, token_stride, page_size, p,
+                             out_slice, type);
                 d += 64;
             } else if (left >= 32) {
-                weigh_values(4, v_head + d, pages, begin, end, token_stride, page_size, p, out_slice);
+                weigh_values(4, v_cache, v_head + d, pages, begin, end, token_stride, page_size, p,
+                             out_slice, type);
                 d += 32;
             } else if (left >= 16) {
-                weigh_values(2, v_head + d, pages, begin, end, token_stride, page_size, p, out_slice);
+                weigh_values(2, v_cache, v_head + d, pages, begin, end, token_stride, page_size, p,
+                             out_slice, type);
                 d += 16;
             } else {
-                weigh_values(1, v_head + d, pages, begin, end, token_stride, page_size, p, out_slice);
+                weigh_values(1, v_cache, v_head + d, pages, begin, end, token_stride, page_size, p,
+                             out_slice, type);
                 d += 8;
             }
         }
@@ -280,7 +207,8 @@ static int attend_range(const float *q, const float *k_cache, const float *v_cac
 #define MIN_TOKENS_PER_PART 32
 
 typedef struct {
-    const float *q, *k_cache, *v_cache;
+    const float *q;
+    const void *k_cache, *v_cache;
     const int32_t *rows, *kv_indptr, *kv_indices, *kv_lens;
     int64_t q_stride, parts, group, q_heads, kv_heads, head_dim, page_size;
     float scale;
@@ -288,8 +216,8 @@ typedef struct {
     _Atomic int *failed; /* set by any task whose scores buffer could not be allocated */
 } AttentionLoop;
 
-/* One (row, part) of the rows' tokens. */
-static void attend_task(const void *arg, int64_t task) {
+/* One (row, part) of the rows' tokens, over a cache of `type`. */
+INLINE void attend_task(const void *arg, int64_t task, int type) {
     const AttentionLoop *a = arg;
     const int64_t i = task / a->parts, part = task % a->parts, len = a->kv_lens[a->rows[i]];
     int64_t used = len / MIN_TOKENS_PER_PART < a->parts ? len / MIN_TOKENS_PER_PART : a->parts;
@@ -304,9 +232,19 @@ static void attend_task(const void *arg, int64_t task) {
     if (attend_range(a->q + i * a->q_stride, a->k_cache, a->v_cache,
                      a->kv_indices + a->kv_indptr[a->rows[i]], begin, end, a->group, a->kv_heads,
                      a->head_dim, a->page_size, a->scale,
-                     a->partial + task * a->q_heads * a->head_dim, top, total))
+                     a->partial + task * a->q_heads * a->head_dim, top, total, type))
         atomic_store(a->failed, 1);
 }
+
+#define DEFINE_ATTEND_TASK(NAME, TYPE) \
+    static void NAME(const void *arg, int64_t task) { attend_task(arg, task, TYPE); }
+DEFINE_ATTEND_TASK(attend_f32, KV_F32)
+DEFINE_ATTEND_TASK(attend_bf16, KV_BF16)
+DEFINE_ATTEND_TASK(attend_f16, KV_F16)
+DEFINE_ATTEND_TASK(attend_e4m3, KV_E4M3)
+DEFINE_ATTEND_TASK(attend_e5m2, KV_E5M2)
+static const chunk_fn ATTEND_TASKS[] = {attend_f32, attend_bf16, attend_f16, attend_e4m3,
+                                         attend_e5m2}; /* by KvType */
 
 /* One row: its parts merged into its output. */
 static void merge_row(const void *arg, int64_t i) {
@@ -320,17 +258,18 @@ static void merge_row(const void *arg, int64_t i) {
 
 /* One query per row: out[i, h] = softmax(scale * q[i, h] . K_row) V_row over the row's
  * kv_lens[rows[i]] cached tokens. q: [n, q_heads, head_dim] with row stride q_stride; rows: the
- * batch row of each query (its pages are kv_indices[kv_indptr[row] : kv_indptr[row + 1]]);
- * out: [n, q_heads, head_dim], contiguous. Returns 0, or -1 if memory ran out.
+ * batch row of each query (its pages are kv_indices[kv_indptr[row] : kv_indptr[row + 1]]); the
+ * caches' elements of kv_type (KvType); out: [n, q_heads, head_dim], contiguous. Returns 0, or
+ * -1 if memory ran out.
  *
  * A row is one task while there are rows for every thread. Fewer rows are each split into
  * parts of their tokens, all heads in each (split-K, as flash-decoding does): every thread gets
  * an equal share of the K/V to read, and the parts' softmaxes are merged by their maxima. */
 int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows, int64_t n,
-                           const float *k_cache, const float *v_cache, const int32_t *kv_indptr,
+                           const void *k_cache, const void *v_cache, const int32_t *kv_indptr,
                            const int32_t *kv_indices, const int32_t *kv_lens, int64_t q_heads,
                            int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale,
-                           float *out) {
+                           int64_t kv_type, float *out) {
     const int64_t threads = omp_get_max_threads();
     const int64_t parts = n >= threads ? 1 : (threads + n - 1) / n;
     /* Per (row, part): q_heads unnormalized outputs, maxima and totals. */
@@ -344,7 +283,7 @@ int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows
         .group = q_heads / kv_heads, .q_heads = q_heads, .kv_heads = kv_heads,
         .head_dim = head_dim, .page_size = page_size, .scale = scale, .partial = partial,
         .tops = tops, .totals = totals, .out = out, .failed = &any_failed};
-    baton_parallel(attend_task, &loop, n * parts);
+    baton_parallel(ATTEND_TASKS[kv_type], &loop, n * parts);
     const int failed = atomic_load(&any_failed);
     if (!failed) baton_parallel(merge_row, &loop, n);
     free(partial);

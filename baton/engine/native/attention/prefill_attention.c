@@ -12,7 +12,8 @@
  * values), divided by the row's sum at the end.
  *
  * Queries are the row's last q_len positions: query i sees keys 0 .. prefix + i (a chunk after
- * a cached prefix, or the whole prompt with prefix 0).
+ * a cached prefix, or the whole prompt with prefix 0). The cache's elements (kv_cache.h's
+ * types) are widened to float32 as they are packed.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -20,6 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "attention/kv_cache.h"
 #include "runtime/thread_buffer.h"
 #include "runtime/thread_pool.h"
 #include "runtime/vector_math.h"
@@ -31,11 +33,11 @@
 #define MAX_HEAD_DIM 256
 
 typedef struct {
-    const float *k_rows, *v_rows; /* the caches viewed [slots * kv_heads, head_dim] */
-    const int64_t *kv_rows;       /* head h's key j is row kv_rows[h * kv_len + j] */
+    const void *k_rows, *v_rows; /* the caches viewed [slots * kv_heads, head_dim] */
+    const int64_t *kv_rows;      /* head h's key j is row kv_rows[h * kv_len + j] */
     /* Per KV head: K as [kv_pad / KEY_BLOCK, head_dim, KEY_BLOCK], V as [kv_pad, head_dim]. */
     float *k_t, *v;
-    int64_t kv_len, kv_pad, head_dim;
+    int64_t kv_len, kv_pad, head_dim, kv_type;
 } PackLoop;
 
 /* One KV head's block of KEY_BLOCK keys: K transposed within the block (a key per column, so a
@@ -49,9 +51,10 @@ static void pack_task(const void *arg, int64_t task) {
     for (int64_t j = j0; j < j0 + KEY_BLOCK; j++) {
         if (j < a->kv_len) {
             const int64_t row = a->kv_rows[head * a->kv_len + j];
-            const float *k_row = a->k_rows + row * d;
+            float k_row[MAX_HEAD_DIM];
+            kv_widen(a->kv_type, a->k_rows, row * d, d, k_row);
             for (int64_t i = 0; i < d; i++) k_t[i * KEY_BLOCK + j - j0] = k_row[i];
-            memcpy(v + j * d, a->v_rows + row * d, d * sizeof(float));
+            kv_widen(a->kv_type, a->v_rows, row * d, d, v + j * d);
         } else {
             for (int64_t i = 0; i < d; i++) k_t[i * KEY_BLOCK + j - j0] = 0.0f;
             memset(v + j * d, 0, d * sizeof(float));
@@ -203,12 +206,13 @@ static void attend_task(const void *arg, int64_t task) {
 
 /* out [q_len, q_heads, head_dim] (rows out_stride floats apart) = causal attention of q
  * [q_len, q_heads, head_dim] (rows q_stride apart) over the prefix + q_len keys at kv_rows of
- * the float32 caches. Returns 0, -2 if memory ran out, -3 for a head_dim that is not a
- * multiple of 16 up to MAX_HEAD_DIM. */
+ * the caches, of kv_type elements (KvType). Returns 0, -2 if memory ran out, -3 for a head_dim
+ * that is not a multiple of 16 up to MAX_HEAD_DIM. */
 int baton_prefill_attention_f32(const float *q, int64_t q_stride, int64_t q_len, int64_t prefix,
-                                const float *k_cache, const float *v_cache,
+                                const void *k_cache, const void *v_cache,
                                 const int64_t *kv_rows, int64_t q_heads, int64_t kv_heads,
-                                int64_t head_dim, float scale, float *out, int64_t out_stride) {
+                                int64_t head_dim, float scale, float *out, int64_t out_stride,
+                                int64_t kv_type) {
     if (head_dim % 16 || head_dim > MAX_HEAD_DIM || q_heads % kv_heads || q_len < 1) return -3;
     const int64_t kv_len = prefix + q_len;
     const int64_t kv_pad = (kv_len + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
@@ -217,7 +221,7 @@ int baton_prefill_attention_f32(const float *q, int64_t q_stride, int64_t q_len,
     float *packed = thread_buffer(&packed_buffer, 2 * kv_heads * kv_pad * head_dim * sizeof(float));
     if (!packed) return -2;
     float *v = packed + kv_heads * kv_pad * head_dim;
-    const PackLoop pack = {k_cache, v_cache, kv_rows, packed, v, kv_len, kv_pad, head_dim};
+    const PackLoop pack = {k_cache, v_cache, kv_rows, packed, v, kv_len, kv_pad, head_dim, kv_type};
     baton_parallel(pack_task, &pack, kv_heads * (kv_pad / KEY_BLOCK));
     _Atomic int failed = 0;
     const AttendLoop attend = {q,          packed, v,      out,    q_stride,           out_stride,

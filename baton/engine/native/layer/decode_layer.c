@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "attention/kv_cache.h"
 #include "linear/linear.h"
 #include "sampling/sampling.h"
 #include "runtime/thread_pool.h"
@@ -18,23 +19,13 @@ void baton_silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *ou
                     int64_t avx512);
 void baton_rms_norm(const float *x, int64_t rows, int64_t dim, const float *weight, float eps,
                     float *out);
-void baton_rope_and_store(float *qk, int64_t qk_stride, const float *v, int64_t v_stride,
-                          int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                          const float *cos_table, const float *sin_table,
-                          const int64_t *positions, const int64_t *slots, float *k_cache,
-                          float *v_cache);
-int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows, int64_t n,
-                           const float *k_cache, const float *v_cache, const int32_t *kv_indptr,
-                           const int32_t *kv_indices, const int32_t *kv_lens, int64_t q_heads,
-                           int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale,
-                           float *out);
 
 /* Mirrored by ctypes Structures in decode_step.py: keep the field order in step. */
 typedef struct {
     Matrix qkv, o, gate_up, down;
     const float *input_norm, *post_norm, *qk_norm; /* qk_norm: [q + kv heads, head_dim] or NULL */
-    float *k_cache, *v_cache;                      /* this layer's [pages, page_size, kv, dim] */
-    int64_t q_heads, kv_heads, head_dim, page_size;
+    void *k_cache, *v_cache;                       /* this layer's [pages, page_size, kv, dim] */
+    int64_t q_heads, kv_heads, head_dim, page_size, kv_type; /* the caches' elements: KvType */
     float eps, scale;
 } DecoderLayer;
 
@@ -83,11 +74,12 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
     const int64_t v_offset = (layer->q_heads + layer->kv_heads) * head_dim;
     baton_rope_and_store(qkv, qkv_size, qkv + v_offset, qkv_size, rows, layer->q_heads,
                          layer->kv_heads, head_dim, step->cos_table, step->sin_table,
-                         step->positions, step->slots, layer->k_cache, layer->v_cache);
+                         step->positions, step->slots, layer->k_cache, layer->v_cache,
+                         layer->kv_type);
     if (baton_decode_attention(qkv, qkv_size, step->batch_rows, rows, layer->k_cache,
                                layer->v_cache, step->kv_indptr, step->kv_indices, step->kv_lens,
                                layer->q_heads, layer->kv_heads, head_dim, layer->page_size,
-                               layer->scale, attended))
+                               layer->scale, layer->kv_type, attended))
         return -1;
     if (baton_linear_add(&layer->o, attended, rows, hidden, projected)) return -1;
 
