@@ -27,6 +27,8 @@ class ServerAddresses(msgspec.Struct, frozen=True, kw_only=True):
     scheduler: str
     detokenizer: str
     launcher: str
+    # Where data-parallel replicas report their load to the router (router_proc).
+    balancer: str
     directory: str
 
     @classmethod
@@ -35,13 +37,18 @@ class ServerAddresses(msgspec.Struct, frozen=True, kw_only=True):
         remove_stale_directories()
         directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-")
         os.chmod(directory, 0o700)
-        names = ("requests", "replies", "scheduler", "detokenizer", "launcher")
+        names = ("requests", "replies", "scheduler", "detokenizer", "launcher", "balancer")
         ipc = {name: f"ipc://{directory}/{name}" for name in names}
         if tcp_port is not None:
             host = tcp_host or "127.0.0.1"
             ipc["requests"] = f"tcp://{host}:{tcp_port}"
             ipc["replies"] = f"tcp://{host}:{tcp_port + 1}"
         return cls(directory=directory, **ipc)
+
+    def replica_inbox(self, replica: int) -> str:
+        """Where data-parallel replica `replica`'s scheduler (its rank 0) takes the messages the
+        router sends it; `scheduler` is then the router's."""
+        return f"ipc://{self.directory}/scheduler-{replica}"
 
     def to_json(self) -> str:
         return msgspec.json.encode(self).decode()

@@ -19,6 +19,7 @@ from baton.addresses import ServerAddresses
 from baton.checkpoint.model_config import CheckpointError
 from baton.config import BatonConfig, ConfigurationError
 from baton.cpu_binding import bind_service_process
+from baton.distributed.errors import DistributedError
 from baton.messages import Codec
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,10 @@ class ChildSpec(msgspec.Struct, kw_only=True):
     # The launcher's pid: a child whose launcher died before it asked to die with it (while it
     # imported its modules: seconds, for the scheduler's torch) sees another parent, and exits.
     launcher_pid: int
+    # A scheduler's data-parallel replica and tensor-parallel rank in it (0 for every other
+    # process).
+    replica: int = 0
+    rank: int = 0
 
 
 class ProcessReady(msgspec.Struct, tag="ready", kw_only=True):
@@ -70,15 +75,27 @@ _PR_SET_PDEATHSIG = 1
 IDLE_POLL_MS = 1000
 
 
-def start_child(module: str, config: BatonConfig, addresses: ServerAddresses) -> subprocess.Popen:
-    """Start `module` (a process's `__main__`) for this server and hand it its spec on stdin."""
+def process_name(name: str, config: BatonConfig, replica: int = 0, rank: int = 0) -> str:
+    """What the launcher and the logs call a process: a scheduler past the first by its place
+    among every rank of every replica ("scheduler-3": replica 1's rank 1 of 2)."""
+    index = replica * config.tensor_parallel_size + rank
+    return f"{name}-{index}" if index else name
+
+
+def start_child(
+    module: str, config: BatonConfig, addresses: ServerAddresses, replica: int = 0, rank: int = 0
+) -> subprocess.Popen:
+    """Start `module` (a process's `__main__`) for this server and hand it its spec on stdin
+    (`replica`, `rank`: a scheduler's place among the data- and tensor-parallel ones)."""
     # A session of its own: a terminal's Ctrl-C reaches only the launcher, which stops the
     # children in order (the frontend drains first) rather than all of them at once.
     process = subprocess.Popen(
         [sys.executable, "-m", module], stdin=subprocess.PIPE, start_new_session=True
     )
     assert process.stdin is not None
-    spec = ChildSpec(config=config, addresses=addresses, launcher_pid=os.getpid())
+    spec = ChildSpec(
+        config=config, addresses=addresses, launcher_pid=os.getpid(), replica=replica, rank=rank
+    )
     process.stdin.write(msgspec.json.encode(spec))
     process.stdin.close()
     return process
@@ -106,17 +123,18 @@ class ReadyReporter:
         self._socket.close()
 
 
-def run_child(
-    name: str, serve: Callable[[BatonConfig, ServerAddresses, zmq.Context, ReadyReporter], None]
-) -> None:
-    """Read the launcher's ChildSpec from stdin, run `serve` until it returns or the process is
-    stopped, then exit the process (status 1 if `serve` raised).
+def run_child(name: str, serve: Callable[..., None], ranked: bool = False) -> None:
+    """Read the launcher's ChildSpec from stdin, run `serve(config, addresses, context,
+    reporter)` (and the spec's replica and rank after them, if `ranked`: a scheduler's) until it
+    returns or the process is stopped, then exit the process (status 1 if `serve` raised). A
+    scheduler past the first is named after its place among all of them (`process_name`).
 
     The process dies with its parent (PR_SET_PDEATHSIG), so a killed launcher leaves no orphans;
     SIGTERM and SIGINT end it quietly. A failure to start is reported to the launcher.
     """
     spec = msgspec.json.decode(sys.stdin.buffer.read(), type=ChildSpec)
     config, addresses = spec.config, spec.addresses
+    name = process_name(name, config, spec.replica, spec.rank)
     logging.basicConfig(
         level=config.log_level.upper(),
         format=f"%(asctime)s {name} %(levelname)s %(message)s",
@@ -140,11 +158,11 @@ def run_child(
     reporter = ReadyReporter(context, name, addresses.launcher)
     exit_code = 0
     try:
-        serve(config, addresses, context, reporter)
+        serve(config, addresses, context, reporter, *([spec.replica, spec.rank] if ranked else []))
     except SystemExit:
         pass
     except Exception as error:
-        if isinstance(error, ConfigurationError) or (
+        if isinstance(error, (ConfigurationError, DistributedError)) or (
             not reporter.serving and isinstance(error, ONE_LINE_START_ERRORS)
         ):
             logger.error("%s", error)

@@ -31,6 +31,9 @@ BATCH_ORDERS: tuple[BatchOrder, ...] = ("prefill-first", "decode-first")
 # --kv-cache-dtype's choices, vLLM's names: auto (the compute dtype), or the dtype the KV cache
 # holds whatever the model computes in; fp8 is fp8_e4m3, as in vLLM. Their torch dtypes are
 # engine/kv/cache_dtype.py's.
+# --load-balance-method's choices (SGLang's): which data-parallel replica takes a request
+# (router_proc/balancer.py).
+LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "cache_aware")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
@@ -109,6 +112,18 @@ class BatonConfig:
     stream_interval: int = 1
     # Speculative decoding (vLLM's --speculative-config); None: off. A dict is accepted too.
     speculative_config: SpeculativeConfig | None = None
+    # Scale-out (baton/distributed/): tensor-parallel ranks, one scheduler process each, started
+    # by the launcher (vLLM's --tensor-parallel-size, SGLang's --tp-size); where rank 0 listens
+    # for the others to join (HOST:PORT; None: a free port on 127.0.0.1); and how long ranks wait
+    # to join, and any collective waits on a rank, before the server stops.
+    tensor_parallel_size: int = 1
+    # Data parallelism: this many engine replicas (each of tensor_parallel_size ranks) behind
+    # one tokenizer and frontend, a router giving each request to one (vLLM's
+    # --data-parallel-size, SGLang's --dp-size and --load-balance-method).
+    data_parallel_size: int = 1
+    load_balance_method: str = "round_robin"
+    dist_init_addr: str | None = None
+    distributed_timeout_seconds: float = 300.0
     # Serving
     host: str = "127.0.0.1"
     port: int = 8000
@@ -186,6 +201,41 @@ class BatonConfig:
         """A copy with `changes` applied (the config itself is immutable)."""
         return dataclasses.replace(self, **changes)
 
+    @property
+    def engine_processes(self) -> int:
+        """Scheduler processes the server runs: every rank of every data-parallel replica."""
+        return self.data_parallel_size * self.tensor_parallel_size
+
+    def _check_distributed(self) -> None:
+        """ValueError for a bad scale-out setting."""
+        if self.tensor_parallel_size < 1:
+            raise ValueError(
+                f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}"
+            )
+        if self.data_parallel_size < 1:
+            raise ValueError(f"--data-parallel-size must be >= 1, got {self.data_parallel_size}")
+        if self.load_balance_method not in LOAD_BALANCE_METHODS:
+            raise ValueError(
+                f"unknown load_balance_method {self.load_balance_method!r}; "
+                f"expected one of {', '.join(LOAD_BALANCE_METHODS)}"
+            )
+        if self.distributed_timeout_seconds <= 0:
+            raise ValueError(
+                "--distributed-timeout-seconds must be positive, "
+                f"got {self.distributed_timeout_seconds}"
+            )
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit() or not 1 <= int(port) <= MAX_PORT:
+                raise ValueError(f"--dist-init-addr must be HOST:PORT, got {self.dist_init_addr!r}")
+        if self.tensor_parallel_size > 1 and self.scheduling_policy == "lrs":
+            # Every rank schedules for itself from the same messages; lrs orders by step times
+            # each rank measures on its own clock, so the ranks' batches would part ways.
+            raise ValueError(
+                "--scheduling-policy lrs orders requests by step times each rank measures "
+                "itself: not with --tensor-parallel-size > 1"
+            )
+
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
@@ -213,7 +263,8 @@ class BatonConfig:
                 f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; "
                 f"expected one of {', '.join(KV_CACHE_DTYPES)}"
             )
-        validate_setting(self.omp_threads_bind)
+        validate_setting(self.omp_threads_bind, self.engine_processes)
+        self._check_distributed()
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:

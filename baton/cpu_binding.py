@@ -45,18 +45,53 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
     return tuple(sorted(cores))
 
 
-def validate_setting(setting: str) -> None:
-    """ValueError unless `setting` is auto, nobind or a CPU list."""
-    if setting not in (AUTO, NOBIND):
-        parse_cpu_list(setting)
+# Separates the tensor-parallel ranks' CPU lists in one setting (vLLM's form: 0-3|4-7).
+RANK_SEPARATOR = "|"
 
 
-def resolve_binding(setting: str, available: set[int]) -> str:
-    """`setting` made concrete for a server on the `available` cores: NOBIND or a CPU list
-    (ValueError for a list naming a core outside `available`).
+def validate_setting(setting: str, ranks: int = 1) -> None:
+    """ValueError unless `setting` is auto, nobind, a CPU list, or (with several tensor-parallel
+    `ranks`) one CPU list per rank joined by |."""
+    if setting in (AUTO, NOBIND):
+        return
+    lists = setting.split(RANK_SEPARATOR)
+    if len(lists) > 1 and len(lists) != ranks:
+        raise ValueError(
+            f"--omp-threads-bind {setting}: {len(lists)} CPU lists for {ranks} rank(s)"
+        )
+    for cpu_list in lists:
+        parse_cpu_list(cpu_list)
+
+
+def rank_bindings(setting: str, ranks: int) -> list[str]:
+    """Each tensor-parallel rank's own setting from a resolved server-wide one: its CPU list
+    (a single list split into `ranks` contiguous parts), or nobind for every rank. ValueError
+    when a list has fewer cores than ranks."""
+    if setting in (AUTO, NOBIND):
+        return [setting] * ranks
+    lists = setting.split(RANK_SEPARATOR)
+    if len(lists) == ranks:
+        return lists
+    cores = parse_cpu_list(setting)
+    if len(cores) < ranks:
+        raise ValueError(f"--omp-threads-bind {setting}: fewer cores than {ranks} ranks")
+    per_rank, extra = divmod(len(cores), ranks)
+    bindings, start = [], 0
+    for rank in range(ranks):
+        count = per_rank + (rank < extra)
+        bindings.append(",".join(str(core) for core in cores[start : start + count]))
+        start += count
+    return bindings
+
+
+def resolve_binding(setting: str, available: set[int], ranks: int = 1) -> str:
+    """`setting` made concrete for a server of `ranks` tensor-parallel ranks on the `available`
+    cores: NOBIND, a CPU list, or one list per rank joined by | (ValueError for a list naming a
+    core outside `available`).
 
     auto reserves the lowest core for the serving processes when there are at least MANY_CORES
-    cores; otherwise nothing is bound.
+    cores; otherwise nothing is bound, but several ranks each get their own share of the cores
+    whenever there are enough: unbound, their thread teams would fight over every core.
     """
     if setting != AUTO:
         unavailable = set(engine_cores(setting) or ()) - available
@@ -67,14 +102,23 @@ def resolve_binding(setting: str, available: set[int]) -> str:
             )
         return setting
     cores = sorted(available)
-    if len(cores) < MANY_CORES:
+    if len(cores) >= MANY_CORES and len(cores) - 1 >= ranks:
+        cores = cores[1:]
+    elif ranks == 1 or len(cores) < ranks:
         return NOBIND
-    return ",".join(str(core) for core in cores[1:])
+    joined = ",".join(str(core) for core in cores)
+    return RANK_SEPARATOR.join(rank_bindings(joined, ranks)) if ranks > 1 else joined
 
 
 def engine_cores(setting: str) -> tuple[int, ...] | None:
-    """The engine's cores under a resolved `setting`; None when unbound (auto counts as nobind)."""
-    return None if setting in (AUTO, NOBIND) else parse_cpu_list(setting)
+    """The engine's cores under a resolved `setting` (every rank's, for per-rank lists); None
+    when unbound (auto counts as nobind)."""
+    if setting in (AUTO, NOBIND):
+        return None
+    cores: set[int] = set()
+    for cpu_list in setting.split(RANK_SEPARATOR):
+        cores.update(parse_cpu_list(cpu_list))
+    return tuple(sorted(cores))
 
 
 def bind_engine_thread(setting: str) -> int:

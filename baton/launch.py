@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,10 +26,15 @@ from baton.addresses import ServerAddresses
 from baton.checkpoint.chat_template import read_chat_template
 from baton.checkpoint.model_config import CheckpointError
 from baton.checkpoint.source import load_model_config
-from baton.child_process import PIPELINE_LOST_SIGNAL, LauncherMessage, start_child
+from baton.child_process import (
+    PIPELINE_LOST_SIGNAL,
+    LauncherMessage,
+    process_name,
+    start_child,
+)
 from baton.config import BatonConfig
 from baton.config_cli import add_config_args, config_from_args
-from baton.cpu_binding import AUTO, NOBIND, resolve_binding
+from baton.cpu_binding import AUTO, NOBIND, rank_bindings, resolve_binding
 from baton.generation_defaults import load_sampling_defaults
 from baton.messages import Codec
 from baton.process_messages import Shutdown
@@ -40,6 +46,7 @@ logger = logging.getLogger(__name__)
 # ZMQ reconnects, so order only matters for readability of logs.
 PROCESS_MODULES = {
     "scheduler": "baton.scheduler_proc",
+    "router": "baton.router_proc",  # with several data-parallel replicas only
     "detokenizer": "baton.detokenizer_proc",
     "tokenizer": "baton.tokenizer_proc",
     "frontend": "baton.frontend",
@@ -52,17 +59,53 @@ class ServerStartError(RuntimeError):
 
 def resolve_cpu_binding(config: BatonConfig) -> BatonConfig:
     """`config` with `omp_threads_bind=auto` made concrete for this machine, once for every
-    child (each binds itself from it); ValueError for a CPU list naming cores this process may
-    not use."""
+    child (each binds itself from it; each scheduler process from its own share,
+    `scheduler_configs`); ValueError for a CPU list naming cores this process may not use."""
     available = os.sched_getaffinity(0)
+    ranks = config.engine_processes
     if config.omp_threads_bind != AUTO:
-        resolve_binding(config.omp_threads_bind, available)  # checks a CPU list's cores
+        resolve_binding(config.omp_threads_bind, available, ranks)  # checks a CPU list's cores
         return config
     if config.device.partition(":")[0] != "cpu":
         return config.replace(omp_threads_bind=NOBIND)  # the engine's threads do no math
-    setting = resolve_binding(AUTO, available)
+    setting = resolve_binding(AUTO, available, ranks)
     logger.info("engine CPU binding: %s (%d cores)", setting, len(available))
     return config.replace(omp_threads_bind=setting)
+
+
+def scheduler_configs(config: BatonConfig) -> list[tuple[int, int, BatonConfig]]:
+    """(replica, rank, config) of every scheduler process: each with its own cores (and,
+    unbound, its share of the threads: processes that each ran a thread per core would fight
+    over every core), the ranks of a replica with their meeting place (`replica_address`)."""
+    processes = config.engine_processes
+    threads = config.num_threads or max(1, len(os.sched_getaffinity(0)) // processes)
+    bindings = rank_bindings(config.omp_threads_bind, processes)
+    configs = []
+    for replica in range(config.data_parallel_size):
+        address = replica_address(config, replica)
+        for rank in range(config.tensor_parallel_size):
+            binding = bindings[replica * config.tensor_parallel_size + rank]
+            unbound = binding in (AUTO, NOBIND) and processes > 1
+            rank_config = config.replace(
+                omp_threads_bind=binding,
+                num_threads=threads if unbound else config.num_threads,
+                dist_init_addr=address,
+            )
+            configs.append((replica, rank, rank_config))
+    return configs
+
+
+def replica_address(config: BatonConfig, replica: int) -> str | None:
+    """Where a replica's tensor-parallel ranks meet: --dist-init-addr's port plus the replica,
+    else a free local port (a single rank needs none)."""
+    if config.tensor_parallel_size == 1:
+        return config.dist_init_addr
+    if config.dist_init_addr is not None:
+        host, _, port = config.dist_init_addr.rpartition(":")
+        return f"{host}:{int(port) + replica}"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
 
 
 class Server:
@@ -84,7 +127,13 @@ class Server:
         """Start the children and wait for each to report ready (ServerStartError if one does
         not): True once all are, False if `stopping()` (a signal) came first."""
         for name, module in PROCESS_MODULES.items():
-            self.processes[name] = start_child(module, self.config, self.addresses)
+            if name == "scheduler":
+                for replica, rank, rank_config in scheduler_configs(self.config):
+                    self.processes[process_name(name, self.config, replica, rank)] = start_child(
+                        module, rank_config, self.addresses, replica, rank
+                    )
+            elif name != "router" or self.config.data_parallel_size > 1:
+                self.processes[name] = start_child(module, self.config, self.addresses)
         pending = set(self.processes)
         deadline = time.monotonic() + timeout
         while pending:

@@ -148,6 +148,17 @@ class ForwardedStatsRequest(msgspec.Struct, tag="stats_fwd", kw_only=True):
 SchedulerMessage = TokenizedRequest | AbortRid | PauseRid | ForwardedStatsRequest | Shutdown
 
 
+# --- scheduler_proc replicas -> router_proc (data parallelism) -----------------------------------
+class ReplicaLoad(msgspec.Struct, tag="replica_load", kw_only=True):
+    """A data-parallel replica's load, sent after each of its iterations that changed it, for
+    the router's policies: the tokens its requests hold or wait to prefill, and the rids it has
+    finished since its last report (the router forgets where they went)."""
+
+    replica: int
+    tokens: int
+    finished: list[str] = []
+
+
 # --- scheduler_proc / tokenizer_proc -> detokenizer_proc ----------------------------------------
 class RequestFailed(msgspec.Struct, tag="failed", kw_only=True):
     """A request rejected before it started; relayed to its client as an ErrorReply."""

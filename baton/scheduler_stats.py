@@ -59,3 +59,21 @@ class AggregateStats(msgspec.Struct, kw_only=True):
     # The machine and how the engine computes on it: every figure read off this server names them.
     cpu: CpuCapabilities
     compute_plan: ComputePlan
+
+
+def merge_replica_stats(parts: list[AggregateStats]) -> AggregateStats:
+    """The stats of a server of several data-parallel replicas, from each replica's: counts,
+    pages, tokens and rates summed; uptime and the engine's current wait the longest; the CPU
+    and the compute plan the first replica's (every replica runs on the same machine)."""
+    first = parts[0]
+    summed = {
+        name: sum(getattr(part, name) for part in parts)
+        for name in first.__struct_fields__
+        if name not in ("uptime", "engine_step_seconds", "cpu", "compute_plan")
+    }
+    return msgspec.structs.replace(
+        first,
+        **summed,
+        uptime=max(part.uptime for part in parts),
+        engine_step_seconds=max(part.engine_step_seconds for part in parts),
+    )

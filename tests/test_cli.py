@@ -160,3 +160,23 @@ def test_the_kv_cache_dtype_flag_takes_vllms_names(capsys: pytest.CaptureFixture
     assert "invalid choice: 'int8'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown kv_cache_dtype 'fp4'"):
         BatonConfig(kv_cache_dtype="fp4")
+
+
+def test_the_distributed_flags_take_vllms_and_sglangs_names() -> None:
+    def parsed(*flags: str) -> BatonConfig:
+        return config_from_args(build_parser().parse_args(["launch", *flags]))
+
+    assert parsed().tensor_parallel_size == 1
+    for flag in ("--tensor-parallel-size", "-tp", "--tp-size"):
+        assert parsed(flag, "2").tensor_parallel_size == 2
+    config = parsed("--dist-init-addr", "10.0.0.1:29500", "--distributed-timeout-seconds", "30")
+    assert (config.dist_init_addr, config.distributed_timeout_seconds) == ("10.0.0.1:29500", 30)
+    with pytest.raises(SystemExit, match=r"--dist-init-addr must be HOST:PORT, got '10\.0\.0\.1'"):
+        parsed("--dist-init-addr", "10.0.0.1")
+    with pytest.raises(SystemExit, match="--tensor-parallel-size must be >= 1, got 0"):
+        parsed("-tp", "0")
+    with pytest.raises(SystemExit, match="--distributed-timeout-seconds must be positive"):
+        parsed("--distributed-timeout-seconds", "0")
+    # Each rank would order requests by its own clock's step times, and their batches part ways.
+    with pytest.raises(SystemExit, match=r"--scheduling-policy lrs .* not with"):
+        parsed("-tp", "2", "--scheduling-policy", "lrs")

@@ -15,10 +15,12 @@ from baton.config import BatonConfig
 from baton.cpu_binding import (
     NOBIND,
     bind_engine_thread,
+    engine_cores,
     parse_cpu_list,
+    rank_bindings,
     resolve_binding,
 )
-from baton.launch import Server, resolve_cpu_binding
+from baton.launch import Server, resolve_cpu_binding, scheduler_configs
 
 linux_with_two_cores = pytest.mark.skipif(
     sys.platform != "linux" or len(os.sched_getaffinity(0)) < 2,
@@ -47,6 +49,43 @@ def test_auto_reserves_a_core_on_many_cores_only() -> None:
     assert resolve_binding("auto", {3}) == NOBIND
     assert resolve_binding("0-1", {0, 1}) == "0-1"  # explicit settings are kept
     assert resolve_binding(NOBIND, {0, 1}) == NOBIND
+
+
+def test_tensor_parallel_ranks_each_get_their_own_cores() -> None:
+    """vLLM's per-rank form (0-3|4-7), a plain list split evenly, and auto: every core shared
+    out wherever there are as many as ranks (one reserved for the server from MANY_CORES), so
+    two ranks on two cores never fight over both."""
+    assert resolve_binding("auto", {0, 1}, ranks=2) == "0|1"
+    assert resolve_binding("auto", {0}, ranks=2) == NOBIND
+    assert resolve_binding("auto", set(range(8)), ranks=2) == "1,2,3,4|5,6,7"
+    assert rank_bindings("0-3|4-7", 2) == ["0-3", "4-7"]
+    assert rank_bindings("0-4", 2) == ["0,1,2", "3,4"]
+    assert rank_bindings(NOBIND, 2) == [NOBIND, NOBIND]
+    assert engine_cores("0,1|4-5") == (0, 1, 4, 5)  # the server's processes avoid them all
+    with pytest.raises(ValueError, match="fewer cores than 3 ranks"):
+        rank_bindings("0-1", 3)
+    with pytest.raises(ValueError, match="3 CPU lists for 2 rank"):
+        BatonConfig(omp_threads_bind="0|1|2", tensor_parallel_size=2)
+
+
+def test_every_scheduler_process_gets_its_cores_or_its_share_of_the_threads() -> None:
+    """Every rank of every data-parallel replica, in order; unbound ones share the threads."""
+    cores = len(os.sched_getaffinity(0))
+    unbound = BatonConfig(omp_threads_bind=NOBIND, tensor_parallel_size=2, data_parallel_size=2)
+    configs = scheduler_configs(unbound)
+    assert [(replica, rank) for replica, rank, _ in configs] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [config.num_threads for *_, config in configs] == [max(1, cores // 4)] * 4
+    bound = BatonConfig(omp_threads_bind="0|1", tensor_parallel_size=2)
+    assert [(c.omp_threads_bind, c.num_threads) for *_, c in scheduler_configs(bound)] == [
+        ("0", None),
+        ("1", None),
+    ]
+    # Each replica's ranks meet at a port of their own.
+    placed = BatonConfig(
+        tensor_parallel_size=2, data_parallel_size=2, dist_init_addr="10.0.0.1:29500"
+    )
+    addresses = [config.dist_init_addr for *_, config in scheduler_configs(placed)]
+    assert addresses == ["10.0.0.1:29500"] * 2 + ["10.0.0.1:29501"] * 2
 
 
 def test_a_cpu_list_naming_unavailable_cores_is_refused() -> None:

@@ -18,7 +18,7 @@ PACKAGE = Path(baton.__file__).parent
 # the room with the longest prefix matching its dotted name.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("foundation",),
-    ("baton.checkpoint", "baton.client"),
+    ("baton.checkpoint", "baton.client", "baton.distributed"),
     ("baton.child_process",),
     ("baton.engine.cpu", "baton.engine.native", "baton.engine.batch"),
     ("baton.engine.kv", "baton.engine.weights", "baton.engine.attention"),
@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("baton.engine.sampling", "baton.engine.graphs"),
     ("baton.engine.speculation",),
     ("baton.engine",),
-    ("baton.scheduler_proc", "baton.tokenizer_proc", "baton.detokenizer_proc"),
+    ("baton.scheduler_proc", "baton.tokenizer_proc", "baton.detokenizer_proc", "baton.router_proc"),
     ("baton.llm", "baton.frontend"),
     ("baton.launch",),
     ("baton.bench",),

@@ -34,7 +34,7 @@ def serve(
     config: BatonConfig, addresses: ServerAddresses, context: zmq.Context, reporter: ReadyReporter
 ) -> None:
     """Bind, report ready, then translate and route messages until Shutdown."""
-    service = DetokenizerService(load_checkpoint(config.model).tokenizer)
+    service = DetokenizerService(load_checkpoint(config.model).tokenizer, config.data_parallel_size)
     inbox = context.socket(zmq.PULL)
     inbox.bind(addresses.detokenizer)
     replies = bind_client_router(context, addresses.replies, config)

@@ -24,6 +24,7 @@ from baton.process_messages import (
     SchedulerOutputs,
     StepOutput,
 )
+from baton.scheduler_stats import AggregateStats, merge_replica_stats
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +63,14 @@ class Handled(NamedTuple):
 class DetokenizerService:
     """The socket-free core: per-request detokenizer state and message -> replies translation."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, replicas: int = 1) -> None:
+        """`replicas`: data-parallel replicas, each of which answers every stats request (their
+        answers are merged into one reply)."""
         self._tokenizer = tokenizer
         self._logprob_texts = LogprobTexts(tokenizer)
         self._requests: dict[str, _RequestState] = {}
+        self._replicas = replicas
+        self._stats_parts: dict[tuple[bytes, str], list[AggregateStats]] = {}
 
     @property
     def active_rids(self) -> set[str]:
@@ -86,8 +91,14 @@ class DetokenizerService:
             )
             _add_reply(handled, message.client_id, error)
         elif isinstance(message, ForwardedStats):
-            reply = StatsReply(request_id=message.request_id, stats=message.stats)
-            _add_reply(handled, message.client_id, reply)
+            key = (message.client_id, message.request_id)
+            parts = self._stats_parts.setdefault(key, [])
+            parts.append(message.stats)
+            if len(parts) == self._replicas:
+                del self._stats_parts[key]
+                stats = merge_replica_stats(parts) if len(parts) > 1 else parts[0]
+                reply = StatsReply(request_id=message.request_id, stats=stats)
+                _add_reply(handled, message.client_id, reply)
         elif isinstance(message, ForwardedTokenizeReply):
             _add_reply(handled, message.client_id, message.reply)
         return handled

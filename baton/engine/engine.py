@@ -10,10 +10,10 @@ import random
 import torch
 
 from baton.checkpoint.load import Checkpoint, load_checkpoint
-from baton.checkpoint.model_config import CheckpointError
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.config import BatonConfig
 from baton.cpu_binding import bind_engine_thread
+from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.attention.flashinfer_backend import FlashInferAttention, FlashInferCalls
 from baton.engine.attention.select import model_attention_backend
 from baton.engine.batch_runner import BatchRunner
@@ -29,8 +29,9 @@ from baton.engine.kv.pool import KVPool
 from baton.engine.kv.sizing import kv_pool_pages, page_bytes
 from baton.engine.memory_fit import available_memory_bytes, check_fits, expected_weight_bytes
 from baton.engine.models.causal_lm import CausalLM
-from baton.engine.models.stored_weights import free_float32_copies, hold_stored_weights
-from baton.engine.native.formats import COMPACT_MAX_ROWS, FORMATS
+from baton.engine.models.parallel_layers import ModelShards
+from baton.engine.models.stored_weights import load_as_stored
+from baton.engine.native.formats import COMPACT_MAX_ROWS
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
 from baton.engine.sampling.argmax import greedy_argmax
 from baton.engine.sampling.grammar_masks import GrammarMasks
@@ -39,7 +40,6 @@ from baton.engine.sampling.sampler import Sampler
 from baton.engine.sampling.token_counts import SlotTokenCounts
 from baton.engine.speculation.setup import TargetEngine, make_speculator
 from baton.engine.weights.checkpoint_tensors import iter_compact_weights, iter_weights
-from baton.engine.weights.gguf_weights import forget_gguf_tensors, unsupported_gguf_matrices
 from baton.hardware import isa_rank
 
 logger = logging.getLogger(__name__)
@@ -53,9 +53,18 @@ class Engine(BatchRunner):
     Owns no scheduling state. The one piece of state carried across batches is the buffer of the
     last token sampled per slot, which lets the overlap loop schedule a decode before the token it
     consumes is known (`PLACEHOLDER_TOKEN`).
+
+    With several tensor-parallel ranks (`tp`), each rank's engine holds its shard of the model
+    and a KV pool of its KV heads, and every rank runs the same batches: the logits are
+    gathered whole on each, and sampling, seeded alike, picks the same tokens on each.
     """
 
-    def __init__(self, config: BatonConfig, checkpoint: Checkpoint | None = None) -> None:
+    def __init__(
+        self,
+        config: BatonConfig,
+        checkpoint: Checkpoint | None = None,
+        tp: TensorParallel | None = None,
+    ) -> None:
         if torch.device(config.device).type == "cpu":
             # Before the model's RoPE tables, the first elementwise math on several threads.
             initialize_vector_math()
@@ -78,6 +87,10 @@ class Engine(BatchRunner):
             )
         model_config = self.checkpoint.config
         self.model_config = model_config
+        self.tp = tp or TensorParallel()
+        # This rank's heads and features: refused here, in one line, where the ranks cannot
+        # divide them. The KV pool and attention see only its KV and q heads.
+        local_config = ModelShards.of(model_config, self.tp).local_config
         self.device = torch.device(config.device)
         if self.device.type == "cuda":
             # This thread runs every step: events, streams and graph capture default to the
@@ -105,14 +118,14 @@ class Engine(BatchRunner):
         self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         self.max_model_len = model_config.served_context_length(config.max_model_len)
         self.page_size = config.page_size
-        self.num_pages = kv_pool_pages(config, model_config, self.kv_dtype, self.max_model_len)
+        self.num_pages = kv_pool_pages(config, local_config, self.kv_dtype, self.max_model_len)
         self.gemm_dtype = _TORCH_DTYPES[self.plan.gemm_dtype] if self.plan.gemm_dtype else None
         compact = native is not None and self.plan.compact_small_batches
         # (The compact kernels multiply float32 rows: a GGUF computed in bf16 is widened.)
         held_as_stored = self.checkpoint.gguf_file is not None and self.dtype == torch.float32
         if self.device.type == "cpu":
             element_bytes = torch.finfo(self.gemm_dtype or self.dtype).bits // 8
-            kv_bytes = self.num_pages * page_bytes(model_config, self.page_size, self.kv_dtype)
+            kv_bytes = self.num_pages * page_bytes(local_config, self.page_size, self.kv_dtype)
             # Block formats' panels (AVX-512) and tiles (AMX): once more each.
             block_copies = int(native is not None and native.avx512) + int(self.plan.amx_tiles)
             weight_bytes = expected_weight_bytes(
@@ -122,18 +135,24 @@ class Engine(BatchRunner):
                 block_copies,
                 stored_copy=compact,
             )
-            check_fits(weight_bytes, kv_bytes, available_memory_bytes())
+            # (Each rank holds about its share of the weights.)
+            check_fits(-(-weight_bytes // self.tp.size), kv_bytes, available_memory_bytes())
         memory_before_weights = _memory_in_use(self.device)
-        self.model = CausalLM(model_config, self.dtype, self.device, self.gemm_dtype)
+        self.model = CausalLM(model_config, self.dtype, self.device, self.gemm_dtype, self.tp)
         if compact and held_as_stored:
-            self._hold_stored_weights(native)
+            layers = load_as_stored(self.model, self.checkpoint, native)
+            logger.info(
+                "%d linear layers%s hold only the file's blocks: small batches multiply them in "
+                "the compact kernels, larger ones a float32 slab at a time",
+                layers,
+                " and the embedding" if self.model.embedding_stored is not None else "",
+            )
         else:
             self.model.load_weights(iter_weights(self.checkpoint, native))
         if compact:
             if not held_as_stored:
-                attached = self.model.attach_compact_weights(
-                    iter_compact_weights(self.checkpoint), native
-                )
+                stored = self.model.local_compact_weights(iter_compact_weights(self.checkpoint))
+                attached = self.model.attach_compact_weights(stored, native)
                 # (With bf16 GEMMs, start-up then times how many rows the layers keep: logged
                 # below.)
                 logger.info(
@@ -161,23 +180,35 @@ class Engine(BatchRunner):
         # sized for requests, which never hold it (unused if no graph is recorded).
         padding_pages = 1 if self.device.type == "cuda" and not config.enforce_eager else 0
         self.kv_pool = KVPool.for_model(
-            model_config, self.num_pages + padding_pages, self.page_size, self.kv_dtype, self.device
+            local_config, self.num_pages + padding_pages, self.page_size, self.kv_dtype, self.device
         )
         self.attention = model_attention_backend(
             config.attention_backend,
-            model_config,
+            local_config,
             self.dtype,
             self.device,
             native=attention_kernels,
             prefill_dtype=self.gemm_dtype,
             amx_prefill=tiled > 0,
         )
+        # Neither a CUDA graph nor the native step (one C call from the embedding to the logits)
+        # can stop mid-layer for the ranks' sums: with several ranks every step runs op by op,
+        # each rank's native kernels on its shard.
+        single = self.tp.size == 1
+        if not single:
+            logger.info(
+                "tensor parallel, rank %d of %d: decode steps run op by op (no native one-call "
+                "step, no CUDA graphs, no start-up timing of bf16 GEMMs)",
+                self.tp.rank,
+                self.tp.size,
+            )
         self.decode_graphs: DecodeGraphs | None = None
-        if isinstance(self.attention, FlashInferAttention) and not config.enforce_eager:
+        if single and isinstance(self.attention, FlashInferAttention) and not config.enforce_eager:
             self.decode_graphs = self._record_decode_graphs(config, self.attention.calls)
         self.decode_step: NativeDecodeStep | None = None
         if (
-            attention_kernels is not None
+            single
+            and attention_kernels is not None
             and not config.enforce_eager
             and NativeDecodeStep.supports(self.model)
         ):
@@ -186,7 +217,8 @@ class Engine(BatchRunner):
         # slabs pay 4-5 ms to write each 8192 x 2048 matrix's slab and overtake them only at
         # 16-32 rows on Zen 3; timing them at start-up chose 4 rows within its time budget and
         # halved a 16-stream run, 16.4 -> 11.1 tok/s on the 1B Q4_K_M shape.)
-        if self.plan.gemm_dtype is not None and not tiled:  # (a plan only native kernels make)
+        # (Ranks timing alone could run different numbers of steps, and a step is collective.)
+        if single and self.plan.gemm_dtype is not None and not tiled:  # (only native plans)
             # bf16 GEMMs in hardware overtake the compact weights at a number of rows that
             # depends on the machine and the model's shapes: measured (native step or op by op,
             # whichever serves), not assumed. (On AMX the tiles take every batch of 2 rows or
@@ -226,31 +258,6 @@ class Engine(BatchRunner):
             str(self.kv_dtype).removeprefix("torch."),
             " (resident as its pages fill)" if self.device.type == "cpu" else "",
             _mib(_memory_in_use(self.device)),
-        )
-
-    def _hold_stored_weights(self, native: NativeKernels) -> None:
-        """Load a GGUF as it is stored (models/stored_weights.py): every matrix in its blocks,
-        no float32 copy; CheckpointError for a matrix in a type no kernel multiplies."""
-        gguf_file = self.checkpoint.gguf_file
-        unsupported = unsupported_gguf_matrices(gguf_file)
-        if unsupported:
-            types = sorted({kind for _, kind in unsupported})
-            raise CheckpointError(
-                f"{gguf_file.name}: {len(unsupported)} matrices (first {unsupported[0][0]}) are "
-                f"stored as {', '.join(types)}, which Baton cannot multiply as stored; it reads "
-                f"F32 and {', '.join(name.upper() for name in FORMATS)}"
-            )
-        stored = dict(iter_compact_weights(self.checkpoint))
-        held = hold_stored_weights(self.model, stored, native)
-        del stored  # (the model holds what it uses)
-        self.model.load_weights(iter_weights(self.checkpoint, native, skip=held), held=held)
-        layers = free_float32_copies(self.model)
-        forget_gguf_tensors()
-        logger.info(
-            "%d linear layers%s hold only the file's blocks: small batches multiply them in "
-            "the compact kernels, larger ones a float32 slab at a time",
-            layers,
-            " and the embedding" if self.model.embedding_stored is not None else "",
         )
 
     def _native_kernels(self) -> NativeKernels | None:
@@ -297,6 +304,7 @@ class Engine(BatchRunner):
             gemm_dtype=self.gemm_dtype,
             max_rows=self.model.compact_max_rows if capped else None,
             run_idle_step=self.idle_decode_step,
+            tp=self.tp,
         )
 
     def idle_decode_step(self, num_rows: int) -> None:

@@ -14,6 +14,9 @@ import zmq
 from baton.addresses import ServerAddresses
 from baton.child_process import IDLE_POLL_MS, ReadyReporter, run_child
 from baton.config import BatonConfig
+from baton.distributed.errors import DistributedError
+from baton.distributed.process_group import broadcast_bytes, join_tensor_parallel, leave
+from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.batch.forward_batch import ForwardOutput
 from baton.messages import Codec
 from baton.process_messages import (
@@ -29,6 +32,7 @@ from baton.process_messages import (
     Shutdown,
     TokenizedRequest,
 )
+from baton.scheduler_proc.replica_load import LoadReporter
 from baton.scheduler_proc.scheduler import Scheduler
 from baton.scheduler_proc.stats_log import StatsLog
 from baton.validation import RequestError
@@ -46,9 +50,22 @@ class SchedulerService:
 
     While the engine computes a long step, stats requests are answered at once and every other
     message waits, in order, for the step's end: the scheduler core is never re-entered mid-step.
+
+    With tensor-parallel ranks, every rank runs this loop over the same messages in the same
+    order, so each makes the same decisions and computes its shard of the same batches: rank 0
+    alone reads the inbox and broadcasts what it took at the top of each iteration (an empty
+    list keeps an idle server's ranks in step), and alone sends replies (`inbox` and `outbox`
+    are None on the others). Stats requests only read the scheduler: rank 0 answers them.
     """
 
-    def __init__(self, scheduler: Scheduler, inbox: zmq.Socket, outbox: zmq.Socket) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        inbox: zmq.Socket | None,
+        outbox: zmq.Socket | None,
+        tp: TensorParallel | None = None,
+        loads: LoadReporter | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.watchdog_timeout = scheduler.config.watchdog_timeout
         # When the scheduler began waiting on the engine's current step (None between steps).
@@ -57,7 +74,10 @@ class SchedulerService:
         self.shutting_down = False
         self._inbox = inbox
         self._outbox = outbox
+        self._tp = tp or TensorParallel()
+        self._loads = loads
         self._inbound = Codec(SchedulerMessage)
+        self._broadcast = Codec(list[SchedulerMessage])
         self._outbound = Codec(DetokenizerMessage)
         self._stats_log = (
             None
@@ -68,29 +88,56 @@ class SchedulerService:
         # The engine thread writes a byte here when the step being waited on ends.
         self._step_done_read, self._step_done_write = os.pipe()
         self._poller = zmq.Poller()
-        self._poller.register(inbox, zmq.POLLIN)
+        if inbox is not None:
+            self._poller.register(inbox, zmq.POLLIN)
         self._poller.register(self._step_done_read, zmq.POLLIN)
 
     def run(self) -> None:
         """Serve until a Shutdown message."""
         while not self.shutting_down:
-            while self._deferred:
-                self._handle_and_reply(self._deferred.popleft())
-            # Block only when idle; while requests run, just drain what has arrived.
-            idle = not self.scheduler.has_runnable_work()
-            while self._inbox.poll(IDLE_POLL_MS if idle else 0):
-                idle = False
-                message = self._receive()
-                if message is not None:
-                    self._handle_and_reply(message)
+            for message in self._next_messages():
+                self._handle_and_reply(message)
             if self.started:  # before the step: a client hears of admission before its prefill
-                self._outbox.send(self._outbound.encode(SchedulerOutputs(started=self.started)))
+                self._send(SchedulerOutputs(started=self.started))
                 self.started = []
             outputs = self.step()
             if outputs is not None:
-                self._outbox.send(self._outbound.encode(outputs))
-            if self._stats_log is not None:
+                self._send(outputs)
+            if self._stats_log is not None and self._tp.is_first:
                 self._stats_log.maybe_log(time.monotonic())
+            if self._loads is not None:
+                self._loads.report(self.scheduler.held_tokens())
+
+    def _next_messages(self) -> list[SchedulerMessage]:
+        """What this iteration applies, in order: the messages deferred through the last step,
+        then those arrived since (stats requests answered at once instead); on the other ranks,
+        what rank 0 broadcast."""
+        if not self._tp.is_first:
+            messages = self._broadcast.decode_or_none(broadcast_bytes(self._tp, None))
+            if messages is None:  # rank 0 encoded them: only a broken transport gets here
+                raise DistributedError(f"rank {self._tp.rank}: an unreadable broadcast")
+            return messages
+        messages = list(self._deferred)
+        self._deferred.clear()
+        # Block only when idle; while requests run, just drain what has arrived.
+        idle = not messages and not self.scheduler.has_runnable_work()
+        while self._inbox.poll(IDLE_POLL_MS if idle else 0):
+            idle = False
+            message = self._receive()
+            if isinstance(message, ForwardedStatsRequest):
+                self._handle_and_reply(message)
+            elif message is not None:
+                messages.append(message)
+        if self._tp.size > 1:
+            broadcast_bytes(self._tp, self._broadcast.encode(messages))
+        return messages
+
+    def _send(self, message: DetokenizerMessage) -> None:
+        if self._outbox is None:
+            return
+        self._outbox.send(self._outbound.encode(message))
+        if self._loads is not None and isinstance(message, SchedulerOutputs):
+            self._loads.finished += [step.rid for step in message.steps if step.finished]
 
     def _receive(self) -> SchedulerMessage | None:
         """The next inbox message (one is waiting), or None for a malformed frame."""
@@ -99,7 +146,7 @@ class SchedulerService:
     def _handle_and_reply(self, message: SchedulerMessage) -> None:
         reply = self.handle(message)
         if reply is not None:
-            self._outbox.send(self._outbound.encode(reply))
+            self._send(reply)
 
     def _answer_stats_until_done(self, result: Future[ForwardOutput]) -> None:
         """Wait for the engine's `result`, answering stats requests if it takes long."""
@@ -172,6 +219,8 @@ class SchedulerService:
                 client=request.started.client_id,
             )
         except RequestError as error:
+            if self._loads is not None:
+                self._loads.finished.append(request.rid)
             return RequestFailed(
                 client_id=request.started.client_id,
                 request_id=request.started.request_id,
@@ -195,23 +244,47 @@ class SchedulerService:
 
 
 def serve(
-    config: BatonConfig, addresses: ServerAddresses, context: zmq.Context, reporter: ReadyReporter
+    config: BatonConfig,
+    addresses: ServerAddresses,
+    context: zmq.Context,
+    reporter: ReadyReporter,
+    replica: int = 0,
+    rank: int = 0,
 ) -> None:
-    """Bind, load the engine, report ready, then loop until Shutdown."""
-    inbox = context.socket(zmq.PULL)
-    inbox.bind(addresses.scheduler)
-    outbox = context.socket(zmq.PUSH)
-    outbox.connect(addresses.detokenizer)
-    scheduler = Scheduler(config)
-    engine = scheduler.engine
-    service = SchedulerService(scheduler, inbox, outbox)
-    reporter.ready(max_model_len=str(engine.max_model_len), num_pages=str(engine.num_pages))
+    """Join the replica's other tensor-parallel ranks (if any), bind (rank 0: the scheduler's
+    address, or with several data-parallel replicas its replica's, behind the router), load the
+    engine (this rank's shard), report ready, then loop until Shutdown."""
+    tp = join_tensor_parallel(
+        rank,
+        config.tensor_parallel_size,
+        config.dist_init_addr or "",
+        config.distributed_timeout_seconds,
+        config.device,
+    )
     try:
-        service.run()
+        inbox = outbox = loads = None
+        replicated = config.data_parallel_size > 1
+        if tp.is_first:
+            inbox = context.socket(zmq.PULL)
+            inbox.bind(addresses.replica_inbox(replica) if replicated else addresses.scheduler)
+            outbox = context.socket(zmq.PUSH)
+            outbox.connect(addresses.detokenizer)
+            if replicated:
+                to_router = context.socket(zmq.PUSH)
+                to_router.connect(addresses.balancer)
+                loads = LoadReporter(to_router, replica)
+        scheduler = Scheduler(config, tp=tp)
+        engine = scheduler.engine
+        service = SchedulerService(scheduler, inbox, outbox, tp, loads)
+        reporter.ready(max_model_len=str(engine.max_model_len), num_pages=str(engine.num_pages))
+        try:
+            service.run()
+        finally:
+            scheduler.shutdown()
     finally:
-        scheduler.shutdown()
+        leave(tp)
 
 
 def main() -> None:
     """Entry point of `python -m baton.scheduler_proc`."""
-    run_child("scheduler", serve)
+    run_child("scheduler", serve, ranked=True)

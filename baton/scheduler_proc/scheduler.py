@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from baton.checkpoint.load import Checkpoint
 from baton.config import BatonConfig
+from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.batch.forward_batch import ForwardBatch, ForwardOutput
 from baton.engine.batch.seeded_uniforms import seeded_uniforms
 from baton.engine.engine import Engine
@@ -56,11 +57,17 @@ class Scheduler(RequestQueues):
     here doubles the cost of a small model's step.
     """
 
-    def __init__(self, config: BatonConfig, checkpoint: Checkpoint | None = None) -> None:
+    def __init__(
+        self,
+        config: BatonConfig,
+        checkpoint: Checkpoint | None = None,
+        tp: TensorParallel | None = None,
+    ) -> None:
+        """`tp`: this rank's place among tensor-parallel ranks (None: a single process)."""
         self.config = config
         self.overlap = not config.disable_overlap
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="baton-engine")
-        self.engine = self._engine_thread.submit(Engine, config, checkpoint).result()
+        self.engine = self._engine_thread.submit(Engine, config, checkpoint, tp).result()
         engine = self.engine
         super().__init__(
             KVCacheManager(engine.num_pages, engine.page_size, config.enable_prefix_caching),
@@ -239,6 +246,11 @@ class Scheduler(RequestQueues):
         return outputs
 
     # --- stats -------------------------------------------------------------------------------
+    def held_tokens(self) -> int:
+        """The tokens of every request, running or waiting: a data-parallel replica's load as
+        the router's shortest_queue weighs it."""
+        return sum(seq.total_tokens for seq in self.requests.values())
+
     def aggregate_stats(self) -> AggregateStats:
         engine = self.engine
         return self.stats.aggregate(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
 from helpers import SAMPLE_STATS
 from helpers.detokenizer import (
     CLIENT_A,
@@ -205,6 +206,23 @@ def test_request_failed_and_forwarded_stats_become_replies(
         ForwardedStats(client_id=CLIENT_A, request_id="s1", stats=stats)
     )
     assert handled == Handled({CLIENT_A: [StatsReply(request_id="s1", stats=stats)]}, [])
+
+
+def test_data_parallel_replicas_answers_are_merged_into_one_reply(tokenizer: Tokenizer) -> None:
+    """Each replica answers a stats request; the client gets one reply once all have: their
+    counts summed, the longest uptime."""
+    service = DetokenizerService(tokenizer, replicas=2)
+    first = ForwardedStats(client_id=CLIENT_A, request_id="s1", stats=SAMPLE_STATS)
+    assert service.handle_message(first) == Handled({}, [])
+    later = msgspec.structs.replace(SAMPLE_STATS, uptime=5.0, total_pages=30)
+    handled = service.handle_message(
+        ForwardedStats(client_id=CLIENT_A, request_id="s1", stats=later)
+    )
+    (reply,) = handled.replies[CLIENT_A]
+    assert reply.stats.total_pages == 40 and reply.stats.running_requests == 4
+    assert reply.stats.uptime == 5.0
+    assert reply.stats.generation_throughput == 80.0
+    assert reply.stats.cpu == SAMPLE_STATS.cpu
 
 
 def test_unknown_rid_is_ignored(tokenizer: Tokenizer) -> None:

@@ -34,9 +34,11 @@ def start_launcher(
     env: dict[str, str] | None = None,
     extra_args: tuple[str, ...] = (),
     stderr: IO[str] | None = None,
+    processes: int = 4,
 ) -> tuple[subprocess.Popen, dict[int, str]]:
     """A launcher serving `model_dir` (a checkpoint, or a built-in model's name), once ready,
-    with its four children; its HTTP root is `launcher.http_url`."""
+    with its children (`processes`: four, one more for each tensor-parallel rank past the
+    first); its HTTP root is `launcher.http_url`."""
     command = [sys.executable, "-m", "baton.launch", "--model", str(model_dir), "--port", "0"]
     if env is None or "BATON_API_KEY" not in env:  # tcp is refused with an API key
         command += ["--zmq-port", str(free_port_pair())]
@@ -50,7 +52,7 @@ def start_launcher(
         assert time.monotonic() < deadline, "launcher never became ready"
     launcher.http_url = next(launcher.stdout).split(": ", 1)[1].strip()  # type: ignore[attr-defined]
     children = children_of(launcher.pid)
-    assert len(children) == 4  # scheduler, detokenizer, tokenizer, frontend
+    assert len(children) == processes  # scheduler(s), detokenizer, tokenizer, frontend
     return launcher, children
 
 

@@ -7,14 +7,14 @@ are sampled from get the final norm and the LM head.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from baton.checkpoint.model_config import CheckpointError, ModelConfig
+from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
 from baton.engine.kv.pool import KVPool
@@ -25,6 +25,12 @@ from baton.engine.models.layers import (
     RotaryEmbedding,
     empty_parameter,
     rms_norm,
+)
+from baton.engine.models.parallel_layers import ModelShards, VocabParallelHead, VocabShard
+from baton.engine.models.weight_targets import (
+    WeightTarget,
+    local_compact_weights,
+    weight_targets,
 )
 from baton.engine.native.formats import (
     BLOCK_FORMATS,
@@ -38,20 +44,13 @@ _CPU_DTYPES = (torch.float32, torch.bfloat16)
 _CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@dataclass(frozen=True)
-class _WeightTarget:
-    """Where one HF tensor goes: rows of one of our (possibly fused) parameters."""
-
-    param: torch.Tensor
-    rows: slice
-    shape: tuple[int, ...]
-
-
 class CausalLM(nn.Module):
     """Embedding, decoder layers, final norm and LM head (tied to the embedding when configured).
 
     `dtype` is the activations', the KV cache's and every weight's but, where given, the decoder
-    layers' linear weights, held in `gemm_dtype` (`ComputePlan.gemm_dtype`)."""
+    layers' linear weights, held in `gemm_dtype` (`ComputePlan.gemm_dtype`). With several
+    tensor-parallel ranks (`tp`), it holds this rank's shard of every layer
+    (models/parallel_layers.py) and computes the whole model's logits with the others."""
 
     def __init__(
         self,
@@ -59,21 +58,30 @@ class CausalLM(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         gemm_dtype: torch.dtype | None = None,
+        tp: TensorParallel | None = None,
     ) -> None:
         super().__init__()
         allowed = _CUDA_DTYPES if torch.device(device).type == "cuda" else _CPU_DTYPES
         if dtype not in allowed:
             raise ValueError(f"dtype {dtype} is not supported on {device}")
-        self.config = config
+        self.config = config  # the checkpoint's (self.shards.local_config: this rank's shapes)
+        self.shards = ModelShards.of(config, tp or TensorParallel())
+        tp = self.shards.tp
         self.gemm_dtype = gemm_dtype
-        embedding_shape = (config.vocab_size, config.hidden_size)
-        self.embed_tokens = empty_parameter(*embedding_shape, dtype=dtype, device=device)
+        # The vocabulary's rows this rank holds; None: all of them.
+        self.vocab_shard = (
+            VocabShard(tp, config.vocab_size, *self.shards.vocab) if tp.size > 1 else None
+        )
+        vocab_rows = config.vocab_size if self.vocab_shard is None else self.vocab_shard.rows
+        self.embed_tokens = empty_parameter(
+            vocab_rows, config.hidden_size, dtype=dtype, device=device
+        )
         # The embedding as the checkpoint stores it, where no float32 table is kept
         # (models/stored_weights.py): its rows are dequantized as they are looked up.
         self.embedding_stored: CompactWeight | None = None
         self.embedding_native: NativeKernels | None = None
         self.layers = nn.ModuleList(
-            DecoderLayer(config, layer, dtype, device, gemm_dtype)
+            DecoderLayer(self.shards.local_config, layer, dtype, device, gemm_dtype, tp)
             for layer in range(config.num_layers)
         )
         # Batches of up to this many rows multiply the compact weights (attach_compact_weights).
@@ -84,7 +92,11 @@ class CausalLM(nn.Module):
         # argmax then picks by index (on SmolLM2, "The" -1.864 and "L" -1.963 nats both became
         # -1.885 in bf16, and greedy answered in French). A tied head in another dtype gets a
         # float32 copy of the embedding once loaded.
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, False, torch.float32, device)
+        self.lm_head = (
+            Linear(config.hidden_size, config.vocab_size, False, torch.float32, device)
+            if self.vocab_shard is None
+            else VocabParallelHead(config.hidden_size, self.vocab_shard, device)
+        )
         if config.tie_word_embeddings and dtype == torch.float32:
             self.lm_head.weight = self.embed_tokens
         self.rotary = RotaryEmbedding(
@@ -137,6 +149,12 @@ class CausalLM(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embeddings of `input_ids` [tokens] -> [tokens, hidden]; IndexError for an id
         outside the vocabulary, as F.embedding raises."""
+        if self.vocab_shard is not None:
+            return self.vocab_shard.embed(input_ids, self._embed_rows)
+        return self._embed_rows(input_ids)
+
+    def _embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The rows `input_ids` of the embedding this rank holds."""
         if self.embedding_stored is None:
             return F.embedding(input_ids, self.embed_tokens)
         ids = input_ids.to(torch.int64)
@@ -164,13 +182,25 @@ class CausalLM(nn.Module):
             if isinstance(module, Linear):
                 module.pack_for_cpu()
 
+    def local_compact_weights(
+        self, weights: Iterable[tuple[str, CompactWeight]], whole_blocks: bool = False
+    ) -> Iterator[tuple[str, CompactWeight]]:
+        """The checkpoint's stored `weights` as this rank holds them (its shard of each, as it
+        comes), for `attach_compact_weights`; `whole_blocks`: refuse, rather than leave out, a
+        weight whose shard cuts its blocks (weight_targets.py)."""
+        if self.shards.tp.size == 1:
+            return iter(weights)
+        size = self.shards.tp.size
+        return local_compact_weights(self._weight_targets(), weights, size, whole_blocks)
+
     def attach_compact_weights(
         self, weights: Iterable[tuple[str, CompactWeight]], native: NativeKernels
     ) -> set[str]:
         """Give float32 linear layers their stored compact weights (native/formats.py), to be
         multiplied by `native.gemv` in small batches; returns the names of the tensors they
         hold. A fused layer gets them only where all its parts came (else it keeps multiplying
-        float32 weights at every batch size).
+        float32 weights at every batch size). With several ranks, `weights` are this rank's
+        (`local_compact_weights`).
         """
         targets = self._weight_targets()
         # The kernel multiplies float32 rows: the layers of a float32 model (their weights in
@@ -187,7 +217,8 @@ class CausalLM(nn.Module):
         for name, compact in weights:
             target = targets.get(name)
             owner = owners.get(id(target.param)) if target is not None else None
-            if owner is None or (compact.out_features, compact.in_features) != target.shape:
+            shape = (compact.out_features, compact.in_features)
+            if owner is None or shape != target.local_shape:
                 continue
             parts.setdefault(owner, {})[target.rows.start or 0] = (name, compact)
         held: set[str] = set()
@@ -280,7 +311,7 @@ class CausalLM(nn.Module):
                 raise CheckpointError(
                     f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {target.shape}"
                 )
-            target.param[target.rows].copy_(tensor)
+            target.param[target.rows].copy_(target.shard.take(tensor))
             loaded.add(name)
         missing = sorted(targets.keys() - loaded)
         if missing:
@@ -289,53 +320,13 @@ class CausalLM(nn.Module):
         if tied_copy and self.embedding_stored is None:
             self.lm_head.weight.copy_(self.embed_tokens)  # the float32 head of a tied model
 
-    def _weight_targets(self) -> dict[str, _WeightTarget]:
+    def _weight_targets(self) -> dict[str, WeightTarget]:
         """HF parameter name -> destination, for every tensor a checkpoint must provide."""
-        config = self.config
-        targets: dict[str, _WeightTarget] = {}
-
-        def add(
-            name: str, param: torch.Tensor, start: int = 0, shape: tuple[int, ...] = ()
-        ) -> None:
-            shape = shape or tuple(param.shape)
-            targets[name] = _WeightTarget(param, slice(start, start + shape[0]), shape)
-
-        add("model.embed_tokens.weight", self.embed_tokens)
-        add("model.norm.weight", self.norm.weight)
-        if not config.tie_word_embeddings:
-            add("lm_head.weight", self.lm_head.weight)
-        hidden, q_size, kv_size = config.hidden_size, config.q_size, config.kv_size
-        qkv_rows = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}
-        inter = config.intermediate_size
-        for index, layer in enumerate(self.layers):
-            prefix = f"model.layers.{index}."
-            add(prefix + "input_layernorm.weight", layer.input_layernorm.weight)
-            add(prefix + "post_attention_layernorm.weight", layer.post_attention_layernorm.weight)
-            attn = layer.self_attn
-            for proj, (start, size) in qkv_rows.items():
-                name = f"{prefix}self_attn.{proj}_proj."
-                add(name + "weight", attn.qkv_proj.weight, start, (size, hidden))
-                if config.qkv_bias:
-                    add(name + "bias", attn.qkv_proj.bias, start, (size,))
-            add(prefix + "self_attn.o_proj.weight", attn.o_proj.weight)
-            if config.o_bias:
-                add(prefix + "self_attn.o_proj.bias", attn.o_proj.bias)
-            if attn.qk_norm is not None:
-                # One [head_dim] vector per norm, broadcast over its heads' rows by copy_.
-                heads = config.num_heads
-                targets[prefix + "self_attn.q_norm.weight"] = _WeightTarget(
-                    attn.qk_norm, slice(0, heads), (config.head_dim,)
-                )
-                targets[prefix + "self_attn.k_norm.weight"] = _WeightTarget(
-                    attn.qk_norm, slice(heads, None), (config.head_dim,)
-                )
-            mlp = layer.mlp
-            for proj, start in (("gate", 0), ("up", inter)):
-                name = f"{prefix}mlp.{proj}_proj."
-                add(name + "weight", mlp.gate_up_proj.weight, start, (inter, hidden))
-                if config.mlp_bias:
-                    add(name + "bias", mlp.gate_up_proj.bias, start, (inter,))
-            add(prefix + "mlp.down_proj.weight", mlp.down_proj.weight)
-            if config.mlp_bias:
-                add(prefix + "mlp.down_proj.bias", mlp.down_proj.bias)
-        return targets
+        return weight_targets(
+            self.config,
+            self.shards,
+            self.embed_tokens,
+            self.norm.weight,
+            self.lm_head.weight,
+            self.layers,
+        )

@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 from baton.checkpoint.model_config import ModelConfig
+from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
 from baton.engine.kv.pool import KVPool
 from baton.engine.models.layers import (
-    GatedMLP,
     Linear,
     RMSNorm,
     TokenAngles,
@@ -19,6 +19,8 @@ from baton.engine.models.layers import (
     empty_parameter,
     rms_norm,
 )
+from baton.engine.models.mlp import GatedMLP
+from baton.engine.models.parallel_layers import row_parallel_linear
 from baton.engine.native.library import NativeKernels
 
 
@@ -32,7 +34,10 @@ class Attention(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         gemm_dtype: torch.dtype | None = None,
+        tp: TensorParallel | None = None,
     ) -> None:
+        """`config`: the heads this rank holds (`ModelShards.local_config`); with several ranks
+        (`tp`), q/k/v are theirs (column-parallel) and the o projection row-parallel."""
         super().__init__()
         self.layer = layer
         self.num_heads = config.num_heads
@@ -46,8 +51,14 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(
             config.hidden_size, qkv_size, config.qkv_bias, dtype, device, gemm_dtype
         )
-        self.o_proj = Linear(
-            config.q_size, config.hidden_size, config.o_bias, dtype, device, gemm_dtype
+        self.o_proj = row_parallel_linear(
+            config.q_size,
+            config.hidden_size,
+            config.o_bias,
+            dtype,
+            device,
+            gemm_dtype,
+            tp or TensorParallel(),
         )
         # Qwen3's q_norm and k_norm weights stacked per head, [q heads + kv heads, head_dim], so
         # one norm call covers q and k, which sit side by side in the qkv output.
@@ -110,14 +121,22 @@ class DecoderLayer(nn.Module):
         dtype: torch.dtype,
         device: torch.device | str,
         gemm_dtype: torch.dtype | None = None,
+        tp: TensorParallel | None = None,
     ) -> None:
+        """`config`: the heads and MLP features this rank holds (`ModelShards.local_config`)."""
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
-        self.self_attn = Attention(config, layer, dtype, device, gemm_dtype)
+        self.self_attn = Attention(config, layer, dtype, device, gemm_dtype, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.mlp = GatedMLP(
-            config.hidden_size, config.intermediate_size, config.mlp_bias, dtype, device, gemm_dtype
+            config.hidden_size,
+            config.intermediate_size,
+            config.mlp_bias,
+            dtype,
+            device,
+            gemm_dtype,
+            tp,
         )
 
     def forward(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from baton.config import BatonConfig
+from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.speculation.draft_budget import DraftBudget, StepCost
 from baton.engine.speculation.draft_model import DraftModel
 from baton.engine.speculation.drafter import Drafter, NgramDrafter
@@ -36,6 +37,8 @@ class TargetEngine:
     max_rows: int | None
     # Runs one decode step of that many rows on idle pages: timed at start-up for its cost.
     run_idle_step: Callable[[int], None]
+    # Its tensor-parallel ranks, whose speculators must trim their drafts alike (`_agreed`).
+    tp: TensorParallel
 
 
 def make_speculator(config: BatonConfig, target: TargetEngine) -> Speculator | None:
@@ -58,7 +61,7 @@ def make_speculator(config: BatonConfig, target: TargetEngine) -> Speculator | N
             target.gemm_dtype,
         )
     many_rows = min(_TIMED_ROWS, target.num_pages * target.page_size)
-    cost = StepCost.measure(target.run_idle_step, many_rows)
+    cost = _agreed(StepCost.measure(target.run_idle_step, many_rows), target.tp, config.device)
     logger.info(
         "speculative decoding: %s; a decode step costs %.1f ms + %.2f ms a row",
         spec,
@@ -67,3 +70,14 @@ def make_speculator(config: BatonConfig, target: TargetEngine) -> Speculator | N
     )
     budget = DraftBudget(cost, config.max_running_requests, target.max_rows)
     return Speculator(drafter, config.max_running_requests, budget)
+
+
+def _agreed(cost: StepCost, tp: TensorParallel, device: str) -> StepCost:
+    """The ranks' mean step cost, the same on each: every rank's speculator trims its drafts
+    by it, and the ranks must run the same batches (a draft model runs whole on each).
+    `device`: the engine's, where its group's collectives run."""
+    if tp.size == 1:
+        return cost
+    times = torch.tensor([cost.fixed_s, cost.per_row_s], dtype=torch.float64, device=device)
+    fixed_s, per_row_s = (tp.all_reduce(times) / tp.size).tolist()
+    return StepCost(fixed_s=fixed_s, per_row_s=per_row_s)

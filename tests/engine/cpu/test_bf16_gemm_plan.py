@@ -23,7 +23,8 @@ from baton import LLM, SamplingParams
 from baton.engine.cpu.capabilities import detect_cpu_capabilities
 from baton.engine.cpu.startup_timing import CROSSOVER_ROWS, compact_crossover
 from baton.engine.decode_step import NATIVE_STEP_MAX_ROWS
-from baton.engine.models.layers import MLP_BLOCK_ROWS, GatedMLP, Linear
+from baton.engine.models.layers import Linear
+from baton.engine.models.mlp import MLP_BLOCK_ROWS, GatedMLP
 from baton.engine.native.formats import COMPACT_MAX_ROWS, CompactWeight
 from baton.engine.native.library import load_native_kernels
 from baton.engine.speculation.draft_budget import StepCost

@@ -11,7 +11,8 @@ from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.attention.torch_backend import TorchPagedAttention
 from baton.engine.cpu.capabilities import detect_cpu_capabilities
 from baton.engine.kv.pool import KVPool
-from baton.engine.models.layers import GatedMLP, RotaryEmbedding, apply_rope
+from baton.engine.models.layers import RotaryEmbedding, apply_rope
+from baton.engine.models.mlp import GatedMLP
 from baton.engine.native.library import NativeKernels, load_native_kernels
 from baton.hardware import isa_rank
 

@@ -1,0 +1,140 @@
+"""Where each checkpoint tensor goes in `CausalLM`: rows of one of its (possibly fused)
+parameters, and, with tensor parallelism, which part of the tensor this rank holds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from baton.checkpoint.model_config import ModelConfig
+from baton.config import ConfigurationError
+from baton.engine.models.decoder_layer import DecoderLayer
+from baton.engine.models.parallel_layers import WHOLE, ModelShards, Shard
+from baton.engine.native.formats import CompactWeight
+
+
+@dataclass(frozen=True)
+class WeightTarget:
+    """Where one HF tensor of `shape` (the checkpoint's) goes: this rank's `shard` of it, into
+    `rows` of `param`."""
+
+    param: torch.Tensor
+    rows: slice
+    shape: tuple[int, ...]
+    shard: Shard = WHOLE
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        """The shape of the part this rank holds."""
+        return self.shard.local_shape(self.shape)
+
+
+def weight_targets(
+    config: ModelConfig,
+    shards: ModelShards,
+    embedding: torch.Tensor,
+    norm: torch.Tensor,
+    lm_head: torch.Tensor,
+    layers: Iterable[DecoderLayer],
+) -> dict[str, WeightTarget]:
+    """HF parameter name -> destination, for every tensor a checkpoint must provide, of the
+    model whose parameters these are (`config` the checkpoint's, `shards` this rank's)."""
+    targets: dict[str, WeightTarget] = {}
+
+    def add(
+        name: str,
+        param: torch.Tensor,
+        start: int = 0,
+        shape: tuple[int, ...] = (),
+        shard: Shard = WHOLE,
+    ) -> None:
+        shape = shape or tuple(param.shape)
+        rows = shard.local_shape(shape)[0]
+        targets[name] = WeightTarget(param, slice(start, start + rows), shape, shard)
+
+    hidden, head_dim = config.hidden_size, config.head_dim
+    vocab = (config.vocab_size, hidden)
+    add("model.embed_tokens.weight", embedding, shape=vocab, shard=shards.vocab_rows())
+    add("model.norm.weight", norm)
+    if not config.tie_word_embeddings:
+        add("lm_head.weight", lm_head, shape=vocab, shard=shards.vocab_rows())
+    # This rank's q, k and v rows, one after the other in the fused projection.
+    local_q = shards.q_heads[1] * head_dim
+    local_kv = shards.kv_heads[1] * head_dim
+    qkv = {
+        "q": (0, config.q_size, shards.head_rows(shards.q_heads)),
+        "k": (local_q, config.kv_size, shards.head_rows(shards.kv_heads)),
+        "v": (local_q + local_kv, config.kv_size, shards.head_rows(shards.kv_heads)),
+    }
+    inter, local_inter = config.intermediate_size, shards.intermediate[1]
+    for index, layer in enumerate(layers):
+        prefix = f"model.layers.{index}."
+        add(prefix + "input_layernorm.weight", layer.input_layernorm.weight)
+        add(prefix + "post_attention_layernorm.weight", layer.post_attention_layernorm.weight)
+        attn = layer.self_attn
+        for proj, (start, size, rows) in qkv.items():
+            name = f"{prefix}self_attn.{proj}_proj."
+            add(name + "weight", attn.qkv_proj.weight, start, (size, hidden), rows)
+            if config.qkv_bias:
+                add(name + "bias", attn.qkv_proj.bias, start, (size,), rows)
+        o_shape = (hidden, config.q_size)
+        add(
+            prefix + "self_attn.o_proj.weight",
+            attn.o_proj.weight,
+            0,
+            o_shape,
+            shards.head_columns(),
+        )
+        if config.o_bias:
+            add(prefix + "self_attn.o_proj.bias", attn.o_proj.bias)  # every rank's, added once
+        if attn.qk_norm is not None:
+            # One [head_dim] vector per norm, broadcast over this rank's heads' rows by copy_.
+            heads = shards.q_heads[1]
+            targets[prefix + "self_attn.q_norm.weight"] = WeightTarget(
+                attn.qk_norm, slice(0, heads), (head_dim,)
+            )
+            targets[prefix + "self_attn.k_norm.weight"] = WeightTarget(
+                attn.qk_norm, slice(heads, None), (head_dim,)
+            )
+        mlp = layer.mlp
+        for proj, start in (("gate", 0), ("up", local_inter)):
+            name = f"{prefix}mlp.{proj}_proj."
+            rows = shards.intermediate_rows()
+            add(name + "weight", mlp.gate_up_proj.weight, start, (inter, hidden), rows)
+            if config.mlp_bias:
+                add(name + "bias", mlp.gate_up_proj.bias, start, (inter,), rows)
+        down_shape = (hidden, inter)
+        down_columns = shards.intermediate_columns()
+        add(prefix + "mlp.down_proj.weight", mlp.down_proj.weight, 0, down_shape, down_columns)
+        if config.mlp_bias:
+            add(prefix + "mlp.down_proj.bias", mlp.down_proj.bias)
+    return targets
+
+
+def local_compact_weights(
+    targets: dict[str, WeightTarget],
+    weights: Iterable[tuple[str, CompactWeight]],
+    size: int,
+    whole_blocks: bool,
+) -> Iterator[tuple[str, CompactWeight]]:
+    """This rank's part of each stored weight, copied as it comes, so that the whole ones are
+    never all held at once (a name without a target passes as it is). A row-parallel weight
+    whose share of input features (`size` ranks') is not whole blocks of its format is refused
+    where `whole_blocks` (it is the only copy: a GGUF held as stored), else left out (the layer
+    keeps multiplying its float32 weight)."""
+    for name, compact in weights:
+        target = targets.get(name)
+        if target is None or (compact.out_features, compact.in_features) != target.shape:
+            yield name, compact
+            continue
+        local = target.shard.take_compact(compact)
+        if local is not None:
+            yield name, local
+        elif whole_blocks:
+            raise ConfigurationError(
+                f"{name} has {compact.in_features} input features, stored in {compact.format} "
+                f"blocks: {compact.in_features} / --tensor-parallel-size {size} is not whole "
+                "blocks; choose another --tensor-parallel-size"
+            )

@@ -1,0 +1,159 @@
+"""A server of two tensor-parallel ranks (gloo, one process and one core each): the same tokens
+as one process, through the whole pipeline; a rank that dies or stalls stops the server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import free_port
+from helpers.launcher import start_launcher, wait_dead
+from helpers.pipeline import wait_idle
+
+from baton import LLM, SamplingParams
+from baton.client import BatonClient
+from baton.config import BatonConfig
+from baton.launch import Server
+from baton.structured_outputs import StructuredOutputsParams
+
+STORY_PROMPTS = ["The little dog", "One day, a girl named Sue", "Lily and Tom went to the park"]
+# Shares its first tokens with STORY_PROMPTS[1]: a prefix hit once that one ran.
+SHARED_PREFIX = "One day, a girl named Sue went"
+
+
+@pytest.fixture(scope="module")
+def server(stories260k_dir: Path) -> Iterator[Server]:
+    # Chunks of 8 tokens: every prompt's prefill takes several steps, mixed with decode rows.
+    config = BatonConfig(
+        model=str(stories260k_dir),
+        dtype="float32",
+        page_size=4,
+        num_pages=400,
+        chunk_size=8,
+        tensor_parallel_size=2,
+        port=free_port(),
+        log_level="warning",
+    )
+    with Server(config) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def offline(stories260k_dir: Path) -> LLM:
+    return LLM(str(stories260k_dir), dtype="float32")
+
+
+async def connected(server: Server) -> BatonClient:
+    client = BatonClient(server.addresses.requests, server.addresses.replies)
+    await client.connect()
+    return client
+
+
+def generate_all(server: Server, prompts: list[str], params: SamplingParams) -> list:
+    async def main():
+        client = await connected(server)
+        try:
+            return await asyncio.gather(*(client.generate(p, params) for p in prompts))
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def test_two_ranks_give_one_processs_greedy_tokens(server: Server, offline: LLM) -> None:
+    params = SamplingParams(temperature=0, max_tokens=120)
+    prompts = [*STORY_PROMPTS, SHARED_PREFIX]
+    expected = offline.generate(prompts, params)
+    for result, reference in zip(generate_all(server, prompts, params), expected):
+        assert result.token_ids == reference.token_ids
+        assert result.finish_reason == reference.finish_reason
+
+
+def test_two_ranks_honour_structured_outputs(server: Server, offline: LLM) -> None:
+    params = SamplingParams(
+        temperature=0,
+        max_tokens=30,
+        structured_outputs=StructuredOutputsParams(regex=r"[A-Z][a-z]+ (is|was) [a-z]+\."),
+    )
+    expected = offline.generate(STORY_PROMPTS, params)
+    for result, reference in zip(generate_all(server, STORY_PROMPTS, params), expected):
+        assert result.text == reference.text and result.finish_reason == "stop"
+
+
+def test_an_abort_reaches_every_rank_and_the_pool_ends_idle(server: Server, offline: LLM) -> None:
+    """An abort is one of the messages rank 0 broadcasts: had a rank missed it, its batches
+    would differ from rank 0's and the next collective would never match."""
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+    expected = offline.generate(STORY_PROMPTS[1], long)[0]
+
+    async def main():
+        client = await connected(server)
+        try:
+            survivor = asyncio.create_task(client.generate(STORY_PROMPTS[1], long))
+            received = 0
+            async with contextlib.aclosing(client.stream(STORY_PROMPTS[0], long)) as stream:
+                async for delta in stream:
+                    received += len(delta.token_ids)
+                    if received >= 5:
+                        break  # closing the stream aborts the request server-side
+            return await survivor, await wait_idle(client)
+        finally:
+            await client.close()
+
+    survivor, stats = asyncio.run(main())
+    assert survivor.token_ids == expected.token_ids
+    assert stats.used_pages == 0 and stats.running_requests == 0
+
+
+def scheduler_ranks(children: dict[int, str]) -> list[int]:
+    """The scheduler ranks' pids, rank 0 first (the launcher starts them in rank order)."""
+    return sorted(pid for pid, cmd in children.items() if "baton.scheduler_proc" in cmd)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+@pytest.mark.parametrize("fault", ["killed", "stalled"])
+def test_a_rank_that_dies_or_stalls_stops_the_server(
+    fault: str, stories260k_dir: Path, tmp_path: Path
+) -> None:
+    """kill -9 of rank 1: the launcher exits 1 within seconds naming it; SIGSTOP of rank 1:
+    rank 0's next collective times out after --distributed-timeout-seconds, and the server
+    stops the same way. No process and no ipc directory is left behind."""
+    flags = ("-tp", "2", "--distributed-timeout-seconds", "5", "--dtype", "float32")
+    with (tmp_path / "stderr").open("w+") as stderr:
+        launcher, children = start_launcher(
+            stories260k_dir, extra_args=flags, stderr=stderr, processes=5
+        )
+        try:
+            rank_1 = scheduler_ranks(children)[1]
+            faulted_at = time.monotonic()
+            os.kill(rank_1, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+            if fault == "stalled":  # the ranks only meet in a step: give them one
+                with contextlib.suppress(httpx.HTTPError):
+                    httpx.post(
+                        f"{launcher.http_url}/v1/completions",
+                        json={"prompt": "Once", "max_tokens": 4},
+                        timeout=30,
+                    )
+            assert launcher.wait(timeout=40) == 1
+            stopped_in = time.monotonic() - faulted_at
+        finally:
+            launcher.kill()
+        stderr.seek(0)
+        log = stderr.read()
+    assert wait_dead(children, timeout=10.0) == []
+    assert list(Path(tempfile.gettempdir()).glob(f"baton-{launcher.pid}-*")) == []
+    if fault == "killed":
+        assert stopped_in < 3.0
+        assert "launch ERROR scheduler-1 process was killed by SIGKILL; stopping the server" in log
+    else:
+        assert stopped_in < 5 + 15
+        assert "launch ERROR scheduler process exited with status 1; stopping the server" in log
