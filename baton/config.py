@@ -122,6 +122,10 @@ class BatonConfig:
     # --data-parallel-size, SGLang's --dp-size and --load-balance-method).
     data_parallel_size: int = 1
     load_balance_method: str = "round_robin"
+    # Several machines (SGLang's --nnodes, --node-rank): each runs `baton launch` with the same
+    # flags and its own node rank, and starts its share of the ranks; only node 0 serves.
+    nnodes: int = 1
+    node_rank: int = 0
     dist_init_addr: str | None = None
     distributed_timeout_seconds: float = 300.0
     # Serving
@@ -206,6 +210,12 @@ class BatonConfig:
         """Scheduler processes the server runs: every rank of every data-parallel replica."""
         return self.data_parallel_size * self.tensor_parallel_size
 
+    @property
+    def node_ranks(self) -> range:
+        """The tensor-parallel ranks this node starts (all of them on a single machine)."""
+        per_node = self.tensor_parallel_size // self.nnodes
+        return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
+
     def _check_distributed(self) -> None:
         """ValueError for a bad scale-out setting."""
         if self.tensor_parallel_size < 1:
@@ -223,6 +233,20 @@ class BatonConfig:
             raise ValueError(
                 "--distributed-timeout-seconds must be positive, "
                 f"got {self.distributed_timeout_seconds}"
+            )
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(
+                f"--node-rank must be 0-{self.nnodes - 1} for --nnodes {self.nnodes}, "
+                f"got {self.node_rank}"
+            )
+        if self.nnodes > 1 and (
+            self.dist_init_addr is None
+            or self.data_parallel_size > 1
+            or self.tensor_parallel_size % self.nnodes
+        ):
+            raise ValueError(
+                f"--nnodes {self.nnodes} needs --dist-init-addr (node 0's HOST:PORT) and "
+                "--tensor-parallel-size a multiple of it, without --data-parallel-size"
             )
         if self.dist_init_addr is not None:
             host, _, port = self.dist_init_addr.rpartition(":")
@@ -263,7 +287,7 @@ class BatonConfig:
                 f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; "
                 f"expected one of {', '.join(KV_CACHE_DTYPES)}"
             )
-        validate_setting(self.omp_threads_bind, self.engine_processes)
+        validate_setting(self.omp_threads_bind, self.engine_processes // self.nnodes)
         self._check_distributed()
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")

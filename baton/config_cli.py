@@ -103,6 +103,19 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         "loaded well past the others",
     )
     group.add_argument(
+        "--nnodes",
+        type=int,
+        default=defaults.nnodes,
+        help="machines the tensor-parallel ranks are spread over; each runs `baton launch` with "
+        "the same flags and its --node-rank",
+    )
+    group.add_argument(
+        "--node-rank",
+        type=int,
+        default=defaults.node_rank,
+        help="this machine's place among --nnodes: 0 serves, the others run ranks only",
+    )
+    group.add_argument(
         "--dist-init-addr",
         default=None,
         help="HOST:PORT where rank 0 waits for the other ranks to join (default: a free port "

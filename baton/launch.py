@@ -62,7 +62,7 @@ def resolve_cpu_binding(config: BatonConfig) -> BatonConfig:
     child (each binds itself from it; each scheduler process from its own share,
     `scheduler_configs`); ValueError for a CPU list naming cores this process may not use."""
     available = os.sched_getaffinity(0)
-    ranks = config.engine_processes
+    ranks = config.engine_processes // config.nnodes  # this machine's
     if config.omp_threads_bind != AUTO:
         resolve_binding(config.omp_threads_bind, available, ranks)  # checks a CPU list's cores
         return config
@@ -74,17 +74,18 @@ def resolve_cpu_binding(config: BatonConfig) -> BatonConfig:
 
 
 def scheduler_configs(config: BatonConfig) -> list[tuple[int, int, BatonConfig]]:
-    """(replica, rank, config) of every scheduler process: each with its own cores (and,
-    unbound, its share of the threads: processes that each ran a thread per core would fight
-    over every core), the ranks of a replica with their meeting place (`replica_address`)."""
-    processes = config.engine_processes
+    """(replica, rank, config) of every scheduler process this machine runs (its node's ranks,
+    `BatonConfig.node_ranks`): each with its own cores (and, unbound, its share of the threads:
+    processes that each ran a thread per core would fight over every core), the ranks of a
+    replica with their meeting place (`replica_address`)."""
+    processes = config.engine_processes // config.nnodes
     threads = config.num_threads or max(1, len(os.sched_getaffinity(0)) // processes)
-    bindings = rank_bindings(config.omp_threads_bind, processes)
+    bindings = iter(rank_bindings(config.omp_threads_bind, processes))
     configs = []
     for replica in range(config.data_parallel_size):
         address = replica_address(config, replica)
-        for rank in range(config.tensor_parallel_size):
-            binding = bindings[replica * config.tensor_parallel_size + rank]
+        for rank in config.node_ranks:
+            binding = next(bindings)
             unbound = binding in (AUTO, NOBIND) and processes > 1
             rank_config = config.replace(
                 omp_threads_bind=binding,
@@ -132,6 +133,8 @@ class Server:
                     self.processes[process_name(name, self.config, replica, rank)] = start_child(
                         module, rank_config, self.addresses, replica, rank
                     )
+            elif self.config.node_rank > 0:
+                continue  # a worker node runs its ranks only: node 0 serves
             elif name != "router" or self.config.data_parallel_size > 1:
                 self.processes[name] = start_child(module, self.config, self.addresses)
         pending = set(self.processes)
@@ -277,13 +280,22 @@ def _serve(server: Server, stopping: Callable[[], bool]) -> int:
         server.stop(drain=False)
         return 0
     model = server.info.get("model", server.config.model or "built-in default")
-    print(
-        f"Baton ready: model {model}\n"
-        f"  HTTP (OpenAI-compatible): {server.info.get('http')}\n"
-        f"  ZMQ requests: {server.addresses.requests}\n"
-        f"  ZMQ replies:  {server.addresses.replies}",
-        flush=True,
-    )
+    config = server.config
+    if config.node_rank > 0:
+        ranks = config.node_ranks
+        print(
+            f"Baton worker node {config.node_rank} of {config.nnodes} ready: ranks "
+            f"{ranks.start}-{ranks.stop - 1} of {config.tensor_parallel_size}, model {model}",
+            flush=True,
+        )
+    else:
+        print(
+            f"Baton ready: model {model}\n"
+            f"  HTTP (OpenAI-compatible): {server.info.get('http')}\n"
+            f"  ZMQ requests: {server.addresses.requests}\n"
+            f"  ZMQ replies:  {server.addresses.replies}",
+            flush=True,
+        )
     exit_code = 0
     while not stopping():
         dead = server.dead_child()

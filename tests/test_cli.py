@@ -177,6 +177,13 @@ def test_the_distributed_flags_take_vllms_and_sglangs_names() -> None:
         parsed("-tp", "0")
     with pytest.raises(SystemExit, match="--distributed-timeout-seconds must be positive"):
         parsed("--distributed-timeout-seconds", "0")
+    two_nodes = ("-tp", "2", "--nnodes", "2", "--dist-init-addr", "10.0.0.1:29500")
+    assert parsed(*two_nodes, "--node-rank", "1").node_ranks == range(1, 2)
+    with pytest.raises(SystemExit, match="--node-rank must be 0-1 for --nnodes 2, got 2"):
+        parsed(*two_nodes, "--node-rank", "2")
+    with pytest.raises(SystemExit, match="--nnodes 2 needs --dist-init-addr"):
+        parsed("-tp", "2", "--nnodes", "2")
+    assert parsed("-dp", "2", "--load-balance-method", "cache_aware").data_parallel_size == 2
     # Each rank would order requests by its own clock's step times, and their batches part ways.
     with pytest.raises(SystemExit, match=r"--scheduling-policy lrs .* not with"):
         parsed("-tp", "2", "--scheduling-policy", "lrs")
