@@ -59,21 +59,29 @@ class AggregateStats(msgspec.Struct, kw_only=True):
     # The machine and how the engine computes on it: every figure read off this server names them.
     cpu: CpuCapabilities
     compute_plan: ComputePlan
+    # With several data-parallel replicas: which one answered (its index), and in a merged
+    # reply every replica's own answer, by index (/metrics labels them `engine`, as vLLM does).
+    replica: int = 0
+    replicas: list[AggregateStats] = []
 
 
 def merge_replica_stats(parts: list[AggregateStats]) -> AggregateStats:
     """The stats of a server of several data-parallel replicas, from each replica's: counts,
     pages, tokens and rates summed; uptime and the engine's current wait the longest; the CPU
-    and the compute plan the first replica's (every replica runs on the same machine)."""
+    and the compute plan the first replica's (every replica runs on the same machine); each
+    replica's own in `replicas`."""
     first = parts[0]
     summed = {
         name: sum(getattr(part, name) for part in parts)
         for name in first.__struct_fields__
-        if name not in ("uptime", "engine_step_seconds", "cpu", "compute_plan")
+        if name
+        not in ("uptime", "engine_step_seconds", "cpu", "compute_plan", "replica", "replicas")
     }
     return msgspec.structs.replace(
         first,
         **summed,
         uptime=max(part.uptime for part in parts),
         engine_step_seconds=max(part.engine_step_seconds for part in parts),
+        replica=0,
+        replicas=sorted(parts, key=lambda part: part.replica),
     )

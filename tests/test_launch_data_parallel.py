@@ -98,6 +98,10 @@ def test_stats_merge_both_replicas_and_aborts_reach_the_right_one(
     survivor, stats = asyncio.run(main())
     assert survivor.token_ids == expected.token_ids
     assert stats.total_pages == 2 * NUM_PAGES  # one reply for both replicas' pools
+    assert [(part.replica, part.total_pages) for part in stats.replicas] == [
+        (0, NUM_PAGES),
+        (1, NUM_PAGES),
+    ]
     assert stats.used_pages == 0 and stats.running_requests == 0
 
 

@@ -41,9 +41,24 @@ class SchedulerStatsCollector(Collector):
         self._stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        stats = self._stats
-        if stats is None:
+        if self._stats is None:
             return
+        # With data-parallel replicas, each is a series of its own, labelled `engine` as vLLM
+        # labels its DP engines.
+        replicas = self._stats.replicas or [self._stats]
+        families: dict[str, Metric] = {}
+        for stats in replicas:
+            engine = [str(stats.replica)] if self._stats.replicas else []
+            for kind, name, doc, value in self._values(stats):
+                if name not in families:
+                    labels = ["model_name", "engine"] if engine else ["model_name"]
+                    families[name] = kind(PREFIX + name, doc, labels=labels)
+                families[name].add_metric(self._labels + engine, value)
+        yield from families.values()
+
+    @staticmethod
+    def _values(stats: AggregateStats) -> Iterator[tuple[type, str, str, float]]:
+        """(family kind, name, doc, value) of every metric one scheduler's stats give."""
         total = stats.total_pages or 1
         for name, doc, value in (
             ("num_requests_running", "Requests being generated.", stats.running_requests),
@@ -59,7 +74,7 @@ class SchedulerStatsCollector(Collector):
             ("engine_step_seconds", "How long the engine's current step has run (0: between "
              "steps, or under 50 ms).", stats.engine_step_seconds),
         ):  # fmt: skip
-            yield self._family(GaugeMetricFamily, name, doc, value)
+            yield GaugeMetricFamily, name, doc, value
         for name, doc, value in (
             ("prompt_tokens", "Prompt tokens of finished requests.", stats.prompt_tokens),
             ("generation_tokens", "Generated tokens.", stats.generated_tokens),
@@ -74,14 +89,7 @@ class SchedulerStatsCollector(Collector):
             ("spec_decode_num_accepted_tokens", "Draft tokens accepted.",
              stats.spec_decode_num_accepted_tokens),
         ):  # fmt: skip
-            yield self._family(CounterMetricFamily, name, doc, value)
-
-    def _family(
-        self, kind: type[GaugeMetricFamily | CounterMetricFamily], name: str, doc: str, value: float
-    ) -> Metric:
-        family = kind(PREFIX + name, doc, labels=["model_name"])
-        family.add_metric(self._labels, value)
-        return family
+            yield CounterMetricFamily, name, doc, value
 
 
 class FrontendMetrics:

@@ -65,6 +65,7 @@ class SchedulerService:
         outbox: zmq.Socket | None,
         tp: TensorParallel | None = None,
         loads: LoadReporter | None = None,
+        replica: int = 0,
     ) -> None:
         self.scheduler = scheduler
         self.watchdog_timeout = scheduler.config.watchdog_timeout
@@ -76,6 +77,7 @@ class SchedulerService:
         self._outbox = outbox
         self._tp = tp or TensorParallel()
         self._loads = loads
+        self._replica = replica  # its data-parallel replica, named in its stats
         self._inbound = Codec(SchedulerMessage)
         self._broadcast = Codec(list[SchedulerMessage])
         self._outbound = Codec(DetokenizerMessage)
@@ -199,6 +201,7 @@ class SchedulerService:
         elif isinstance(message, ForwardedStatsRequest):
             stats = self.scheduler.aggregate_stats()
             stats.engine_step_seconds = self._step_seconds()
+            stats.replica = self._replica
             return ForwardedStats(
                 client_id=message.client_id, request_id=message.request_id, stats=stats
             )
@@ -275,7 +278,7 @@ def serve(
                 loads = LoadReporter(to_router, replica)
         scheduler = Scheduler(config, tp=tp)
         engine = scheduler.engine
-        service = SchedulerService(scheduler, inbox, outbox, tp, loads)
+        service = SchedulerService(scheduler, inbox, outbox, tp, loads, replica)
         reporter.ready(max_model_len=str(engine.max_model_len), num_pages=str(engine.num_pages))
         try:
             service.run()

@@ -28,7 +28,7 @@ from baton.frontend.params import NO_DEFAULTS, chat_choices, completion_choices
 from baton.frontend.protocol import CompletionRequest
 from baton.frontend.tools import NO_TOOLS
 from baton.messages import GenerateDelta
-from baton.scheduler_stats import AggregateStats
+from baton.scheduler_stats import AggregateStats, merge_replica_stats
 
 
 def test_completion_choices_index_and_seed_per_choice() -> None:
@@ -126,6 +126,29 @@ def test_metrics_observe_requests_and_stats() -> None:
     assert samples[("baton:spec_decode_num_accepted_tokens_total", None)] == 12
     without_stats = metrics.render(None).decode()
     assert "baton:num_requests_running" not in without_stats
+
+
+def test_metrics_label_each_data_parallel_replica_as_an_engine() -> None:
+    """A merged reply of two replicas: each its own series, labelled engine="0" and "1"."""
+    parts = [
+        msgspec.structs.replace(SAMPLE_STATS, replica=1, waiting_requests=5),
+        msgspec.structs.replace(SAMPLE_STATS, replica=0),
+    ]
+    merged = merge_replica_stats(parts)
+    samples = {
+        (sample.name, sample.labels.get("engine")): sample.value
+        for family in text_string_to_metric_families(FrontendMetrics("m").render(merged).decode())
+        for sample in family.samples
+        if sample.name.startswith("baton:num_requests_waiting")
+        or sample.name.startswith("baton:generation_tokens")
+    }
+    assert samples == {
+        ("baton:num_requests_waiting", "0"): 1,
+        ("baton:num_requests_waiting", "1"): 5,
+        ("baton:generation_tokens_total", "0"): 40,
+        ("baton:generation_tokens_total", "1"): 40,
+    }
+    assert merged.waiting_requests == 6
 
 
 def app_client(pipeline: object = None, **settings: object) -> httpx.AsyncClient:
