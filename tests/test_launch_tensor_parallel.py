@@ -157,3 +157,42 @@ def test_a_rank_that_dies_or_stalls_stops_the_server(
     else:
         assert stopped_in < 5 + 15
         assert "launch ERROR scheduler process exited with status 1; stopping the server" in log
+
+
+def test_two_ranks_preempt_and_speculate_as_one_process(
+    stories260k_dir: Path, offline: LLM
+) -> None:
+    """A pool too small for every request at once (preemptions) and a draft model (the target
+    as its own draft: every draft accepted, rows verify several tokens): each rank makes rank
+    0's decisions from the same messages, so the tokens are still one process's, and the pool
+    ends idle."""
+    prompts = [f"{p} and" for p in STORY_PROMPTS * 3]
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    expected = [r.token_ids for r in offline.generate(prompts, params)]
+    draft = {"method": "draft_model", "model": str(stories260k_dir), "num_speculative_tokens": 2}
+    config = BatonConfig(
+        model=str(stories260k_dir),
+        dtype="float32",
+        page_size=4,
+        num_pages=60,
+        max_model_len=240,
+        tensor_parallel_size=2,
+        speculative_config=draft,
+        port=free_port(),
+        log_level="warning",
+    )
+
+    async def main(server: Server):
+        client = await connected(server)
+        try:
+            results = await asyncio.gather(*(client.generate(p, params) for p in prompts))
+            return results, await wait_idle(client)
+        finally:
+            await client.close()
+
+    with Server(config) as running:
+        results, stats = asyncio.run(main(running))
+    assert [r.token_ids for r in results] == expected
+    assert stats.used_pages == 0 and stats.free_pages + stats.cached_pages == 60
+    assert stats.preemptions > 0
+    assert stats.spec_decode_num_accepted_tokens > 0
