@@ -40,6 +40,7 @@ FOUNDATION = (
     "baton.chat_options",
     "baton.config",
     "baton.config_cli",
+    "baton.config_cli_scale_out",
     "baton.cpu_binding",
     "baton.hardware",
     "baton.json_values",

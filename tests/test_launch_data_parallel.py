@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 from helpers import free_port
 from helpers.launcher import start_launcher, wait_dead
-from helpers.pipeline import wait_idle
+from helpers.pipeline import connected, generate_all, wait_idle
 
 from baton import LLM, SamplingParams
-from baton.client import BatonClient
 from baton.config import BatonConfig
 from baton.launch import Server
 
@@ -52,26 +51,11 @@ def offline(stories260k_dir: Path) -> LLM:
     return LLM(str(stories260k_dir), dtype="float32")
 
 
-async def connected(server: Server) -> BatonClient:
-    client = BatonClient(server.addresses.requests, server.addresses.replies)
-    await client.connect()
-    return client
-
-
 def test_replicas_give_one_processs_greedy_tokens(server: Server, offline: LLM) -> None:
     params = SamplingParams(temperature=0, max_tokens=80)
     prompts = STORY_PROMPTS * 2  # the second round hits the replica each prompt went to
-
-    async def main():
-        client = await connected(server)
-        try:
-            return await asyncio.gather(*(client.generate(p, params) for p in prompts))
-        finally:
-            await client.close()
-
     expected = offline.generate(prompts, params)
-    results = asyncio.run(main())
-    for result, reference in zip(results, expected):
+    for result, reference in zip(generate_all(server, prompts, params), expected):
         assert result.token_ids == reference.token_ids
 
 

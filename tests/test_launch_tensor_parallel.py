@@ -17,10 +17,9 @@ import httpx
 import pytest
 from helpers import free_port
 from helpers.launcher import start_launcher, wait_dead
-from helpers.pipeline import wait_idle
+from helpers.pipeline import connected, generate_all, wait_idle
 
 from baton import LLM, SamplingParams
-from baton.client import BatonClient
 from baton.config import BatonConfig
 from baton.launch import Server
 from baton.structured_outputs import StructuredOutputsParams
@@ -50,23 +49,6 @@ def server(stories260k_dir: Path) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def offline(stories260k_dir: Path) -> LLM:
     return LLM(str(stories260k_dir), dtype="float32")
-
-
-async def connected(server: Server) -> BatonClient:
-    client = BatonClient(server.addresses.requests, server.addresses.replies)
-    await client.connect()
-    return client
-
-
-def generate_all(server: Server, prompts: list[str], params: SamplingParams) -> list:
-    async def main():
-        client = await connected(server)
-        try:
-            return await asyncio.gather(*(client.generate(p, params) for p in prompts))
-        finally:
-            await client.close()
-
-    return asyncio.run(main())
 
 
 def test_two_ranks_give_one_processs_greedy_tokens(server: Server, offline: LLM) -> None:

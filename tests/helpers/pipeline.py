@@ -1,10 +1,13 @@
-"""Waiting for a live server's pipeline to go idle."""
+"""A live server's pipeline from a test: a connected client, requests all at once, waiting for
+it to go idle."""
 
 from __future__ import annotations
 
 import asyncio
 
 from baton.client import BatonClient
+from baton.launch import Server
+from baton.sampling_params import SamplingParams
 from baton.scheduler_stats import AggregateStats
 
 
@@ -18,3 +21,23 @@ async def wait_idle(client: BatonClient, timeout: float = 10.0) -> AggregateStat
         if idle or asyncio.get_running_loop().time() > deadline:
             return stats
         await asyncio.sleep(0.05)
+
+
+async def connected(server: Server) -> BatonClient:
+    """A ZMQ client of a running `Server`, connected."""
+    client = BatonClient(server.addresses.requests, server.addresses.replies)
+    await client.connect()
+    return client
+
+
+def generate_all(server: Server, prompts: list, params: SamplingParams) -> list:
+    """Every prompt's result from one client, the requests all open at once."""
+
+    async def main():
+        client = await connected(server)
+        try:
+            return await asyncio.gather(*(client.generate(p, params) for p in prompts))
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
