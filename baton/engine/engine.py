@@ -27,7 +27,12 @@ from baton.engine.graphs.decode_graphs import DecodeGraphs
 from baton.engine.kv.cache_dtype import kv_cache_dtype
 from baton.engine.kv.pool import KVPool
 from baton.engine.kv.sizing import kv_pool_pages, page_bytes
-from baton.engine.memory_fit import available_memory_bytes, check_fits, expected_weight_bytes
+from baton.engine.memory_fit import (
+    available_memory_bytes,
+    check_fits,
+    expected_weight_bytes,
+    return_freed_heap,
+)
 from baton.engine.models.causal_lm import CausalLM
 from baton.engine.models.parallel_layers import ModelShards
 from baton.engine.models.stored_weights import load_as_stored
@@ -175,6 +180,8 @@ class Engine(BatchRunner):
             self.model.use_native_kernels(attention_kernels)
         if self.plan.pack_weights:
             self.model.pack_linear_weights()
+        if self.device.type == "cpu":
+            return_freed_heap()
         weights_bytes = _memory_in_use(self.device) - memory_before_weights
         # On CUDA the decode graphs' padding rows get a page of their own, past the pages
         # sized for requests, which never hold it (unused if no graph is recorded).

@@ -5,6 +5,8 @@ into loading (issue 45: an 8B Q4_K_M sat 2.5 minutes, then the scheduler died at
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from pathlib import Path
 
 from baton.checkpoint.load import Checkpoint
@@ -87,3 +89,14 @@ def check_fits(weight_bytes: int, kv_pool_bytes: int, available: int | None) -> 
         f"{available / _GIB:.1f} GiB are available: give a smaller --kv-cache-memory-bytes or "
         "--max-model-len, or a smaller quantization of the model"
     )
+
+
+def return_freed_heap() -> None:
+    """Give the heap that loading freed back to the system (glibc's malloc_trim; elsewhere a
+    no-op). Loading makes transient copies (a GGUF's q/k rows reordered, a rank's shards cut
+    out of whole tensors) and frees them, but malloc keeps the freed pages: a tensor-parallel
+    rank of the 1B Q4_K_M shape held 381 MiB of weights and 178 MiB more of such pages."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
