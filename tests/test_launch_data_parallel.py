@@ -3,8 +3,6 @@ both in one reply, and a replica that dies stops the server."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import signal
 import sys
@@ -15,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port
 from helpers.launcher import start_launcher, wait_dead
-from helpers.pipeline import connected, generate_all, wait_idle
+from helpers.pipeline import abort_beside_a_survivor, generate_all
 
 from baton import LLM, SamplingParams
 from baton.config import BatonConfig
@@ -65,21 +63,7 @@ def test_stats_merge_both_replicas_and_aborts_reach_the_right_one(
     long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
     expected = offline.generate(STORY_PROMPTS[1], long)[0]
 
-    async def main():
-        client = await connected(server)
-        try:
-            survivor = asyncio.create_task(client.generate(STORY_PROMPTS[1], long))
-            received = 0
-            async with contextlib.aclosing(client.stream(STORY_PROMPTS[0], long)) as stream:
-                async for delta in stream:
-                    received += len(delta.token_ids)
-                    if received >= 5:
-                        break  # closing the stream aborts the request on its replica
-            return await survivor, await wait_idle(client)
-        finally:
-            await client.close()
-
-    survivor, stats = asyncio.run(main())
+    survivor, stats = abort_beside_a_survivor(server, STORY_PROMPTS[0], STORY_PROMPTS[1], long)
     assert survivor.token_ids == expected.token_ids
     assert stats.total_pages == 2 * NUM_PAGES  # one reply for both replicas' pools
     assert [(part.replica, part.total_pages) for part in stats.replicas] == [

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from helpers import free_port
 from helpers.launcher import start_launcher, wait_dead
-from helpers.pipeline import connected, generate_all, wait_idle
+from helpers.pipeline import abort_beside_a_survivor, connected, generate_all, wait_idle
 
 from baton import LLM, SamplingParams
 from baton.config import BatonConfig
@@ -77,21 +77,7 @@ def test_an_abort_reaches_every_rank_and_the_pool_ends_idle(server: Server, offl
     long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
     expected = offline.generate(STORY_PROMPTS[1], long)[0]
 
-    async def main():
-        client = await connected(server)
-        try:
-            survivor = asyncio.create_task(client.generate(STORY_PROMPTS[1], long))
-            received = 0
-            async with contextlib.aclosing(client.stream(STORY_PROMPTS[0], long)) as stream:
-                async for delta in stream:
-                    received += len(delta.token_ids)
-                    if received >= 5:
-                        break  # closing the stream aborts the request server-side
-            return await survivor, await wait_idle(client)
-        finally:
-            await client.close()
-
-    survivor, stats = asyncio.run(main())
+    survivor, stats = abort_beside_a_survivor(server, STORY_PROMPTS[0], STORY_PROMPTS[1], long)
     assert survivor.token_ids == expected.token_ids
     assert stats.used_pages == 0 and stats.running_requests == 0
 

@@ -4,6 +4,7 @@ it to go idle."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from baton.client import BatonClient
 from baton.launch import Server
@@ -37,6 +38,30 @@ def generate_all(server: Server, prompts: list, params: SamplingParams) -> list:
         client = await connected(server)
         try:
             return await asyncio.gather(*(client.generate(p, params) for p in prompts))
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def abort_beside_a_survivor(
+    server: Server, aborted: str, survivor: str, params: SamplingParams
+) -> tuple:
+    """A request for `survivor` runs while one for `aborted` streams 5 tokens and is dropped
+    (closing the stream aborts it server-side): the survivor's result, and the stats once the
+    pipeline is idle."""
+
+    async def main():
+        client = await connected(server)
+        try:
+            kept = asyncio.create_task(client.generate(survivor, params))
+            received = 0
+            async with contextlib.aclosing(client.stream(aborted, params)) as stream:
+                async for delta in stream:
+                    received += len(delta.token_ids)
+                    if received >= 5:
+                        break
+            return await kept, await wait_idle(client)
         finally:
             await client.close()
 
