@@ -78,7 +78,7 @@ IDLE_POLL_MS = 1000
 def process_name(name: str, config: BatonConfig, replica: int = 0, rank: int = 0) -> str:
     """What the launcher and the logs call a process: a scheduler past the first by its place
     among every rank of every replica ("scheduler-3": replica 1's rank 1 of 2)."""
-    index = replica * config.tensor_parallel_size + rank
+    index = replica * config.ranks_per_replica + rank
     return f"{name}-{index}" if index else name
 
 

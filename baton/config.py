@@ -117,6 +117,10 @@ class BatonConfig:
     # for the others to join (HOST:PORT; None: a free port on 127.0.0.1); and how long ranks wait
     # to join, and any collective waits on a rank, before the server stops.
     tensor_parallel_size: int = 1
+    # Pipeline parallelism: the model's layers in this many contiguous stages, a process each
+    # (vLLM's --pipeline-parallel-size, SGLang's --pp-size); a replica's ranks are its stages'
+    # tensor-parallel ranks, stage after stage.
+    pipeline_parallel_size: int = 1
     # Data parallelism: this many engine replicas (each of tensor_parallel_size ranks) behind
     # one tokenizer and frontend, a router giving each request to one (vLLM's
     # --data-parallel-size, SGLang's --dp-size and --load-balance-method).
@@ -206,14 +210,20 @@ class BatonConfig:
         return dataclasses.replace(self, **changes)
 
     @property
+    def ranks_per_replica(self) -> int:
+        """Scheduler processes of one engine replica: its tensor-parallel ranks times its
+        pipeline stages."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
     def engine_processes(self) -> int:
         """Scheduler processes the server runs: every rank of every data-parallel replica."""
-        return self.data_parallel_size * self.tensor_parallel_size
+        return self.data_parallel_size * self.ranks_per_replica
 
     @property
     def node_ranks(self) -> range:
-        """The tensor-parallel ranks this node starts (all of them on a single machine)."""
-        per_node = self.tensor_parallel_size // self.nnodes
+        """The replica's ranks this node starts (all of them on a single machine)."""
+        per_node = self.ranks_per_replica // self.nnodes
         return range(self.node_rank * per_node, (self.node_rank + 1) * per_node)
 
     def _check_distributed(self) -> None:
@@ -221,6 +231,10 @@ class BatonConfig:
         if self.tensor_parallel_size < 1:
             raise ValueError(
                 f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}"
+            )
+        if self.pipeline_parallel_size < 1:
+            raise ValueError(
+                f"--pipeline-parallel-size must be >= 1, got {self.pipeline_parallel_size}"
             )
         if self.data_parallel_size < 1:
             raise ValueError(f"--data-parallel-size must be >= 1, got {self.data_parallel_size}")
@@ -242,22 +256,29 @@ class BatonConfig:
         if self.nnodes > 1 and (
             self.dist_init_addr is None
             or self.data_parallel_size > 1
-            or self.tensor_parallel_size % self.nnodes
+            or self.ranks_per_replica % self.nnodes
         ):
             raise ValueError(
                 f"--nnodes {self.nnodes} needs --dist-init-addr (node 0's HOST:PORT) and "
-                "--tensor-parallel-size a multiple of it, without --data-parallel-size"
+                "--tensor-parallel-size x --pipeline-parallel-size a multiple of it, without "
+                "--data-parallel-size"
             )
         if self.dist_init_addr is not None:
             host, _, port = self.dist_init_addr.rpartition(":")
             if not host or not port.isdigit() or not 1 <= int(port) <= MAX_PORT:
                 raise ValueError(f"--dist-init-addr must be HOST:PORT, got {self.dist_init_addr!r}")
-        if self.tensor_parallel_size > 1 and self.scheduling_policy == "lrs":
+        if self.ranks_per_replica > 1 and self.scheduling_policy == "lrs":
             # Every rank schedules for itself from the same messages; lrs orders by step times
             # each rank measures on its own clock, so the ranks' batches would part ways.
             raise ValueError(
                 "--scheduling-policy lrs orders requests by step times each rank measures "
-                "itself: not with --tensor-parallel-size > 1"
+                "itself: not with --tensor-parallel-size or --pipeline-parallel-size > 1"
+            )
+        if self.pipeline_parallel_size > 1 and self.speculative_config is not None:
+            # A draft is proposed from the tokens before it, which a pipeline knows only once
+            # the micro-batch before has left its last stage (as in vLLM, which refuses it too).
+            raise ValueError(
+                "--speculative-config is not supported with --pipeline-parallel-size > 1"
             )
 
     def __post_init__(self) -> None:

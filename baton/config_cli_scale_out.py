@@ -1,5 +1,5 @@
-"""The scale-out flags of the command line (baton/distributed/, baton/router_proc/): tensor and
-data parallelism and several nodes, named as vLLM's and SGLang's."""
+"""The scale-out flags of the command line (baton/distributed/, baton/router_proc/): tensor,
+pipeline and data parallelism and several nodes, named as vLLM's and SGLang's."""
 
 from __future__ import annotations
 
@@ -22,13 +22,24 @@ def add_scale_out_args(parser: argparse.ArgumentParser, defaults: BatonConfig) -
         "on CPU, NCCL on CUDA)",
     )
     group.add_argument(
+        "--pipeline-parallel-size",
+        "-pp",
+        "--pp-size",
+        dest="pipeline_parallel_size",
+        type=int,
+        default=defaults.pipeline_parallel_size,
+        help="split the model's layers into this many stages, one process each, with as many "
+        "micro-batches in flight (torch.distributed, as for --tensor-parallel-size)",
+    )
+    group.add_argument(
         "--data-parallel-size",
         "-dp",
         "--dp-size",
         dest="data_parallel_size",
         type=int,
         default=defaults.data_parallel_size,
-        help="engine replicas (each of --tensor-parallel-size ranks) behind one frontend",
+        help="engine replicas (each of --tensor-parallel-size x --pipeline-parallel-size ranks) "
+        "behind one frontend",
     )
     group.add_argument(
         "--load-balance-method",
@@ -42,7 +53,7 @@ def add_scale_out_args(parser: argparse.ArgumentParser, defaults: BatonConfig) -
         "--nnodes",
         type=int,
         default=defaults.nnodes,
-        help="machines the tensor-parallel ranks are spread over; each runs `baton launch` with "
+        help="machines a replica's ranks are spread over; each runs `baton launch` with "
         "the same flags and its --node-rank",
     )
     group.add_argument(

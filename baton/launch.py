@@ -97,9 +97,9 @@ def scheduler_configs(config: BatonConfig) -> list[tuple[int, int, BatonConfig]]
 
 
 def replica_address(config: BatonConfig, replica: int) -> str | None:
-    """Where a replica's tensor-parallel ranks meet: --dist-init-addr's port plus the replica,
-    else a free local port (a single rank needs none)."""
-    if config.tensor_parallel_size == 1:
+    """Where a replica's ranks meet: --dist-init-addr's port plus the replica, else a free
+    local port (a single rank needs none)."""
+    if config.ranks_per_replica == 1:
         return config.dist_init_addr
     if config.dist_init_addr is not None:
         host, _, port = config.dist_init_addr.rpartition(":")
@@ -285,7 +285,7 @@ def _serve(server: Server, stopping: Callable[[], bool]) -> int:
         ranks = config.node_ranks
         print(
             f"Baton worker node {config.node_rank} of {config.nnodes} ready: ranks "
-            f"{ranks.start}-{ranks.stop - 1} of {config.tensor_parallel_size}, model {model}",
+            f"{ranks.start}-{ranks.stop - 1} of {config.ranks_per_replica}, model {model}",
             flush=True,
         )
     else:

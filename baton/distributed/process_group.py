@@ -1,27 +1,57 @@
-"""Joining the tensor-parallel ranks (torch.distributed over TCP), and the host messages rank 0
-broadcasts to the others."""
+"""Joining a replica's ranks (torch.distributed over TCP): their groups, and the host messages
+rank 0 broadcasts to the others."""
 
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from baton.distributed.errors import DistributedError
+from baton.distributed.host_broadcast import broadcast_bytes, first_line
+from baton.distributed.pipeline_parallel import PipelineParallel
 from baton.distributed.tensor_parallel import TensorParallel
 
 
-def join_tensor_parallel(
-    rank: int, size: int, init_address: str, timeout_s: float, device: str
-) -> TensorParallel:
-    """Join `size` ranks at `init_address` (HOST:PORT, rank 0 listening): the device group on
-    gloo (CPU) or NCCL (CUDA), and a gloo group of its own for host messages. DistributedError
-    if the others have not all joined within `timeout_s` seconds."""
+@dataclass(frozen=True)
+class Ranks:
+    """This process's `rank` among its replica's `size` ranks, laid out stage after stage
+    (rank = stage x tensor-parallel size + tensor-parallel rank, as vLLM lays them out): its
+    tensor-parallel group (`tp`), its pipeline stage (`pp`), and a gloo group over every rank
+    for the host messages rank 0 broadcasts. `Ranks()`: a single process."""
+
+    rank: int = 0
+    size: int = 1
+    host_group: Any = None
+    tp: TensorParallel = field(default_factory=TensorParallel)
+    pp: PipelineParallel = field(default_factory=PipelineParallel)
+
+    @property
+    def is_first(self) -> bool:
+        """Whether this rank talks to the rest of the server (ZMQ): rank 0."""
+        return self.rank == 0
+
+    def broadcast(self, payload: bytes | None) -> bytes:
+        """Rank 0's `payload` on every rank (the others pass None)."""
+        return broadcast_bytes(self.host_group, 0, self.rank, payload)
+
+
+def join_ranks(
+    rank: int, tp_size: int, pp_size: int, init_address: str, timeout_s: float, device: str
+) -> Ranks:
+    """Join the replica's `tp_size` x `pp_size` ranks at `init_address` (HOST:PORT, rank 0
+    listening): the device groups on gloo (CPU) or NCCL (CUDA), gloo groups for host messages
+    and the last stage's outputs. DistributedError if the others have not all joined within
+    `timeout_s` seconds."""
+    size = tp_size * pp_size
     if size == 1:
-        return TensorParallel()
+        return Ranks()
     on_cuda = torch.device(device).type == "cuda"
     timeout = datetime.timedelta(seconds=timeout_s)
+    stage, tp_rank = divmod(rank, tp_size)
     try:
         dist.init_process_group(
             "nccl" if on_cuda else "gloo",
@@ -30,46 +60,41 @@ def join_tensor_parallel(
             rank=rank,
             timeout=timeout,
         )
-        group = dist.group.WORLD
-        # A group of its own even on a CPU, where both are gloo: the scheduler thread broadcasts
-        # host messages while the engine thread's step all-reduces (the overlap loop), and two
-        # threads' collectives on one group could pair up differently on each rank.
-        cpu_group = dist.new_group(backend="gloo", timeout=timeout)
+        # Groups of their own even on a CPU, where all are gloo: each is used by one thread
+        # of every rank (host messages: the scheduler's; outputs: the engine's on the last
+        # stage, a receiver's on the others; the device group: the engine's), and two threads'
+        # collectives on one group could pair up differently on each rank.
+        host_group = dist.new_group(backend="gloo", timeout=timeout)
+        output_group = dist.new_group(backend="gloo", timeout=timeout) if pp_size > 1 else None
+        tp_group = dist.group.WORLD if pp_size == 1 else None
+        if pp_size > 1 and tp_size > 1:
+            # new_group is collective: every rank creates every stage's group, in order.
+            for each in range(pp_size):
+                group = dist.new_group(
+                    list(range(each * tp_size, (each + 1) * tp_size)), timeout=timeout
+                )
+                if each == stage:
+                    tp_group = group
     except (RuntimeError, ValueError) as error:  # torch's DistStoreError is a RuntimeError
         raise DistributedError(
             f"rank {rank} of {size} could not join the others at {init_address} within "
-            f"{timeout_s:g} s (--distributed-timeout-seconds): {_first_line(error)}"
+            f"{timeout_s:g} s (--distributed-timeout-seconds): {first_line(error)}"
         ) from None
-    return TensorParallel(rank=rank, size=size, group=group, cpu_group=cpu_group)
+    tp = TensorParallel(rank=tp_rank, size=tp_size, group=tp_group)
+    pp = PipelineParallel(
+        stage=stage,
+        size=pp_size,
+        previous_rank=rank - tp_size if stage > 0 else None,
+        next_rank=rank + tp_size if stage < pp_size - 1 else None,
+        group=dist.group.WORLD,
+        output_source=(pp_size - 1) * tp_size,
+        output_group=output_group,
+        rank=rank,
+    )
+    return Ranks(rank=rank, size=size, host_group=host_group, tp=tp, pp=pp)
 
 
-def leave(tp: TensorParallel) -> None:
-    """Leave the group (a no-op for a single process)."""
-    if tp.size > 1 and dist.is_initialized():
+def leave(ranks: Ranks) -> None:
+    """Leave the groups (a no-op for a single process)."""
+    if ranks.size > 1 and dist.is_initialized():
         dist.destroy_process_group()
-
-
-def broadcast_bytes(tp: TensorParallel, payload: bytes | None) -> bytes:
-    """Rank 0's `payload` on every rank (the others pass None): its length, then its bytes,
-    over the gloo group. DistributedError if a rank is gone."""
-    try:
-        length = torch.tensor([len(payload) if tp.is_first else 0], dtype=torch.int64)
-        dist.broadcast(length, src=0, group=tp.cpu_group)
-        size = int(length.item())
-        if tp.is_first:
-            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if size else None
-        else:
-            data = torch.empty(size, dtype=torch.uint8)
-        if size:
-            dist.broadcast(data, src=0, group=tp.cpu_group)
-    except RuntimeError as error:
-        raise DistributedError(
-            f"rank {tp.rank}: a broadcast failed: {_first_line(error)}"
-        ) from None
-    if tp.is_first:
-        return payload
-    return data.numpy().tobytes() if size else b""
-
-
-def _first_line(error: BaseException) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -17,23 +17,16 @@ import torch.distributed as dist
 
 @dataclass(frozen=True)
 class TensorParallel:
-    """This process's rank among `size` tensor-parallel ranks, their device group (gloo on CPU,
-    NCCL on CUDA) and a gloo group for what the host sends (process_group.py); None for a single
-    process."""
+    """This process's rank among `size` tensor-parallel ranks and their device group (gloo on
+    CPU, NCCL on CUDA; None for a single process)."""
 
     rank: int = 0
     size: int = 1
     group: Any = None
-    cpu_group: Any = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.size:
             raise ValueError(f"rank {self.rank} outside a group of {self.size}")
-
-    @property
-    def is_first(self) -> bool:
-        """Whether this rank talks to the rest of the server (ZMQ): rank 0."""
-        return self.rank == 0
 
     def share(self, total: int, what: str) -> tuple[int, int]:
         """This rank's contiguous share of `total` items (heads, features, vocabulary rows):

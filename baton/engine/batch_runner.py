@@ -11,7 +11,9 @@ import logging
 import random
 
 import torch
+import torch.distributed as dist
 
+from baton.distributed.pipeline_parallel import PipelineParallel
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import build_attention_metadata
 from baton.engine.batch.forward_batch import (
@@ -61,6 +63,9 @@ class BatchRunner:
     speculator: Speculator | None
     _last_sampled: list[int]
     vocab_size: int  # the logits' width
+    pp: PipelineParallel
+    # The hidden states this stage sent last, until the next stage has them (isend).
+    _hidden_sent: tuple[dist.Work, torch.Tensor] | None
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
@@ -108,6 +113,28 @@ class BatchRunner:
             failed_rows=failed_rows,
             prompt_logprobs=scored,
         )
+
+    @torch.inference_mode()
+    def forward_stage(self, batch: ForwardBatch) -> None:
+        """A pipeline stage before the last: its layers over `batch` (K/V into its pool), the
+        hidden states sent on to the next stage, which the last one samples from. The batch's
+        input tokens are all known (no placeholders: the scheduler waits for them)."""
+        meta = build_attention_metadata(
+            batch.kv_starts, batch.q_lens, batch.page_tables, self.page_size, self.device
+        )
+        self.attention.plan(meta)
+        hidden = self.model.stage_hidden(
+            torch.tensor(batch.input_ids, dtype=torch.long, device=self.device),
+            meta.positions,
+            self.kv_pool,
+            self.attention,
+            meta,
+        )
+        # The send before this one must have left before its tensor is dropped; waiting here,
+        # not after sending, lets this stage go on to its next micro-batch meanwhile.
+        if self._hidden_sent is not None:
+            self._hidden_sent[0].wait()
+        self._hidden_sent = (self.pp.send_hidden(hidden), hidden)
 
     def _scored_forward(
         self,

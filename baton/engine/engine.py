@@ -3,6 +3,7 @@ config and the machine; running a batch on them is `BatchRunner`'s (batch_runner
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -11,8 +12,9 @@ import torch
 
 from baton.checkpoint.load import Checkpoint, load_checkpoint
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
-from baton.config import BatonConfig
+from baton.config import BatonConfig, ConfigurationError
 from baton.cpu_binding import bind_engine_thread
+from baton.distributed.pipeline_parallel import PipelineParallel, stage_layers
 from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.attention.flashinfer_backend import FlashInferAttention, FlashInferCalls
 from baton.engine.attention.select import model_attention_backend
@@ -61,7 +63,9 @@ class Engine(BatchRunner):
 
     With several tensor-parallel ranks (`tp`), each rank's engine holds its shard of the model
     and a KV pool of its KV heads, and every rank runs the same batches: the logits are
-    gathered whole on each, and sampling, seeded alike, picks the same tokens on each.
+    gathered whole on each, and sampling, seeded alike, picks the same tokens on each. With
+    pipeline stages (`pp`), it holds its stage's layers and their KV pool; only the last
+    stage's engine samples.
     """
 
     def __init__(
@@ -69,6 +73,7 @@ class Engine(BatchRunner):
         config: BatonConfig,
         checkpoint: Checkpoint | None = None,
         tp: TensorParallel | None = None,
+        pp: PipelineParallel | None = None,
     ) -> None:
         if torch.device(config.device).type == "cpu":
             # Before the model's RoPE tables, the first elementwise math on several threads.
@@ -93,9 +98,20 @@ class Engine(BatchRunner):
         model_config = self.checkpoint.config
         self.model_config = model_config
         self.tp = tp or TensorParallel()
+        self.pp = pp or PipelineParallel()
+        try:
+            stages = stage_layers(model_config.num_layers, self.pp.size)
+        except ValueError as error:
+            raise ConfigurationError(str(error)) from None
         # This rank's heads and features: refused here, in one line, where the ranks cannot
-        # divide them. The KV pool and attention see only its KV and q heads.
-        local_config = ModelShards.of(model_config, self.tp).local_config
+        # divide them. The KV pool and attention see only its KV and q heads, of its stage's
+        # layers; every stage sizes its pool as the largest stage's, so that all have as many
+        # pages (their schedulers allocate alike).
+        shard_config = ModelShards.of(model_config, self.tp).local_config
+        local_config = dataclasses.replace(shard_config, num_layers=len(stages[self.pp.stage]))
+        sizing_config = dataclasses.replace(
+            shard_config, num_layers=max(len(layers) for layers in stages)
+        )
         self.device = torch.device(config.device)
         if self.device.type == "cuda":
             # This thread runs every step: events, streams and graph capture default to the
@@ -123,7 +139,7 @@ class Engine(BatchRunner):
         self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         self.max_model_len = model_config.served_context_length(config.max_model_len)
         self.page_size = config.page_size
-        self.num_pages = kv_pool_pages(config, local_config, self.kv_dtype, self.max_model_len)
+        self.num_pages = kv_pool_pages(config, sizing_config, self.kv_dtype, self.max_model_len)
         self.gemm_dtype = _TORCH_DTYPES[self.plan.gemm_dtype] if self.plan.gemm_dtype else None
         compact = native is not None and self.plan.compact_small_batches
         # (The compact kernels multiply float32 rows: a GGUF computed in bf16 is widened.)
@@ -141,9 +157,12 @@ class Engine(BatchRunner):
                 stored_copy=compact,
             )
             # (Each rank holds about its share of the weights.)
-            check_fits(-(-weight_bytes // self.tp.size), kv_bytes, available_memory_bytes())
+            share = self.tp.size * model_config.num_layers // len(stages[self.pp.stage])
+            check_fits(-(-weight_bytes // share), kv_bytes, available_memory_bytes())
         memory_before_weights = _memory_in_use(self.device)
-        self.model = CausalLM(model_config, self.dtype, self.device, self.gemm_dtype, self.tp)
+        self.model = CausalLM(
+            model_config, self.dtype, self.device, self.gemm_dtype, self.tp, self.pp
+        )
         if compact and held_as_stored:
             layers = load_as_stored(self.model, self.checkpoint, native)
             logger.info(
@@ -199,15 +218,21 @@ class Engine(BatchRunner):
             amx_prefill=tiled > 0,
         )
         # Neither a CUDA graph nor the native step (one C call from the embedding to the logits)
-        # can stop mid-layer for the ranks' sums: with several ranks every step runs op by op,
-        # each rank's native kernels on its shard.
-        single = self.tp.size == 1
+        # can stop mid-layer for the ranks' sums or at a stage's end: with several ranks every
+        # step runs op by op, each rank's native kernels on its shard of its stage.
+        single = self.tp.size == 1 and self.pp.size == 1
         if not single:
+            layers = stages[self.pp.stage]
             logger.info(
-                "tensor parallel, rank %d of %d: decode steps run op by op (no native one-call "
-                "step, no CUDA graphs, no start-up timing of bf16 GEMMs)",
+                "tensor parallel rank %d of %d, pipeline stage %d of %d (layers %d-%d): decode "
+                "steps run op by op (no native one-call step, no CUDA graphs, no start-up "
+                "timing of bf16 GEMMs)",
                 self.tp.rank,
                 self.tp.size,
+                self.pp.stage,
+                self.pp.size,
+                layers.start,
+                layers.stop - 1,
             )
         self.decode_graphs: DecodeGraphs | None = None
         if single and isinstance(self.attention, FlashInferAttention) and not config.enforce_eager:
@@ -249,6 +274,7 @@ class Engine(BatchRunner):
         # A plain list: read and written on the host every step, where torch ops cost a GIL
         # round trip each (see NativeDecodeStep).
         self._last_sampled = [0] * config.max_running_requests
+        self._hidden_sent = None
         self.speculator = make_speculator(config, self._speculation_target())
         logger.info(
             "engine ready: %s, %s, %d KV pages of %d tokens, max_model_len %d",

@@ -43,6 +43,10 @@ class BatchPolicy:
     budget's (which decodes respect too: the least urgent past it wait a step); a sequence whose
     stop tokens (EOS, stop_token_ids) are still suppressed (min_tokens) decodes plainly.
     When the pages for the drafts are not there it decodes plainly before anyone is preempted.
+
+    With pipeline stages, a decode micro-batch takes at most its share of the decoding
+    sequences (1 / stages, rounded up): the others wait for the next micro-batch, so that every
+    stage gets work; all in one micro-batch would leave the other stages idle while it ran.
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class BatchPolicy:
         spec = config.speculative_config
         self.num_speculative_tokens = spec.num_speculative_tokens if spec else 0
         self.chunk_size = config.chunk_size
+        self.micro_batches = config.pipeline_parallel_size
         self.max_running = config.max_running_requests
         self.decode_first = config.batch_order == "decode-first"
         self.kv = kv
@@ -128,7 +133,11 @@ class BatchPolicy:
         """Decode every running sequence that can, most urgent first, within `budget` tokens:
         those past it are displaced for this step (and drafts shrink to fit first)."""
         rows: list[ScheduledRow] = []
+        decoding = sum(1 for seq in self.running if seq.prefill_done)
+        share = -(-decoding // self.micro_batches)
         for seq in list(self.running):
+            if len(rows) >= share:
+                break  # the next micro-batch's
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # paused, or preempted earlier in this loop
             if not (seq.prefill_done and seq.can_schedule and seq.decode_budget_left > 0):

@@ -15,8 +15,7 @@ from baton.addresses import ServerAddresses
 from baton.child_process import IDLE_POLL_MS, ReadyReporter, run_child
 from baton.config import BatonConfig
 from baton.distributed.errors import DistributedError
-from baton.distributed.process_group import broadcast_bytes, join_tensor_parallel, leave
-from baton.distributed.tensor_parallel import TensorParallel
+from baton.distributed.process_group import Ranks, join_ranks, leave
 from baton.engine.batch.forward_batch import ForwardOutput
 from baton.messages import Codec
 from baton.process_messages import (
@@ -51,8 +50,9 @@ class SchedulerService:
     While the engine computes a long step, stats requests are answered at once and every other
     message waits, in order, for the step's end: the scheduler core is never re-entered mid-step.
 
-    With tensor-parallel ranks, every rank runs this loop over the same messages in the same
-    order, so each makes the same decisions and computes its shard of the same batches: rank 0
+    With several ranks (tensor-parallel, pipeline stages), every rank runs this loop over the
+    same messages in the same order, so each makes the same decisions and computes its shard or
+    its stage of the same batches: rank 0
     alone reads the inbox and broadcasts what it took at the top of each iteration (an empty
     list keeps an idle server's ranks in step), and alone sends replies (`inbox` and `outbox`
     are None on the others). Stats requests only read the scheduler: rank 0 answers them.
@@ -63,7 +63,7 @@ class SchedulerService:
         scheduler: Scheduler,
         inbox: zmq.Socket | None,
         outbox: zmq.Socket | None,
-        tp: TensorParallel | None = None,
+        ranks: Ranks | None = None,
         loads: LoadReporter | None = None,
         replica: int = 0,
     ) -> None:
@@ -75,7 +75,7 @@ class SchedulerService:
         self.shutting_down = False
         self._inbox = inbox
         self._outbox = outbox
-        self._tp = tp or TensorParallel()
+        self._ranks = ranks or Ranks()
         self._loads = loads
         self._replica = replica  # its data-parallel replica, named in its stats
         self._inbound = Codec(SchedulerMessage)
@@ -105,7 +105,7 @@ class SchedulerService:
             outputs = self.step()
             if outputs is not None:
                 self._send(outputs)
-            if self._stats_log is not None and self._tp.is_first:
+            if self._stats_log is not None and self._ranks.is_first:
                 self._stats_log.maybe_log(time.monotonic())
             if self._loads is not None:
                 self._loads.report(self.scheduler.held_tokens())
@@ -114,10 +114,10 @@ class SchedulerService:
         """What this iteration applies, in order: the messages deferred through the last step,
         then those arrived since (stats requests answered at once instead); on the other ranks,
         what rank 0 broadcast."""
-        if not self._tp.is_first:
-            messages = self._broadcast.decode_or_none(broadcast_bytes(self._tp, None))
+        if not self._ranks.is_first:
+            messages = self._broadcast.decode_or_none(self._ranks.broadcast(None))
             if messages is None:  # rank 0 encoded them: only a broken transport gets here
-                raise DistributedError(f"rank {self._tp.rank}: an unreadable broadcast")
+                raise DistributedError(f"rank {self._ranks.rank}: an unreadable broadcast")
             return messages
         messages = list(self._deferred)
         self._deferred.clear()
@@ -130,8 +130,8 @@ class SchedulerService:
                 self._handle_and_reply(message)
             elif message is not None:
                 messages.append(message)
-        if self._tp.size > 1:
-            broadcast_bytes(self._tp, self._broadcast.encode(messages))
+        if self._ranks.size > 1:
+            self._ranks.broadcast(self._broadcast.encode(messages))
         return messages
 
     def _send(self, message: DetokenizerMessage) -> None:
@@ -254,12 +254,13 @@ def serve(
     replica: int = 0,
     rank: int = 0,
 ) -> None:
-    """Join the replica's other tensor-parallel ranks (if any), bind (rank 0: the scheduler's
-    address, or with several data-parallel replicas its replica's, behind the router), load the
-    engine (this rank's shard), report ready, then loop until Shutdown."""
-    tp = join_tensor_parallel(
+    """Join the replica's other ranks (if any), bind (rank 0: the scheduler's address, or with
+    several data-parallel replicas its replica's, behind the router), load the engine (this
+    rank's shard of its stage), report ready, then loop until Shutdown."""
+    ranks = join_ranks(
         rank,
         config.tensor_parallel_size,
+        config.pipeline_parallel_size,
         config.dist_init_addr or "",
         config.distributed_timeout_seconds,
         config.device,
@@ -267,7 +268,7 @@ def serve(
     try:
         inbox = outbox = loads = None
         replicated = config.data_parallel_size > 1
-        if tp.is_first:
+        if ranks.is_first:
             inbox = context.socket(zmq.PULL)
             inbox.bind(addresses.replica_inbox(replica) if replicated else addresses.scheduler)
             outbox = context.socket(zmq.PUSH)
@@ -276,16 +277,16 @@ def serve(
                 to_router = context.socket(zmq.PUSH)
                 to_router.connect(addresses.balancer)
                 loads = LoadReporter(to_router, replica)
-        scheduler = Scheduler(config, tp=tp)
+        scheduler = Scheduler(config, ranks=ranks)
         engine = scheduler.engine
-        service = SchedulerService(scheduler, inbox, outbox, tp, loads, replica)
+        service = SchedulerService(scheduler, inbox, outbox, ranks, loads, replica)
         reporter.ready(max_model_len=str(engine.max_model_len), num_pages=str(engine.num_pages))
         try:
             service.run()
         finally:
             scheduler.shutdown()
     finally:
-        leave(tp)
+        leave(ranks)
 
 
 def main() -> None:

@@ -7,6 +7,14 @@ step late and it may already sit in batch N+1 when N's results finish it.
 Deferred freeing (request_queues.py): a finished, aborted or preempted sequence leaves `running`
 at once, but its pages and slot are released only once no in-flight batch contains it. Tokens
 computed for it after it finished are discarded.
+
+Pipeline parallelism (pipeline_stages.py) deepens the same loop: `step()` keeps one micro-batch
+in flight per stage, each stage computing a different one. A sequence's tokens handed to the
+first stage are Vajra's *stage-processed* ones (`Sequence.num_stage_processed`), those whose
+micro-batch has left the last stage its *step-processed* ones: only these are applied, checked
+for stops and sent. A micro-batch's input tokens must be known when it is launched (its stages
+cannot wait for a token still in the pipeline), so a sequence that samples sits in one
+micro-batch at a time, while the chunks of a long prompt may fill several stages at once.
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ from dataclasses import dataclass
 
 from baton.checkpoint.load import Checkpoint
 from baton.config import BatonConfig
-from baton.distributed.tensor_parallel import TensorParallel
+from baton.distributed.errors import DistributedError
+from baton.distributed.process_group import Ranks
 from baton.engine.batch.forward_batch import ForwardBatch, ForwardOutput
 from baton.engine.batch.seeded_uniforms import seeded_uniforms
 from baton.engine.engine import Engine
@@ -31,6 +40,7 @@ from baton.scheduler_proc.admission import Admission
 from baton.scheduler_proc.batch_policy import BatchPolicy, ScheduledRow
 from baton.scheduler_proc.batch_result import apply_results, build_forward_batch
 from baton.scheduler_proc.kv_cache_manager import KVCacheManager
+from baton.scheduler_proc.pipeline_stages import PipelineStages
 from baton.scheduler_proc.request_order import RequestOrder
 from baton.scheduler_proc.request_queues import RequestQueues
 from baton.scheduler_proc.sequence import Sequence
@@ -61,14 +71,25 @@ class Scheduler(RequestQueues):
         self,
         config: BatonConfig,
         checkpoint: Checkpoint | None = None,
-        tp: TensorParallel | None = None,
+        ranks: Ranks | None = None,
     ) -> None:
-        """`tp`: this rank's place among tensor-parallel ranks (None: a single process)."""
+        """`ranks`: this rank's place among its replica's (None: a single process)."""
         self.config = config
         self.overlap = not config.disable_overlap
+        ranks = ranks or Ranks()
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="baton-engine")
-        self.engine = self._engine_thread.submit(Engine, config, checkpoint, tp).result()
+        self.engine = self._engine_thread.submit(
+            Engine, config, checkpoint, ranks.tp, ranks.pp
+        ).result()
         engine = self.engine
+        pipelined = ranks.pp.size > 1
+        self._stages = PipelineStages(engine, self._engine_thread) if pipelined else None
+        # Batches left in flight after a launch: one per pipeline stage but the one launched
+        # into, else the overlap loop's one; and the steps one sequence may have in flight: one
+        # per stage (a prompt's chunks), else two with the overlap loop (the second on a
+        # placeholder token, which a pipeline cannot take).
+        self._depth = ranks.pp.size - 1 if pipelined else int(self.overlap)
+        self._max_in_flight = ranks.pp.size if pipelined else 1 + int(self.overlap)
         super().__init__(
             KVCacheManager(engine.num_pages, engine.page_size, config.enable_prefix_caching),
             RequestOrder(config.scheduling_policy),
@@ -119,7 +140,8 @@ class Scheduler(RequestQueues):
             params,
             max_tokens,
             self.kv.page_size,
-            max_in_flight=2 if self.overlap else 1,
+            max_in_flight=self._max_in_flight,
+            on_placeholders=self._stages is None,
             generator=seeded_uniforms(params.seed, self.engine.device),
             arrival_time=arrival_time,
             priority=priority,
@@ -179,7 +201,8 @@ class Scheduler(RequestQueues):
         rows = self.policy.next_batch()
         if rows:
             self._launch(rows)
-        keep_in_flight = 1 if self.overlap and rows else 0
+        # With nothing to launch, the oldest batch's results: they free its sequences to run.
+        keep_in_flight = self._depth if rows else max(0, len(self._in_flight) - 1)
         while len(self._in_flight) > keep_in_flight:
             flight = self._in_flight.popleft()
             if wait is not None and not flight.result.done():
@@ -194,7 +217,9 @@ class Scheduler(RequestQueues):
         )
         for row in rows:
             row.seq.enter_batch()
-        if self.order.changes_as_requests_run:  # lrs: remaining times from measured costs
+        if self._stages is not None:
+            result = self._stages.launch(batch)
+        elif self.order.changes_as_requests_run:  # lrs: remaining times from measured costs
             prefill_tokens = sum(row.step.num_tokens for row in rows if row.step.is_prefill)
             result = self._engine_thread.submit(self._measured_forward, batch, prefill_tokens)
         else:
@@ -214,7 +239,12 @@ class Scheduler(RequestQueues):
             row.seq.leave_batch()
         try:
             output = flight.result.result()
-        except Exception:
+        except Exception as error:
+            if self._stages is not None:
+                # The stages part ways: each holds K/V the others' next micro-batches assume.
+                raise DistributedError(
+                    f"stage {self.engine.pp.stage}: a micro-batch failed: {error}"
+                ) from error
             logger.exception(
                 "forward failed; failing the %d requests of its batch", len(flight.rows)
             )
@@ -265,4 +295,6 @@ class Scheduler(RequestQueues):
 
     def shutdown(self) -> None:
         """Stop the engine thread once the batch it computes is done."""
+        if self._stages is not None:
+            self._stages.shutdown()
         self._engine_thread.shutdown(wait=True, cancel_futures=True)

@@ -4,9 +4,14 @@
 `apply_*` commits the sampled token; `revert_schedule` (sequence_pages.py, with the rest of the
 page bookkeeping) undoes the newest scheduled step (LIFO), returning its pages. Up to
 `max_in_flight` steps may be scheduled before the oldest is applied: 1 for the plain loop, 2 for
-the overlap loop, where batch N+1 is scheduled while batch N still computes. A token that is
-scheduled to be sampled but not yet known is a *placeholder* (vLLM's num_output_placeholders): it
-counts in `total_tokens` and so in `tail_tokens`.
+the overlap loop, where batch N+1 is scheduled while batch N still computes, one per stage for a
+pipeline. A token that is scheduled to be sampled but not yet known is a *placeholder* (vLLM's
+num_output_placeholders): it counts in `total_tokens` and so in `tail_tokens`. A pipeline's
+stages cannot take one (`on_placeholders` False): no step is scheduled while one is pending.
+
+Vajra's two progress counters: `num_stage_processed`, the tokens handed to the first stage (every
+scheduled step's), and `num_step_processed`, those whose steps are applied, having left the last
+stage; outputs, stops and the prefix cache only ever see the second.
 
 A speculative step (`schedule_speculative(k)`) computes the tail token and k drafts, and counts
 1 + k placeholders: positions advance as if every draft will be accepted (the seed's scenario 4).
@@ -53,6 +58,7 @@ class Sequence(SequencePages):
         max_tokens: int,
         page_size: int,
         max_in_flight: int = 1,
+        on_placeholders: bool = True,
         generator: SeededUniforms | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
@@ -67,6 +73,7 @@ class Sequence(SequencePages):
         self.params = params
         self.max_tokens = max_tokens
         self.max_in_flight = max_in_flight
+        self.on_placeholders = on_placeholders
         self.generator = generator
         # The client it came from (its ZMQ routing id; the offline LLM's are all b""): the key of
         # its client's share of the waiting queue (waiting_queue.py), read for nothing else.
@@ -87,7 +94,19 @@ class Sequence(SequencePages):
 
     @property
     def can_schedule(self) -> bool:
+        if not self.on_placeholders and self.num_placeholders:
+            return False  # its next input token is still being sampled
         return len(self._pending) < self.max_in_flight
+
+    @property
+    def num_stage_processed(self) -> int:
+        """Tokens handed to the first stage: every scheduled step's, applied or not."""
+        return self.kv_position
+
+    @property
+    def num_step_processed(self) -> int:
+        """Tokens whose steps are applied: through every stage, their outputs taken."""
+        return self.kv_position - sum(step.num_tokens for step in self._pending)
 
     @property
     def decode_budget_left(self) -> int:

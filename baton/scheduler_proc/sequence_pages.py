@@ -117,7 +117,7 @@ class SequencePages(RequestLifecycle):
         """
         if not kv.prefix_caching or self.prefix_node is None:
             return
-        computed = self.kv_position - sum(step.num_tokens for step in self._pending)
+        computed = self.num_step_processed
         num_full_pages = computed // self.page_size
         if num_full_pages == 0:
             return

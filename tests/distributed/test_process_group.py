@@ -7,17 +7,18 @@ import pytest
 import torch
 from helpers.distributed_ranks import run_ranks
 
-from baton.distributed.process_group import broadcast_bytes
+from baton.distributed.process_group import Ranks
 from baton.distributed.tensor_parallel import TensorParallel
 
 PAYLOADS = [b"", b"\x00\xffmsgpack", bytes(range(256)) * 1000]
 
 
-def broadcast_payloads(tp: TensorParallel) -> list[bytes]:
-    return [broadcast_bytes(tp, payload if tp.is_first else None) for payload in PAYLOADS]
+def broadcast_payloads(ranks: Ranks) -> list[bytes]:
+    return [ranks.broadcast(payload if ranks.is_first else None) for payload in PAYLOADS]
 
 
-def sum_and_gather(tp: TensorParallel) -> tuple[list[float], list[list[float]]]:
+def sum_and_gather(ranks: Ranks) -> tuple[list[float], list[list[float]]]:
+    tp = ranks.tp
     summed = tp.all_reduce(torch.full((3,), float(tp.rank + 1)))
     gathered = tp.all_gather_columns(torch.full((2, 2), float(tp.rank)))
     return summed.tolist(), gathered.tolist()

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from baton.checkpoint.model_config import CheckpointError, ModelConfig
+from baton.distributed.pipeline_parallel import PipelineParallel
 from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
@@ -59,6 +60,7 @@ class CausalLM(nn.Module):
         device: torch.device | str,
         gemm_dtype: torch.dtype | None = None,
         tp: TensorParallel | None = None,
+        pp: PipelineParallel | None = None,
     ) -> None:
         super().__init__()
         allowed = _CUDA_DTYPES if torch.device(device).type == "cuda" else _CPU_DTYPES
@@ -67,22 +69,31 @@ class CausalLM(nn.Module):
         self.config = config  # the checkpoint's (self.shards.local_config: this rank's shapes)
         self.shards = ModelShards.of(config, tp or TensorParallel())
         tp = self.shards.tp
+        self.pipeline = pp or PipelineParallel()
+        self.layer_range = self.pipeline.layers(config.num_layers)
+        self.dtype = dtype
         self.gemm_dtype = gemm_dtype
         # The vocabulary's rows this rank holds; None: all of them.
         self.vocab_shard = (
             VocabShard(tp, config.vocab_size, *self.shards.vocab) if tp.size > 1 else None
         )
         vocab_rows = config.vocab_size if self.vocab_shard is None else self.vocab_shard.rows
+        last, tied = self.pipeline.is_last, config.tie_word_embeddings
+        self.holds_embedding = self.pipeline.is_first or (last and tied)
         self.embed_tokens = empty_parameter(
-            vocab_rows, config.hidden_size, dtype=dtype, device=device
+            vocab_rows if self.holds_embedding else 0,
+            config.hidden_size,
+            dtype=dtype,
+            device=device,
         )
         # The embedding as the checkpoint stores it, where no float32 table is kept
         # (models/stored_weights.py): its rows are dequantized as they are looked up.
         self.embedding_stored: CompactWeight | None = None
         self.embedding_native: NativeKernels | None = None
+        # Numbered from 0 on each stage: a layer's index is its place in the stage's KV pool.
         self.layers = nn.ModuleList(
             DecoderLayer(self.shards.local_config, layer, dtype, device, gemm_dtype, tp)
-            for layer in range(config.num_layers)
+            for layer in range(len(self.layer_range))
         )
         # Batches of up to this many rows multiply the compact weights (attach_compact_weights).
         self.compact_max_rows = COMPACT_MAX_ROWS
@@ -92,12 +103,13 @@ class CausalLM(nn.Module):
         # argmax then picks by index (on SmolLM2, "The" -1.864 and "L" -1.963 nats both became
         # -1.885 in bf16, and greedy answered in French). A tied head in another dtype gets a
         # float32 copy of the embedding once loaded.
+        head_rows = config.vocab_size if last else 0  # (a stage before the last has none)
         self.lm_head = (
-            Linear(config.hidden_size, config.vocab_size, False, torch.float32, device)
-            if self.vocab_shard is None
+            Linear(config.hidden_size, head_rows, False, torch.float32, device)
+            if self.vocab_shard is None or not last
             else VocabParallelHead(config.hidden_size, self.vocab_shard, device)
         )
-        if config.tie_word_embeddings and dtype == torch.float32:
+        if tied and last and dtype == torch.float32:
             self.lm_head.weight = self.embed_tokens
         self.rotary = RotaryEmbedding(
             config.head_dim,
@@ -136,15 +148,33 @@ class CausalLM(nn.Module):
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """`forward` up to the LM head: the final norm's float32 output at the chosen rows,
-        which `lm_head` turns into logits (a caller may do so a slice at a time)."""
-        hidden = self.embed(input_ids)
-        angles = self.rotary.angles(positions)
-        for layer in self.layers:
-            hidden = layer(hidden, angles, kv_pool, attn, meta)
+        which `lm_head` turns into logits (a caller may do so a slice at a time). On the last
+        of several pipeline stages, from the hidden states the stage before sends."""
+        hidden = self.stage_hidden(input_ids, positions, kv_pool, attn, meta)
         # Norm and LM head only where a token is sampled: the head is the largest matmul. Both
         # in float32 (see __init__), so no rounding to the model's dtype comes between them.
         hidden = hidden[logits_indices].float()
         return rms_norm(hidden, self.norm.weight.float(), self.norm.eps)
+
+    def stage_hidden(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_pool: KVPool,
+        attn: AttentionBackend,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """This stage's layers over a ragged batch [tokens, hidden]: from the tokens'
+        embeddings on the first stage, else from the hidden states the stage before sends."""
+        if self.pipeline.is_first:
+            hidden = self.embed(input_ids)
+        else:
+            shape = (input_ids.numel(), self.config.hidden_size)
+            hidden = self.pipeline.receive_hidden(shape, self.dtype, input_ids.device)
+        angles = self.rotary.angles(positions)
+        for layer in self.layers:
+            hidden = layer(hidden, angles, kv_pool, attn, meta)
+        return hidden
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embeddings of `input_ids` [tokens] -> [tokens, hidden]; IndexError for an id
@@ -179,7 +209,7 @@ class CausalLM(nn.Module):
         the embedding keeps the plain weight for its lookups.
         """
         for module in self.modules():
-            if isinstance(module, Linear):
+            if isinstance(module, Linear) and module.out_features:  # (no stage's empty head)
                 module.pack_for_cpu()
 
     def local_compact_weights(
@@ -211,7 +241,7 @@ class CausalLM(nn.Module):
             if isinstance(module, Linear)
             and (module.weight.dtype == torch.float32 or module.gemm_dtype is not None)
         }
-        if self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings and self.pipeline.is_last:
             owners[id(self.embed_tokens)] = self.lm_head  # the head multiplies by the embedding
         parts: dict[Linear, dict[int, tuple[str, CompactWeight]]] = {}
         for name, compact in weights:
@@ -304,6 +334,8 @@ class CausalLM(nn.Module):
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue
+            if not self.holds(name):  # another pipeline stage's
+                continue
             target = targets.get(name)
             if target is None:
                 raise CheckpointError(f"unexpected tensor {name!r} in checkpoint")
@@ -316,17 +348,34 @@ class CausalLM(nn.Module):
         missing = sorted(targets.keys() - loaded)
         if missing:
             raise CheckpointError(f"checkpoint lacks {len(missing)} tensor(s): {missing[:5]}")
-        tied_copy = self.config.tie_word_embeddings and self.lm_head.weight is not self.embed_tokens
+        tied_copy = (
+            self.config.tie_word_embeddings
+            and self.pipeline.is_last
+            and self.lm_head.weight is not self.embed_tokens
+        )
         if tied_copy and self.embedding_stored is None:
             self.lm_head.weight.copy_(self.embed_tokens)  # the float32 head of a tied model
 
     def _weight_targets(self) -> dict[str, WeightTarget]:
         """HF parameter name -> destination, for every tensor a checkpoint must provide."""
+        last = self.pipeline.is_last
         return weight_targets(
             self.config,
             self.shards,
-            self.embed_tokens,
-            self.norm.weight,
-            self.lm_head.weight,
+            self.embed_tokens if self.holds_embedding else None,
+            self.norm.weight if last else None,
+            self.lm_head.weight if last else None,
             self.layers,
+            self.layer_range.start,
         )
+
+    def holds(self, name: str) -> bool:
+        """Whether checkpoint tensor `name` belongs to this pipeline stage (every one does to a
+        single stage): its layers', or the embedding, norm and head it holds."""
+        if self.pipeline.size == 1:
+            return True
+        if name.startswith("model.layers."):
+            return int(name.split(".")[2]) in self.layer_range
+        if name.startswith("model.embed_tokens."):
+            return self.holds_embedding
+        return self.pipeline.is_last  # the final norm, the LM head

@@ -34,13 +34,16 @@ class WeightTarget:
 def weight_targets(
     config: ModelConfig,
     shards: ModelShards,
-    embedding: torch.Tensor,
-    norm: torch.Tensor,
-    lm_head: torch.Tensor,
+    embedding: torch.Tensor | None,
+    norm: torch.Tensor | None,
+    lm_head: torch.Tensor | None,
     layers: Iterable[DecoderLayer],
+    first_layer: int = 0,
 ) -> dict[str, WeightTarget]:
     """HF parameter name -> destination, for every tensor a checkpoint must provide, of the
-    model whose parameters these are (`config` the checkpoint's, `shards` this rank's)."""
+    model whose parameters these are (`config` the checkpoint's, `shards` this rank's): a
+    pipeline stage's `layers` are the checkpoint's from `first_layer` on, and the embedding,
+    norm and head it does not hold are None."""
     targets: dict[str, WeightTarget] = {}
 
     def add(
@@ -56,9 +59,11 @@ def weight_targets(
 
     hidden, head_dim = config.hidden_size, config.head_dim
     vocab = (config.vocab_size, hidden)
-    add("model.embed_tokens.weight", embedding, shape=vocab, shard=shards.vocab_rows())
-    add("model.norm.weight", norm)
-    if not config.tie_word_embeddings:
+    if embedding is not None:
+        add("model.embed_tokens.weight", embedding, shape=vocab, shard=shards.vocab_rows())
+    if norm is not None:
+        add("model.norm.weight", norm)
+    if lm_head is not None and not config.tie_word_embeddings:
         add("lm_head.weight", lm_head, shape=vocab, shard=shards.vocab_rows())
     # This rank's q, k and v rows, one after the other in the fused projection.
     local_q = shards.q_heads[1] * head_dim
@@ -69,7 +74,7 @@ def weight_targets(
         "v": (local_q + local_kv, config.kv_size, shards.head_rows(shards.kv_heads)),
     }
     inter, local_inter = config.intermediate_size, shards.intermediate[1]
-    for index, layer in enumerate(layers):
+    for index, layer in enumerate(layers, start=first_layer):
         prefix = f"model.layers.{index}."
         add(prefix + "input_layernorm.weight", layer.input_layernorm.weight)
         add(prefix + "post_attention_layernorm.weight", layer.post_attention_layernorm.weight)

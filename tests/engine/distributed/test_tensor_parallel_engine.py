@@ -22,6 +22,7 @@ from helpers.distributed_ranks import run_ranks
 from baton.bench.gguf_export import export_gguf
 from baton.checkpoint.load import load_checkpoint
 from baton.config import BatonConfig, ConfigurationError
+from baton.distributed.process_group import Ranks
 from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.batch.forward_batch import ForwardBatch
 from baton.engine.batch.seeded_uniforms import seeded_uniforms
@@ -126,14 +127,14 @@ def run_requests(
     return outputs, steps
 
 
-def serve_cases(cases: list[Case], tp: TensorParallel) -> dict[str, dict[str, Any]]:
+def serve_cases(cases: list[Case], ranks: Ranks) -> dict[str, dict[str, Any]]:
     """Per case, the greedy and the sampled requests' tokens, whether a native decode step
     ran, and the KV heads of the pool (and of a draft model's); on one thread, so that two
     ranks share two cores."""
     torch.set_num_threads(1)
     results = {}
     for case in cases:
-        engine = Engine(engine_config(case.model, **case.options), tp=tp)
+        engine = Engine(engine_config(case.model, **case.options), tp=ranks.tp)
         draft = engine.speculator.drafter if engine.speculator else None
         greedy, steps = run_requests(engine, PROMPTS, [GREEDY] * len(PROMPTS), case.drafts)
         results[case.name] = {
@@ -175,7 +176,7 @@ def served(cases: list[Case]) -> tuple[dict, dict, dict]:
         assert status == "ok", value
     threads = torch.get_num_threads()
     try:
-        single = serve_cases(cases, TensorParallel())
+        single = serve_cases(cases, Ranks())
     finally:
         torch.set_num_threads(threads)  # (the engines set this process's threads to one)
     return ranks[0][1], ranks[1][1], single
