@@ -1,15 +1,17 @@
 """A rank's place among pipeline stages, and what passes between them.
 
 Each stage holds a contiguous run of the model's layers (the first the embedding, the last the
-final norm and the LM head). A micro-batch's hidden states go from a stage's rank to the same
-tensor-parallel rank of the next stage, point to point on the device group (gloo on CPU, NCCL
-on CUDA); the last stage's sampled tokens go back to every rank of the replica over a gloo
-group of their own, so every rank's scheduler applies the same outputs (Vajra's replicated
-sequence managers). Size 1 is a single stage: it holds every layer and sends nothing.
+final norm and the LM head), the runs sized so that every stage has about as much to compute. A
+micro-batch's hidden states go from a stage's rank to the same tensor-parallel rank of the next
+stage, point to point on the device group (gloo on CPU, NCCL on CUDA); the last stage's sampled
+tokens go back to every rank of the replica over a gloo group of their own, so every rank's
+scheduler applies the same outputs (Vajra's replicated sequence managers). Size 1 is a single
+stage: it holds every layer and sends nothing.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,12 +51,6 @@ class PipelineParallel:
         """Whether this stage computes the logits and samples."""
         return self.stage == self.size - 1
 
-    def layers(self, num_layers: int) -> range:
-        """The layers this stage holds: contiguous, as even as they divide, the first stages
-        one more where they do not (the last stage also runs the LM head). ValueError when
-        some stage would hold none."""
-        return stage_layers(num_layers, self.size)[self.stage]
-
     def send_hidden(self, hidden: torch.Tensor) -> dist.Work:
         """Start sending a micro-batch's hidden states to the next stage; the caller keeps
         `hidden` alive and waits on the returned work before it sends again."""
@@ -84,14 +80,20 @@ class PipelineParallel:
         return broadcast_bytes(self.output_group, self.output_source, self.rank, payload)
 
 
-def stage_layers(num_layers: int, size: int) -> list[range]:
-    """Every stage's layers (see `PipelineParallel.layers`)."""
+def stage_layers(num_layers: int, size: int, head_layers: float = 0.0) -> list[range]:
+    """Every stage's layers: contiguous runs that balance the stages' work, where the last
+    stage's LM head counts as `head_layers` layers (its weights over one layer's: a Llama 3
+    head of 128k rows is about four of its layers), as evenly as whole layers allow.
+    ValueError when some stage would hold none."""
     if num_layers < size:
         raise ValueError(f"{num_layers} layers cannot make --pipeline-parallel-size {size} stages")
-    base, extra = divmod(num_layers, size)
-    ranges, start = [], 0
-    for stage in range(size):
-        count = base + int(stage < extra)
-        ranges.append(range(start, start + count))
-        start += count
-    return ranges
+    total = num_layers + head_layers
+    # Stage s ends where s + 1 shares of the total work end, each stage keeping one layer at
+    # least and leaving one to each stage after it.
+    ends = []
+    for stage in range(1, size):
+        end = int(stage * total / size + 0.5)  # (halves up: the last stage has the head)
+        end = max(end, (ends[-1] if ends else 0) + 1)
+        ends.append(min(end, num_layers - (size - stage)))
+    bounds = [0, *ends, num_layers]
+    return [range(start, stop) for start, stop in itertools.pairwise(bounds)]

@@ -14,7 +14,7 @@ from baton.checkpoint.load import Checkpoint, load_checkpoint
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
 from baton.config import BatonConfig, ConfigurationError
 from baton.cpu_binding import bind_engine_thread
-from baton.distributed.pipeline_parallel import PipelineParallel, stage_layers
+from baton.distributed.pipeline_parallel import PipelineParallel
 from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.attention.flashinfer_backend import FlashInferAttention, FlashInferCalls
 from baton.engine.attention.select import model_attention_backend
@@ -35,7 +35,7 @@ from baton.engine.memory_fit import (
     expected_weight_bytes,
     return_freed_heap,
 )
-from baton.engine.models.causal_lm import CausalLM
+from baton.engine.models.causal_lm import CausalLM, pipeline_stages
 from baton.engine.models.parallel_layers import ModelShards
 from baton.engine.models.stored_weights import load_as_stored
 from baton.engine.native.formats import COMPACT_MAX_ROWS
@@ -100,7 +100,7 @@ class Engine(BatchRunner):
         self.tp = tp or TensorParallel()
         self.pp = pp or PipelineParallel()
         try:
-            stages = stage_layers(model_config.num_layers, self.pp.size)
+            stages = pipeline_stages(model_config, self.pp.size)
         except ValueError as error:
             raise ConfigurationError(str(error)) from None
         # This rank's heads and features: refused here, in one line, where the ranks cannot

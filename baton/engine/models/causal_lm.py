@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from baton.checkpoint.model_config import CheckpointError, ModelConfig
-from baton.distributed.pipeline_parallel import PipelineParallel
+from baton.distributed.pipeline_parallel import PipelineParallel, stage_layers
 from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.attention.base import AttentionBackend
 from baton.engine.attention.metadata import AttentionMetadata
@@ -70,7 +70,7 @@ class CausalLM(nn.Module):
         self.shards = ModelShards.of(config, tp or TensorParallel())
         tp = self.shards.tp
         self.pipeline = pp or PipelineParallel()
-        self.layer_range = self.pipeline.layers(config.num_layers)
+        self.layer_range = pipeline_stages(config, self.pipeline.size)[self.pipeline.stage]
         self.dtype = dtype
         self.gemm_dtype = gemm_dtype
         # The vocabulary's rows this rank holds; None: all of them.
@@ -379,3 +379,12 @@ class CausalLM(nn.Module):
         if name.startswith("model.embed_tokens."):
             return self.holds_embedding
         return self.pipeline.is_last  # the final norm, the LM head
+
+
+def pipeline_stages(config: ModelConfig, size: int) -> list[range]:
+    """Each of `size` pipeline stages' layers of `config`'s model, the LM head weighed as the
+    layers its weights make (`stage_layers`). ValueError for more stages than layers."""
+    hidden = config.hidden_size
+    layer_weights = hidden * (2 * config.q_size + 2 * config.kv_size)
+    layer_weights += 3 * hidden * config.intermediate_size
+    return stage_layers(config.num_layers, size, config.vocab_size * hidden / layer_weights)
