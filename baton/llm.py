@@ -60,6 +60,13 @@ class LLM:
 
     def __init__(self, model: str | None = None, **config: object) -> None:
         self.config = BatonConfig(model=model, **config)
+        if self.config.engine_processes > 1:
+            # Its scheduler runs in this process; several ranks or replicas are processes of
+            # their own, which the launcher starts and supervises.
+            raise ValueError(
+                "LLM runs one engine in this process: --tensor-parallel-size, "
+                "--pipeline-parallel-size and --data-parallel-size need `baton launch`"
+            )
         self.sampling_defaults = load_sampling_defaults(self.config, announce=True)
         self.scheduler = Scheduler(self.config)
         self.engine = self.scheduler.engine

@@ -75,3 +75,13 @@ def assert_nothing_queued(llm: LLM) -> None:
     """The scheduler holds no request: none waiting, none running."""
     scheduler = llm.scheduler
     assert not scheduler.requests and not scheduler.waiting and not scheduler.running
+
+
+@pytest.mark.parametrize(
+    "ranks", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}, {"data_parallel_size": 2}]
+)
+def test_several_ranks_or_replicas_are_refused_before_loading(ranks: dict[str, int]) -> None:
+    """One engine runs in the LLM's process: anything more needs the launcher, said at once
+    rather than served by one engine as if the flag were not there."""
+    with pytest.raises(ValueError, match="need `baton launch`"):
+        LLM(RANDOM_MODEL_NAME, **ranks)
