@@ -39,8 +39,8 @@ NUM_PAGES = 400
 
 @pytest.fixture(scope="module")
 def server(stories260k_dir: Path) -> Iterator[Server]:
-    # Chunks of 8 tokens: every prompt's prefill takes several micro-batches, which fill both
-    # stages at once and mix with decode rows.
+    # Chunks of 8 tokens: the prompts' prefills, sent together, take several micro-batches,
+    # which fill both stages at once and mix with decode rows.
     config = BatonConfig(
         model=str(stories260k_dir),
         dtype="float32",
@@ -74,6 +74,18 @@ def test_two_stages_give_one_processs_greedy_tokens(server: Server, offline: LLM
     assert results[-1].usage is not None and results[-1].usage.cached_tokens > 0
 
 
+def test_two_stages_sample_one_processs_seeded_tokens(server: Server, offline: LLM) -> None:
+    """Only the last stage samples (each request's seeded generator there); every stage
+    applies the tokens it shares, penalties counting them alike."""
+    params = SamplingParams(
+        temperature=0.8, top_p=0.9, seed=7, repetition_penalty=1.3, max_tokens=50
+    )
+    expected = offline.generate(STORY_PROMPTS, params)
+    results = generate_all(server, STORY_PROMPTS, params)
+    for result, reference in zip(results, expected, strict=True):
+        assert result.token_ids == reference.token_ids
+
+
 def test_two_stages_honour_structured_outputs(server: Server, offline: LLM) -> None:
     params = SamplingParams(
         temperature=0,
@@ -99,9 +111,9 @@ def test_an_abort_reaches_every_stage_and_the_pool_ends_idle(server: Server, off
 
 
 def test_two_stages_preempt_as_one_process(stories260k_dir: Path, offline: LLM) -> None:
-    """A pool too small for every request at once: sequences are preempted while earlier
-    micro-batches of theirs are still in the pipeline, and recomputed later; the tokens are
-    still one process's, and the pool ends idle."""
+    """40 pages of 4 tokens for nine requests of up to 66 tokens (17 pages) each: sequences
+    are preempted while micro-batches of others are still in the pipeline, and recomputed
+    later; the tokens are still one process's, and the pool ends idle."""
     prompts = [f"{p} and" for p in STORY_PROMPTS * 3]
     params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     expected = [r.token_ids for r in offline.generate(prompts, params)]
@@ -109,8 +121,8 @@ def test_two_stages_preempt_as_one_process(stories260k_dir: Path, offline: LLM) 
         model=str(stories260k_dir),
         dtype="float32",
         page_size=4,
-        num_pages=60,
-        max_model_len=240,
+        num_pages=40,
+        max_model_len=160,
         pipeline_parallel_size=2,
         port=free_port(),
         log_level="warning",
@@ -127,7 +139,7 @@ def test_two_stages_preempt_as_one_process(stories260k_dir: Path, offline: LLM) 
     with Server(config) as running:
         results, stats = asyncio.run(main(running))
     assert [r.token_ids for r in results] == expected
-    assert stats.used_pages == 0 and stats.free_pages + stats.cached_pages == 60
+    assert stats.used_pages == 0 and stats.free_pages + stats.cached_pages == 40
     assert stats.preemptions > 0
 
 
@@ -195,6 +207,10 @@ def test_a_stage_that_dies_or_stalls_stops_the_server(
         log = stderr.read()
     assert wait_dead(children, timeout=10.0) == []
     assert list(Path(tempfile.gettempdir()).glob(f"baton-{launcher.pid}-*")) == []
+    # The five layers, three and two: stories260K's LM head, on the last stage, weighs less
+    # than one of its layers.
+    assert "pipeline stage 0 of 2 (layers 0-2)" in log
+    assert "pipeline stage 1 of 2 (layers 3-4)" in log
     if fault == "killed":
         assert stopped_in < 3.0
         assert "launch ERROR scheduler-1 process was killed by SIGKILL; stopping the server" in log
