@@ -11,8 +11,10 @@ import pytest
 import torch
 from helpers.distributed_ranks import run_ranks
 
+from baton.checkpoint.model_config import ModelConfig
 from baton.distributed.pipeline_parallel import PipelineParallel, stage_layers
 from baton.distributed.process_group import Ranks
+from baton.engine.models.causal_lm import pipeline_stages
 
 # Payloads the last stage shares: none, a short one, and one of 256 000 bytes.
 PAYLOADS = [b"", b"\x00\xffmsgpack", bytes(range(256)) * 1000]
@@ -82,43 +84,89 @@ def two_by_two() -> dict[int, dict[str, Any]]:
 
 
 @pytest.mark.parametrize(
-    ("num_layers", "size", "expected"),
+    ("num_layers", "size", "head_layers", "expected"),
     [
-        (4, 2, [range(0, 2), range(2, 4)]),
-        (5, 2, [range(0, 3), range(3, 5)]),
-        (5, 3, [range(0, 2), range(2, 4), range(4, 5)]),
-        (7, 4, [range(0, 2), range(2, 4), range(4, 6), range(6, 7)]),
-        (3, 3, [range(0, 1), range(1, 2), range(2, 3)]),
-        (22, 1, [range(0, 22)]),
+        (4, 2, 0.0, [range(0, 2), range(2, 4)]),
+        # Halves round up: the first stage takes the odd layer where the head weighs nothing.
+        (5, 2, 0.0, [range(0, 3), range(3, 5)]),
+        (5, 3, 0.0, [range(0, 2), range(2, 3), range(3, 5)]),
+        (22, 1, 3.0, [range(0, 22)]),
+        # A head as heavy as four layers: 10 layers, then 6 and the head.
+        (16, 2, 4.0, [range(0, 10), range(10, 16)]),
+        # A head heavier than every layer: the last stage still keeps one.
+        (4, 2, 10.0, [range(0, 3), range(3, 4)]),
+        (3, 3, 5.0, [range(0, 1), range(1, 2), range(2, 3)]),
     ],
 )
-def test_stages_hold_contiguous_layers_the_first_ones_more(
-    num_layers: int, size: int, expected: list[range]
+def test_stages_hold_contiguous_runs_of_about_equal_work(
+    num_layers: int, size: int, head_layers: float, expected: list[range]
 ) -> None:
-    assert stage_layers(num_layers, size) == expected
-    for stage, layers in enumerate(expected):
-        assert PipelineParallel(stage=stage, size=size).layers(num_layers) == layers
+    assert stage_layers(num_layers, size, head_layers) == expected
 
 
-@pytest.mark.parametrize("num_layers", range(1, 30))
+@pytest.mark.parametrize("head_layers", [0.0, 0.3, 1.0, 2.5, 4.3])
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
-def test_every_layer_lies_in_exactly_one_stage(num_layers: int, size: int) -> None:
-    if num_layers < size:
-        pytest.skip("fewer layers than stages (refused, below)")
-    ranges = stage_layers(num_layers, size)
-    assert len(ranges) == size
-    assert [layer for layers in ranges for layer in layers] == list(range(num_layers))
-    counts = [len(layers) for layers in ranges]
-    assert min(counts) >= 1 and max(counts) - min(counts) <= 1
-    assert counts == sorted(counts, reverse=True)  # an uneven split's extra layers come first
+def test_every_layer_lies_in_exactly_one_stage(head_layers: float, size: int) -> None:
+    """For every model depth: contiguous runs covering each layer once, a layer at least on
+    each stage; where the head leaves room for that, no stage's work (the last's head
+    included) is more than a layer off an equal share; a head never gives the last stage
+    more layers."""
+    for num_layers in range(size, 40):
+        ranges = stage_layers(num_layers, size, head_layers)
+        assert len(ranges) == size
+        assert [layer for layers in ranges for layer in layers] == list(range(num_layers))
+        counts = [len(layers) for layers in ranges]
+        assert min(counts) >= 1, (num_layers, counts)
+        if (size - 1) * head_layers <= num_layers - size:
+            share = (num_layers + head_layers) / size
+            work = [*counts[:-1], counts[-1] + head_layers]
+            assert all(abs(each - share) <= 1 for each in work), (num_layers, counts)
+        assert counts[-1] <= len(stage_layers(num_layers, size)[-1])
+
+
+def test_without_a_head_the_stages_differ_by_a_layer_at_most() -> None:
+    for size in range(1, 6):
+        for num_layers in range(size, 40):
+            counts = [len(layers) for layers in stage_layers(num_layers, size)]
+            assert max(counts) - min(counts) <= 1, (num_layers, size, counts)
+
+
+def test_a_models_head_weighs_as_the_layers_its_weights_make() -> None:
+    """Llama 3.2 1B's shape: a head of 128256 x 2048 is about 4.3 of its layers, so two stages
+    hold 10 layers, then 6 and the head; three hold 7, 7, and 2 and the head."""
+    config = ModelConfig(
+        architecture="LlamaForCausalLM",
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_layers=16,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=None,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        qk_norm=False,
+        torch_dtype="bfloat16",
+        bos_token_id=None,
+        eos_token_ids=(),
+    )
+    assert pipeline_stages(config, 1) == [range(0, 16)]
+    assert pipeline_stages(config, 2) == [range(0, 10), range(10, 16)]
+    assert pipeline_stages(config, 3) == [range(0, 7), range(7, 14), range(14, 16)]
 
 
 def test_fewer_layers_than_stages_is_refused() -> None:
     with pytest.raises(ValueError) as refused:
         stage_layers(2, 3)
     assert str(refused.value) == "2 layers cannot make --pipeline-parallel-size 3 stages"
-    with pytest.raises(ValueError):
-        PipelineParallel(stage=3, size=4).layers(3)
+    with pytest.raises(ValueError, match="3 layers cannot make --pipeline-parallel-size 4"):
+        stage_layers(3, 4, head_layers=1.0)
 
 
 def test_a_stage_outside_its_pipeline_is_refused() -> None:
@@ -135,7 +183,6 @@ def test_one_process_is_a_single_stage_holding_every_layer() -> None:
     pp = ranks.pp
     assert (pp.stage, pp.size, pp.is_first, pp.is_last) == (0, 1, True, True)
     assert (pp.previous_rank, pp.next_rank) == (None, None)
-    assert pp.layers(5) == range(0, 5)
 
 
 def test_two_stages_know_their_neighbours(two_stages: dict[int, dict[str, Any]]) -> None:

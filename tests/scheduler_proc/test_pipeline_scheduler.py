@@ -6,7 +6,6 @@ flight per stage and reporting only step-processed tokens."""
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import pytest
