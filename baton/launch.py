@@ -35,6 +35,7 @@ from baton.child_process import (
 from baton.config import BatonConfig
 from baton.config_cli import add_config_args, config_from_args
 from baton.cpu_binding import AUTO, NOBIND, rank_bindings, resolve_binding
+from baton.distributed.stage_layers import stage_layers
 from baton.generation_defaults import load_sampling_defaults
 from baton.messages import Codec
 from baton.process_messages import Shutdown
@@ -237,7 +238,9 @@ def run(config: BatonConfig) -> int:
     """Serve until a signal (exit 0) or a child's death (exit 1)."""
     try:
         # Refused here in one line rather than by every child with a traceback.
-        load_model_config(config.model).served_context_length(config.max_model_len)
+        model_config = load_model_config(config.model)
+        model_config.served_context_length(config.max_model_len)
+        stage_layers(model_config.num_layers, config.pipeline_parallel_size)
         load_sampling_defaults(config)
         CurveServerKeys.from_config(config)
         if config.chat_template is not None:

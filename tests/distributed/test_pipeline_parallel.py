@@ -12,8 +12,9 @@ import torch
 from helpers.distributed_ranks import run_ranks
 
 from baton.checkpoint.model_config import ModelConfig
-from baton.distributed.pipeline_parallel import PipelineParallel, stage_layers
+from baton.distributed.pipeline_parallel import PipelineParallel
 from baton.distributed.process_group import Ranks
+from baton.distributed.stage_layers import stage_layers
 from baton.engine.models.causal_lm import pipeline_stages
 
 # Payloads the last stage shares: none, a short one, and one of 256 000 bytes.

@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import assert_greedy_matches_hf
 from helpers.distributed_ranks import run_ranks
 
 from baton.bench.gguf_export import export_gguf
@@ -193,6 +192,9 @@ def test_two_ranks_give_one_process_greedy_tokens(
     assert len({tuple(tokens) for tokens in single["greedy"]}) == len(PROMPTS)  # not degenerate
     case = next(case for case in cases if case.name == name)
     if case.hf:  # and they are transformers' float32 greedy tokens
+        # (Imported here: the rank processes unpickle this module, and need no transformers.)
+        from helpers import assert_greedy_matches_hf
+
         for prompt, tokens in zip(PROMPTS, rank0["greedy"]):
             assert_greedy_matches_hf(Path(case.model), prompt, tokens)
 
