@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import TINY_VARIANTS, write_tiny_checkpoint
+from helpers import CORE_VARIANTS, write_tiny_checkpoint
 
 from baton.checkpoint.load import Checkpoint, load_checkpoint
 from baton.checkpoint.random_model import RANDOM_MODEL_NAME
@@ -62,7 +62,7 @@ def tiny_qwen3_dir(tiny_model_factory: TinyModelFactory) -> Path:
     return tiny_model_factory("qwen3")
 
 
-@pytest.fixture(scope="session", params=sorted(TINY_VARIANTS))
+@pytest.fixture(scope="session", params=CORE_VARIANTS)
 def tiny_model_dir(request: pytest.FixtureRequest, tiny_model_factory: TinyModelFactory) -> Path:
     """Each tiny variant in turn (tests using it run once per architecture)."""
     return tiny_model_factory(request.param)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import (
+    CORE_VARIANTS,
     EOS_ID,
     EXTRA_EOS_ID,
-    TINY_VARIANTS,
     assert_greedy_matches_hf,
     hf_greedy_generate,
     load_hf_model,
@@ -55,7 +55,7 @@ def test_greedy_matches_transformers(tiny_model_dir: Path) -> None:
 BF16_TIE_TOLERANCE = 0.5
 
 
-@pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
+@pytest.mark.parametrize("variant", CORE_VARIANTS)
 def test_a_bf16_checkpoint_serves_with_default_flags(tiny_model_factory, variant: str) -> None:
     """`--dtype auto` on a bf16 checkpoint: float32 (whose greedy tokens are transformers'
     float32 ones, token for token), with bf16 GEMMs for batches past the native step's where

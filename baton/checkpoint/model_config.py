@@ -9,12 +9,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+from baton.checkpoint.moe_config import MOE_ARCHITECTURES, MoEConfig, moe_config
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    *MOE_ARCHITECTURES,
+)
 # Configs without an `architectures` list still name their family in `model_type`.
 _ARCHITECTURE_BY_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "mixtral": "MixtralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 _REQUIRED_KEYS = (
     "vocab_size",
@@ -43,7 +55,9 @@ FREQ_FACTORS_ROPE = "freq_factors"
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Everything the model code needs to know about a Llama / Qwen2 / Qwen3 checkpoint."""
+    """Everything the model code needs to know about a Llama / Mistral / Qwen2 / Qwen3
+    checkpoint (Mistral is Llama's layers with a sliding window, which most of its releases
+    set to null)."""
 
     architecture: str
     vocab_size: int
@@ -67,12 +81,18 @@ class ModelConfig:
     torch_dtype: str | None
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    # Mistral's attention window (a token sees the `sliding_window` latest positions, its own
+    # included); None: full attention. Baton computes full attention, the same within it.
+    sliding_window: int | None = None
+    # Mixture of experts (Qwen2-MoE, Qwen3-MoE, Mixtral); None: a dense model.
+    moe: MoEConfig | None = None
 
     def served_context_length(self, requested: int | None) -> int:
-        """The context length served: `requested` (a --max-model-len), else the model's positions.
+        """The context length served: `requested` (a --max-model-len), else the model's positions
+        (with a sliding window, the window: within it full attention is the model's own).
 
         ValueError for a length past the positions the model was trained for (as vLLM refuses
-        it): silently serving less than was asked hides the mistake.
+        it), or past a sliding window: silently serving less than was asked hides the mistake.
         """
         positions = self.max_position_embeddings
         if requested is not None and not 1 <= requested <= positions:
@@ -80,6 +100,14 @@ class ModelConfig:
                 f"--max-model-len {requested} is outside what this model supports (1 to its "
                 f"{positions} positions); give at most {positions}, or leave it out"
             )
+        window = self.sliding_window
+        if window is not None and window < (requested or positions):
+            if requested is not None:
+                raise ValueError(
+                    f"--max-model-len {requested} is past this model's sliding window of "
+                    f"{window} tokens, which Baton does not compute: give at most {window}"
+                )
+            return window
         return requested or positions
 
     @property
@@ -114,7 +142,11 @@ class ModelConfig:
         head_dim = _positive_int(config, "head_dim", hidden_size // num_heads or None)
         rope_theta, rope_scaling = _rope(config, head_dim)
         attention_bias = bool(config.get("attention_bias", False))
-        is_qwen2 = architecture == "Qwen2ForCausalLM"
+        is_qwen2 = architecture in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
+        try:
+            moe = moe_config(architecture, config, sizes["num_hidden_layers"])
+        except (ValueError, TypeError) as error:
+            raise CheckpointError(f"config.json: {error}") from None
         return cls(
             architecture=architecture,
             vocab_size=sizes["vocab_size"],
@@ -134,10 +166,17 @@ class ModelConfig:
             qkv_bias=True if is_qwen2 else attention_bias,
             o_bias=False if is_qwen2 else attention_bias,
             mlp_bias=bool(config.get("mlp_bias", False)),
-            qk_norm=architecture == "Qwen3ForCausalLM",
+            qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
             torch_dtype=config.get("torch_dtype") or config.get("dtype"),
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=token_id_tuple(config.get("eos_token_id")),
+            sliding_window=(
+                _positive_int(config, "sliding_window")
+                if architecture in ("MistralForCausalLM", "MixtralForCausalLM")
+                and config.get("sliding_window")
+                else None
+            ),
+            moe=moe,
         )
 
 

@@ -26,6 +26,7 @@ from baton.engine.attention.metadata import page_lists
 from baton.engine.kv.pool import KVPool
 from baton.engine.models.causal_lm import CausalLM
 from baton.engine.models.layers import Linear
+from baton.engine.models.mlp import GatedMLP
 from baton.engine.native.formats import COMPACT_MAX_ROWS
 from baton.engine.native.library import NativeKernels, kv_element_type
 from baton.engine.native.structs import (
@@ -86,10 +87,12 @@ class NativeDecodeStep:
 
     @staticmethod
     def supports(model: CausalLM) -> bool:
-        """Every linear layer reads compact weights and every attention runs natively."""
+        """Every linear layer reads compact weights, every attention runs natively and every
+        MLP is a dense gated one (the step has no experts)."""
         linears = [module for module in model.modules() if isinstance(module, Linear)]
         return all(linear.compact is not None for linear in linears) and all(
-            layer.self_attn.native is not None for layer in model.layers
+            layer.self_attn.native is not None and isinstance(layer.mlp, GatedMLP)
+            for layer in model.layers
         )
 
     def handles(self, q_lens: list[int]) -> bool:

@@ -112,7 +112,20 @@ def test_defaults_list_eos_and_dtype_key() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"architectures": ["MistralForCausalLM"]}, "MistralForCausalLM"),
+        ({"architectures": ["Gemma2ForCausalLM"]}, "Gemma2ForCausalLM"),
+        (
+            {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 5},
+            "5 experts per token of 4: need 1 <= top-k <= experts",
+        ),
+        (
+            {
+                "architectures": ["Qwen2MoeForCausalLM"],
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 0,
+            },
+            "the experts' intermediate size must be positive",
+        ),
         ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "yarn"),
         ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "low_freq_factor"),
         ({"hidden_act": "gelu"}, "gelu"),

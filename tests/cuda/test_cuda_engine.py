@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TINY_VARIANTS, assert_greedy_matches_hf, hf_greedy_generate, hf_logits
+from helpers import CORE_VARIANTS, assert_greedy_matches_hf, hf_greedy_generate, hf_logits
 from helpers.attention_reference import dense_reference, scattered_batch
 
 from baton import LLM, SamplingParams
@@ -247,7 +247,7 @@ def test_flashinfer_replans_for_another_scale_bf16_hd128(flashinfer_ready: None,
 # --- the model and the engine against transformers ----------------------------------------------
 
 
-@pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
+@pytest.mark.parametrize("variant", CORE_VARIANTS)
 def test_model_logits_match_transformers_on_cuda(tiny_model_factory, variant: str) -> None:
     """CausalLM on the GPU in float32, through a chunked prefill and decode steps over pages
     handed out in scrambled order, against transformers' float32 logits (on the CPU)."""
@@ -295,7 +295,7 @@ def greedy_outputs(model_dir: Path, prompts: list[list[int]], **config: object) 
         del llm
 
 
-@pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
+@pytest.mark.parametrize("variant", CORE_VARIANTS)
 def test_engine_greedy_matches_transformers_on_cuda(tiny_model_factory, variant: str) -> None:
     """The offline LLM (scheduler, engine, sampler) on the GPU in float32 with the torch
     attention backend: token for token transformers' float32 greedy continuations."""

@@ -17,12 +17,20 @@ from transformers import (
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
@@ -94,7 +102,53 @@ TINY_VARIANTS: dict[str, TinyVariant] = {
         Qwen3ForCausalLM,
         {**_COMMON, "head_dim": 32, "tie_word_embeddings": False},
     ),
+    # Llama's layers under Mistral's name, with a sliding window of 48 tokens (v0.1's is 4096),
+    # head_dim != hidden / heads (as Mistral Nemo's).
+    "mistral": TinyVariant(
+        MistralConfig,
+        MistralForCausalLM,
+        {**_COMMON, "head_dim": 32, "sliding_window": 48, "tie_word_embeddings": False},
+    ),
+    # Mixtures of experts, three layers each: Qwen3-MoE with q/k norms, 6 experts of which 2
+    # a token, renormalised, layer 1 a dense MLP (mlp_only_layers); Qwen2-MoE with q/k/v biases,
+    # 3 of 6 experts unnormalised and a gated shared expert, every second layer sparse
+    # (decoder_sparse_step); Mixtral, 2 of 4 experts.
+    "qwen3_moe": TinyVariant(
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+        {
+            **_COMMON,
+            "num_hidden_layers": 3,
+            "head_dim": 32,
+            "num_experts": 6,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 48,
+            "norm_topk_prob": True,
+            "mlp_only_layers": [1],
+        },
+    ),
+    "qwen2_moe": TinyVariant(
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+        {
+            **_COMMON,
+            "num_hidden_layers": 3,
+            "num_experts": 6,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 48,
+            "shared_expert_intermediate_size": 80,
+            "decoder_sparse_step": 2,
+        },
+    ),
+    "mixtral": TinyVariant(
+        MixtralConfig,
+        MixtralForCausalLM,
+        {**_COMMON, "num_hidden_layers": 3, "num_local_experts": 4, "num_experts_per_tok": 2},
+    ),
 }
+# The architectures whose code paths differ, which per-architecture tests run over (Mistral's
+# layers are Llama's: its own tests cover what differs).
+CORE_VARIANTS = ("llama", "qwen2", "qwen3")
 
 
 def tiny_hf_model(variant: str, seed: int = 0, **config_overrides: Any) -> PreTrainedModel:

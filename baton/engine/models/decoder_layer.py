@@ -20,6 +20,7 @@ from baton.engine.models.layers import (
     rms_norm,
 )
 from baton.engine.models.mlp import GatedMLP
+from baton.engine.models.moe import SparseMoE
 from baton.engine.models.parallel_layers import row_parallel_linear
 from baton.engine.native.library import NativeKernels
 
@@ -122,13 +123,20 @@ class DecoderLayer(nn.Module):
         device: torch.device | str,
         gemm_dtype: torch.dtype | None = None,
         tp: TensorParallel | None = None,
+        sparse: bool = False,
     ) -> None:
-        """`config`: the heads and MLP features this rank holds (`ModelShards.local_config`)."""
+        """`config`: the heads and MLP features this rank holds (`ModelShards.local_config`);
+        `sparse`: its MLP is the model's mixture of experts (`config.moe`)."""
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
         self.self_attn = Attention(config, layer, dtype, device, gemm_dtype, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype, device)
+        if sparse:
+            self.mlp: GatedMLP | SparseMoE = SparseMoE(
+                config.hidden_size, config.moe, dtype, device
+            )
+            return
         self.mlp = GatedMLP(
             config.hidden_size,
             config.intermediate_size,

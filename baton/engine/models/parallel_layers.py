@@ -102,6 +102,11 @@ class ModelShards:
     def of(cls, config: ModelConfig, tp: TensorParallel) -> ModelShards:
         """The shards of `config`'s model on `tp`'s rank; ConfigurationError, in one line
         naming the model's number and the size, where the ranks cannot divide it."""
+        if config.moe is not None and tp.size > 1:
+            raise ConfigurationError(
+                "a mixture-of-experts model's experts are not sharded over ranks: "
+                "--tensor-parallel-size 1 (--pipeline-parallel-size splits its layers)"
+            )
         try:
             q_heads = tp.share(config.num_heads, "attention heads")
             intermediate = tp.share(config.intermediate_size, "MLP intermediate features")

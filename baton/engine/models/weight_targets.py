@@ -11,6 +11,7 @@ import torch
 from baton.checkpoint.model_config import ModelConfig
 from baton.config import ConfigurationError
 from baton.engine.models.decoder_layer import DecoderLayer
+from baton.engine.models.moe import SparseMoE
 from baton.engine.models.parallel_layers import WHOLE, ModelShards, Shard
 from baton.engine.native.formats import CompactWeight
 
@@ -104,6 +105,9 @@ def weight_targets(
                 attn.qk_norm, slice(heads, None), (head_dim,)
             )
         mlp = layer.mlp
+        if isinstance(mlp, SparseMoE):
+            targets.update(_expert_targets(prefix, mlp, hidden))
+            continue
         for proj, start in (("gate", 0), ("up", local_inter)):
             name = f"{prefix}mlp.{proj}_proj."
             rows = shards.intermediate_rows()
@@ -115,6 +119,47 @@ def weight_targets(
         add(prefix + "mlp.down_proj.weight", mlp.down_proj.weight, 0, down_shape, down_columns)
         if config.mlp_bias:
             add(prefix + "mlp.down_proj.bias", mlp.down_proj.bias)
+    return targets
+
+
+def _expert_targets(prefix: str, block: SparseMoE, hidden: int) -> dict[str, WeightTarget]:
+    """A mixture-of-experts layer's tensors: its router, each expert's gate, up and down (into
+    their slices of the stacked weights) and a shared expert with its gate."""
+    moe = block.moe
+    features = moe.expert_intermediate_size
+    block_prefix = f"{prefix}{moe.prefix}."
+    targets = {
+        block_prefix + "gate.weight": WeightTarget(
+            block.router.weight, slice(0, moe.num_experts), (moe.num_experts, hidden)
+        )
+    }
+    gate, up, down = moe.expert_names
+    for expert in range(moe.num_experts):
+        name = f"{block_prefix}experts.{expert}."
+        stacked = block.experts_gate_up[expert]
+        targets[f"{name}{gate}.weight"] = WeightTarget(
+            stacked, slice(0, features), (features, hidden)
+        )
+        targets[f"{name}{up}.weight"] = WeightTarget(
+            stacked, slice(features, 2 * features), (features, hidden)
+        )
+        targets[f"{name}{down}.weight"] = WeightTarget(
+            block.experts_down[expert], slice(0, hidden), (hidden, features)
+        )
+    if block.shared_expert is not None:
+        shared = block.shared_expert
+        size = moe.shared_intermediate_size
+        name = f"{block_prefix}shared_expert."
+        for proj, rows in (("gate", slice(0, size)), ("up", slice(size, 2 * size))):
+            targets[f"{name}{proj}_proj.weight"] = WeightTarget(
+                shared.gate_up_proj.weight, rows, (size, hidden)
+            )
+        targets[f"{name}down_proj.weight"] = WeightTarget(
+            shared.down_proj.weight, slice(0, hidden), (hidden, size)
+        )
+        targets[f"{block_prefix}shared_expert_gate.weight"] = WeightTarget(
+            block.shared_expert_gate.weight, slice(0, 1), (1, hidden)
+        )
     return targets
 
 

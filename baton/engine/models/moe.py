@@ -1,0 +1,81 @@
+"""A mixture-of-experts block (Qwen2-MoE, Qwen3-MoE, Mixtral): a softmax router picks each
+token's top-k experts, and each expert the batch chose runs once, over the tokens routed to it.
+
+The experts' weights are held stacked ([experts, 2 x intermediate, hidden] gate and up,
+[experts, hidden, intermediate] down), so an expert's are one slice, read once a batch however
+many of its tokens chose it; experts no token chose are not read at all, which is what makes a
+model of few active parameters fast where bandwidth is scarce.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from baton.checkpoint.moe_config import MoEConfig
+from baton.engine.models.layers import Linear, empty_parameter
+from baton.engine.models.mlp import GatedMLP
+
+
+class SparseMoE(nn.Module):
+    """Routed experts, and a gated shared expert where the model has one (Qwen2-MoE)."""
+
+    def __init__(
+        self, hidden_size: int, moe: MoEConfig, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        super().__init__()
+        self.moe = moe
+        features = moe.expert_intermediate_size
+        self.router = Linear(hidden_size, moe.num_experts, False, dtype, device)
+        self.experts_gate_up = empty_parameter(
+            moe.num_experts, 2 * features, hidden_size, dtype=dtype, device=device
+        )
+        self.experts_down = empty_parameter(
+            moe.num_experts, hidden_size, features, dtype=dtype, device=device
+        )
+        shared = moe.shared_intermediate_size
+        self.shared_expert = GatedMLP(hidden_size, shared, False, dtype, device) if shared else None
+        self.shared_expert_gate = Linear(hidden_size, 1, False, dtype, device) if shared else None
+        self.native = None  # (CausalLM.use_native_kernels sets every layer's; unused here)
+
+    def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """`residual + self(x)`, in `residual`'s memory: the decoder layer's way in."""
+        return residual.add_(self(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[tokens, hidden] -> [tokens, hidden]: each token's experts' outputs weighted by their
+        routing probabilities, summed expert by expert in ascending order (as transformers
+        sums them), then the shared expert's."""
+        weights, experts = self.route(x)
+        out = torch.zeros_like(x)
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.moe.num_experts).tolist()
+        features = self.moe.expert_intermediate_size
+        start = 0
+        for expert, count in enumerate(counts):
+            if not count:
+                continue
+            picks = order[start : start + count]
+            start += count
+            tokens = picks // self.moe.top_k
+            gate_up = F.linear(x[tokens], self.experts_gate_up[expert])
+            activated = F.silu(gate_up[:, :features]) * gate_up[:, features:]
+            product = F.linear(activated, self.experts_down[expert])
+            product = product * weights.flatten()[picks, None]
+            out.index_add_(0, tokens, product.to(out.dtype))
+        if self.shared_expert is not None:
+            out += torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's top-k experts, most likely first ([tokens, k]), and their weights: the
+        router's float32 softmax probabilities, renormalised over the k where the model says,
+        in the activations' dtype or float32 (`MoEConfig.float32_weights`)."""
+        logits = self.router(x)
+        probabilities = torch.softmax(logits.float(), dim=-1)
+        weights, experts = torch.topk(probabilities, self.moe.top_k, dim=-1)
+        if self.moe.normalize_top_k:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return (weights if self.moe.float32_weights else weights.to(logits.dtype)), experts

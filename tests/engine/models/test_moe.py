@@ -1,0 +1,155 @@
+"""Mixtures of experts (Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral): greedy tokens as
+transformers' through the whole engine; the block against a float64 reference when a batch's
+tokens hit disjoint experts and when all hit the same; routing, ties included, as transformers
+routes; what is not built refused in one line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import assert_greedy_matches_hf
+from transformers import Qwen3MoeConfig
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+from baton import LLM, SamplingParams
+from baton.checkpoint.load import load_checkpoint
+from baton.checkpoint.moe_config import MoEConfig
+from baton.config import ConfigurationError
+from baton.distributed.tensor_parallel import TensorParallel
+from baton.engine.models.moe import SparseMoE
+from baton.engine.models.parallel_layers import ModelShards
+
+VARIANTS = ("qwen3_moe", "qwen2_moe", "mixtral")
+PROMPTS = [[(7 * j + 3) % 250 for j in range(30)], [(5 * j + 1) % 250 for j in range(9)]]
+HIDDEN = 16
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_greedy_tokens_are_transformers(
+    tiny_model_factory: Callable[..., Path], variant: str
+) -> None:
+    """Two prompts in chunks of 8 beside each other's decode rows: every batch routes tokens of
+    both, so the experts' grouping mixes requests."""
+    model_dir = tiny_model_factory(variant)
+    llm = LLM(str(model_dir), dtype="float32", chunk_size=8, page_size=4)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for prompt, output in zip(PROMPTS, llm.generate(PROMPTS, params)):
+        assert len(output.token_ids) == 12
+        assert_greedy_matches_hf(model_dir, prompt, output.token_ids)
+
+
+def test_the_configs_name_their_experts(tiny_model_factory: Callable[..., Path]) -> None:
+    qwen3 = load_checkpoint(str(tiny_model_factory("qwen3_moe"))).config.moe
+    assert (qwen3.num_experts, qwen3.top_k, qwen3.normalize_top_k) == (6, 2, True)
+    assert qwen3.dense_layers == frozenset({1}) and qwen3.shared_intermediate_size == 0
+    qwen2 = load_checkpoint(str(tiny_model_factory("qwen2_moe"))).config.moe
+    assert (qwen2.top_k, qwen2.normalize_top_k, qwen2.shared_intermediate_size) == (3, False, 80)
+    assert qwen2.dense_layers == frozenset({0, 2})  # decoder_sparse_step 2: layer 1 is sparse
+    mixtral = load_checkpoint(str(tiny_model_factory("mixtral"))).config.moe
+    assert (mixtral.prefix, mixtral.expert_names) == ("block_sparse_moe", ("w1", "w3", "w2"))
+    assert mixtral.float32_weights and mixtral.normalize_top_k
+
+
+def block(moe: MoEConfig, router: torch.Tensor, seed: int = 0) -> SparseMoE:
+    """A float32 block with seeded experts and the given router weights."""
+    generator = torch.Generator().manual_seed(seed)
+    module = SparseMoE(HIDDEN, moe, torch.float32, "cpu")
+    with torch.no_grad():
+        module.router.weight.copy_(router)
+        for param in (module.experts_gate_up, module.experts_down):
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+        if module.shared_expert is not None:
+            for param in (
+                module.shared_expert.gate_up_proj.weight,
+                module.shared_expert.down_proj.weight,
+                module.shared_expert_gate.weight,
+            ):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return module
+
+
+def reference(module: SparseMoE, x: torch.Tensor) -> torch.Tensor:
+    """The block in float64, token by token, expert by expert, from its definition."""
+    moe, out = module.moe, torch.zeros(x.shape, dtype=torch.float64)
+    features = moe.expert_intermediate_size
+    gate_up = module.experts_gate_up.double()
+    down = module.experts_down.double()
+    for token, row in enumerate(x.double()):
+        probabilities = torch.softmax(module.router.weight.double() @ row, dim=-1)
+        chosen = torch.argsort(probabilities, descending=True)[: moe.top_k]
+        weights = probabilities[chosen]
+        if moe.normalize_top_k:
+            weights = weights / weights.sum()
+        for expert, weight in zip(chosen.tolist(), weights):
+            hidden = gate_up[expert] @ row
+            activated = torch.nn.functional.silu(hidden[:features]) * hidden[features:]
+            out[token] += weight * (down[expert] @ activated)
+        if module.shared_expert is not None:
+            shared = module.shared_expert
+            hidden = shared.gate_up_proj.weight.double() @ row
+            size = moe.shared_intermediate_size
+            activated = torch.nn.functional.silu(hidden[:size]) * hidden[size:]
+            gate = torch.sigmoid(module.shared_expert_gate.weight.double() @ row)
+            out[token] += gate * (shared.down_proj.weight.double() @ activated)
+    return out
+
+
+def routed_to(experts_of_token: list[list[int]], num_experts: int) -> tuple[torch.Tensor, ...]:
+    """Tokens and router weights such that token i's router logits are highest, in order, at
+    `experts_of_token[i]` (one-hot tokens; each expert's router row reads its tokens' axes)."""
+    tokens = torch.eye(len(experts_of_token), HIDDEN)
+    router = torch.zeros(num_experts, HIDDEN)
+    for token, experts in enumerate(experts_of_token):
+        for rank, expert in enumerate(experts):
+            router[expert, token] = 4.0 - rank
+    return tokens, router
+
+
+@pytest.mark.parametrize("shared", [0, 24])
+@pytest.mark.parametrize(
+    "experts_of_token",
+    [
+        [[0, 1], [2, 3], [4, 5]],  # disjoint: each expert runs for one token
+        [[3, 1], [3, 1], [3, 1], [3, 1]],  # all the same: two experts over every token
+    ],
+)
+def test_the_block_is_its_definition(experts_of_token: list[list[int]], shared: int) -> None:
+    moe = MoEConfig(6, 2, 12, normalize_top_k=bool(shared), shared_intermediate_size=shared)
+    tokens, router = routed_to(experts_of_token, 6)
+    module = block(moe, router)
+    assert module.route(tokens)[1].tolist() == experts_of_token
+    torch.testing.assert_close(module(tokens).double(), reference(module, tokens))
+
+
+def test_routing_ties_and_order_are_transformers() -> None:
+    """Tied router logits (equal rows) pick the experts, in the order, transformers' router
+    does, with the same weights, renormalised or not."""
+    router = torch.randn(8, HIDDEN, generator=torch.Generator().manual_seed(1))
+    router[5] = router[2]  # a tie between experts 2 and 5 for every token
+    router[7] = router[2]
+    x = torch.randn(6, HIDDEN, generator=torch.Generator().manual_seed(2))
+    for normalize in (False, True):
+        config = Qwen3MoeConfig(
+            hidden_size=HIDDEN, num_experts=8, num_experts_per_tok=3, norm_topk_prob=normalize
+        )
+        theirs = Qwen3MoeTopKRouter(config)
+        with torch.no_grad():
+            theirs.weight.copy_(router)
+        _, their_weights, their_experts = theirs(x)
+        module = block(MoEConfig(8, 3, 4, normalize_top_k=normalize), router)
+        weights, experts = module.route(x)
+        assert experts.tolist() == their_experts.tolist()
+        torch.testing.assert_close(weights, their_weights, rtol=0, atol=0)
+
+
+def test_experts_over_tensor_parallel_ranks_are_refused_in_one_line(
+    tiny_model_factory: Callable[..., Path],
+) -> None:
+    config = load_checkpoint(str(tiny_model_factory("qwen3_moe"))).config
+    with pytest.raises(ConfigurationError) as refused:
+        ModelShards.of(config, TensorParallel(rank=0, size=2))
+    assert "\n" not in str(refused.value)
+    assert "experts are not sharded over ranks" in str(refused.value)
