@@ -21,6 +21,7 @@ from helpers.compact_reference import (
     stored_weight,
 )
 from helpers.hf_reference import hf_greedy_generate
+from helpers.native_cache import PRIVATE_CACHE
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
@@ -50,7 +51,7 @@ def private_cache(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The kernel and converted GGUF metadata go to a cache of the tests' own."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "compact-cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / PRIVATE_CACHE))
 
 
 @pytest.fixture(params=[False, True], ids=["avx2", "avx512"])

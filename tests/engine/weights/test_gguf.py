@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import hf_greedy_generate
+from helpers.native_cache import PRIVATE_CACHE
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
@@ -33,7 +34,7 @@ def private_cache(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Converted metadata goes to a cache of the test's own, not the user's."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / PRIVATE_CACHE))
 
 
 def _tiny(factory: Callable[..., Path], variant: str) -> Path:
@@ -135,8 +136,9 @@ def test_rope_freq_factors_that_do_not_fit_are_named_in_one_line() -> None:
 
 
 def test_the_metadata_is_converted_once(
-    tiny_model_factory: Callable[..., Path], tmp_path: Path
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "own-cache"))  # this file's alone
     path = _write(_tiny(tiny_model_factory, "qwen2"), tmp_path / "tiny.gguf", "F32")
     config = load_model_config(str(path))
     [folder] = [entry for entry in gguf_cache_root().iterdir() if entry.is_dir()]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.native_cache import PRIVATE_CACHE
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
@@ -44,7 +45,7 @@ def private_cache(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The kernel and converted GGUF metadata go to a cache of the tests' own."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "stored-cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / PRIVATE_CACHE))
 
 
 def stored_formats(linear: Linear) -> list[str]:
