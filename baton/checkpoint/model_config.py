@@ -14,6 +14,7 @@ from baton.checkpoint.moe_config import MOE_ARCHITECTURES, MoEConfig, moe_config
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "Phi3ForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     *MOE_ARCHITECTURES,
@@ -23,11 +24,15 @@ _ARCHITECTURE_BY_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
 }
+# Architectures whose config's `sliding_window` windows every layer's attention (Qwen2's is
+# switched by `use_sliding_window`, which is refused).
+_WINDOWED_ARCHITECTURES = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
 _REQUIRED_KEYS = (
     "vocab_size",
     "hidden_size",
@@ -55,9 +60,9 @@ FREQ_FACTORS_ROPE = "freq_factors"
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Everything the model code needs to know about a Llama / Mistral / Qwen2 / Qwen3
-    checkpoint (Mistral is Llama's layers with a sliding window, which most of its releases
-    set to null)."""
+    """Everything the model code needs to know about a Llama / Mistral / Phi-3 / Qwen2 / Qwen3
+    checkpoint, dense or a mixture of experts (Mistral is Llama's layers with a sliding window,
+    which most of its releases set to null; Phi-3 Llama's with fused projections)."""
 
     architecture: str
     vocab_size: int
@@ -81,8 +86,8 @@ class ModelConfig:
     torch_dtype: str | None
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
-    # Mistral's attention window (a token sees the `sliding_window` latest positions, its own
-    # included); None: full attention. Baton computes full attention, the same within it.
+    # Mistral's (Phi-3's) attention window (a token sees the `sliding_window` latest positions,
+    # its own included); None: full attention. Baton computes full attention, the same within it.
     sliding_window: int | None = None
     # Mixture of experts (Qwen2-MoE, Qwen3-MoE, Mixtral); None: a dense model.
     moe: MoEConfig | None = None
@@ -172,8 +177,7 @@ class ModelConfig:
             eos_token_ids=token_id_tuple(config.get("eos_token_id")),
             sliding_window=(
                 _positive_int(config, "sliding_window")
-                if architecture in ("MistralForCausalLM", "MixtralForCausalLM")
-                and config.get("sliding_window")
+                if architecture in _WINDOWED_ARCHITECTURES and config.get("sliding_window")
                 else None
             ),
             moe=moe,

@@ -113,6 +113,10 @@ def test_defaults_list_eos_and_dtype_key() -> None:
     ("change", "message"),
     [
         ({"architectures": ["Gemma2ForCausalLM"]}, "Gemma2ForCausalLM"),
+        (  # Phi-3's 128k variants
+            {"architectures": ["Phi3ForCausalLM"], "rope_parameters": {"rope_type": "longrope"}},
+            "unsupported rope_type 'longrope'",
+        ),
         (
             {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 5},
             "5 experts per token of 4: need 1 <= top-k <= experts",

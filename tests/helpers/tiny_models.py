@@ -21,6 +21,8 @@ from transformers import (
     MistralForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
@@ -109,6 +111,8 @@ TINY_VARIANTS: dict[str, TinyVariant] = {
         MistralForCausalLM,
         {**_COMMON, "head_dim": 32, "sliding_window": 48, "tie_word_embeddings": False},
     ),
+    # Phi-3: Llama's layers with q/k/v and gate/up fused in the checkpoint, no biases.
+    "phi3": TinyVariant(Phi3Config, Phi3ForCausalLM, {**_COMMON, "tie_word_embeddings": False}),
     # Mixtures of experts, three layers each: Qwen3-MoE with q/k norms, 6 experts of which 2
     # a token, renormalised, layer 1 a dense MLP (mlp_only_layers); Qwen2-MoE with q/k/v biases,
     # 3 of 6 experts unnormalised and a gated shared expert, every second layer sparse

@@ -13,6 +13,7 @@ from baton.checkpoint.model_config import CheckpointError
 from baton.checkpoint.source import safetensors_files
 from baton.engine.native.formats import CompactWeight
 from baton.engine.native.library import NativeKernels
+from baton.engine.weights.fused_tensors import unfused
 from baton.engine.weights.gguf_weights import (
     iter_gguf_compact_weights,
     iter_gguf_weights,
@@ -36,6 +37,12 @@ def iter_weights(
     if checkpoint.gguf_file is not None:
         yield from iter_gguf_weights(checkpoint.gguf_file, checkpoint.config, native, skip)
         return
+    yield from unfused(checkpoint.config, _safetensors(checkpoint, skip))
+
+
+def _safetensors(
+    checkpoint: Checkpoint, skip: frozenset[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
     for file in safetensors_files(checkpoint.path):
         try:
             handle = safe_open(str(file), framework="pt")
@@ -56,6 +63,10 @@ def iter_compact_weights(checkpoint: Checkpoint) -> Iterator[tuple[str, CompactW
     if checkpoint.gguf_file is not None:
         yield from iter_gguf_compact_weights(checkpoint.gguf_file, checkpoint.config)
         return
+    yield from unfused(checkpoint.config, _compact_safetensors(checkpoint))
+
+
+def _compact_safetensors(checkpoint: Checkpoint) -> Iterator[tuple[str, CompactWeight]]:
     for file in safetensors_files(checkpoint.path):
         with safe_open(str(file), framework="pt") as tensors:
             for name in tensors.keys():  # noqa: SIM118 - safe_open is not a mapping
