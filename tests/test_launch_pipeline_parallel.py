@@ -7,14 +7,12 @@ server; more stages than layers, or a draft model with stages, is refused in one
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,13 @@ import httpx
 import pytest
 from helpers import free_port
 from helpers.distributed_ranks import free_address
-from helpers.launcher import children_of, start_launcher, wait_dead
+from helpers.launcher import (
+    children_of,
+    scheduler_ranks,
+    start_launcher,
+    stop_by_a_faulty_rank,
+    wait_dead,
+)
 from helpers.pipeline import abort_beside_a_survivor, connected, generate_all, wait_idle
 
 from baton import LLM, SamplingParams, launch
@@ -169,11 +173,6 @@ def test_two_stages_of_two_ranks_give_one_processs_greedy_tokens(
         assert result.finish_reason == reference.finish_reason
 
 
-def scheduler_ranks(children: dict[int, str]) -> list[int]:
-    """The scheduler ranks' pids, rank 0 first (the launcher starts them in rank order)."""
-    return sorted(pid for pid, cmd in children.items() if "baton.scheduler_proc" in cmd)
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 @pytest.mark.parametrize("fault", ["killed", "stalled"])
 def test_a_stage_that_dies_or_stalls_stops_the_server(
@@ -184,29 +183,7 @@ def test_a_stage_that_dies_or_stalls_stops_the_server(
     --distributed-timeout-seconds, and the server stops the same way. No process and no ipc
     directory is left behind."""
     flags = ("-pp", "2", "--distributed-timeout-seconds", "5", "--dtype", "float32")
-    with (tmp_path / "stderr").open("w+") as stderr:
-        launcher, children = start_launcher(
-            stories260k_dir, extra_args=flags, stderr=stderr, processes=5
-        )
-        try:
-            stage_1 = scheduler_ranks(children)[1]
-            faulted_at = time.monotonic()
-            os.kill(stage_1, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
-            if fault == "stalled":  # the stages only meet in a step: give them one
-                with contextlib.suppress(httpx.HTTPError):
-                    httpx.post(
-                        f"{launcher.http_url}/v1/completions",
-                        json={"prompt": "Once", "max_tokens": 4},
-                        timeout=30,
-                    )
-            assert launcher.wait(timeout=40) == 1
-            stopped_in = time.monotonic() - faulted_at
-        finally:
-            launcher.kill()
-        stderr.seek(0)
-        log = stderr.read()
-    assert wait_dead(children, timeout=10.0) == []
-    assert list(Path(tempfile.gettempdir()).glob(f"baton-{launcher.pid}-*")) == []
+    stopped_in, log = stop_by_a_faulty_rank(stories260k_dir, flags, fault, 5, tmp_path / "log")
     # The five layers, three and two: stories260K's LM head, on the last stage, weighs less
     # than one of its layers.
     assert "pipeline stage 0 of 2 (layers 0-2)" in log

@@ -4,19 +4,13 @@ as one process, through the whole pipeline; a rank that dies or stalls stops the
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from helpers import free_port
-from helpers.launcher import start_launcher, wait_dead
+from helpers.launcher import stop_by_a_faulty_rank
 from helpers.pipeline import abort_beside_a_survivor, connected, generate_all, wait_idle
 
 from baton import LLM, SamplingParams
@@ -82,11 +76,6 @@ def test_an_abort_reaches_every_rank_and_the_pool_ends_idle(server: Server, offl
     assert stats.used_pages == 0 and stats.running_requests == 0
 
 
-def scheduler_ranks(children: dict[int, str]) -> list[int]:
-    """The scheduler ranks' pids, rank 0 first (the launcher starts them in rank order)."""
-    return sorted(pid for pid, cmd in children.items() if "baton.scheduler_proc" in cmd)
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 @pytest.mark.parametrize("fault", ["killed", "stalled"])
 def test_a_rank_that_dies_or_stalls_stops_the_server(
@@ -96,29 +85,7 @@ def test_a_rank_that_dies_or_stalls_stops_the_server(
     rank 0's next collective times out after --distributed-timeout-seconds, and the server
     stops the same way. No process and no ipc directory is left behind."""
     flags = ("-tp", "2", "--distributed-timeout-seconds", "5", "--dtype", "float32")
-    with (tmp_path / "stderr").open("w+") as stderr:
-        launcher, children = start_launcher(
-            stories260k_dir, extra_args=flags, stderr=stderr, processes=5
-        )
-        try:
-            rank_1 = scheduler_ranks(children)[1]
-            faulted_at = time.monotonic()
-            os.kill(rank_1, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
-            if fault == "stalled":  # the ranks only meet in a step: give them one
-                with contextlib.suppress(httpx.HTTPError):
-                    httpx.post(
-                        f"{launcher.http_url}/v1/completions",
-                        json={"prompt": "Once", "max_tokens": 4},
-                        timeout=30,
-                    )
-            assert launcher.wait(timeout=40) == 1
-            stopped_in = time.monotonic() - faulted_at
-        finally:
-            launcher.kill()
-        stderr.seek(0)
-        log = stderr.read()
-    assert wait_dead(children, timeout=10.0) == []
-    assert list(Path(tempfile.gettempdir()).glob(f"baton-{launcher.pid}-*")) == []
+    stopped_in, log = stop_by_a_faulty_rank(stories260k_dir, flags, fault, 5, tmp_path / "log")
     if fault == "killed":
         assert stopped_in < 3.0
         assert "launch ERROR scheduler-1 process was killed by SIGKILL; stopping the server" in log

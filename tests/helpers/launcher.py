@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import IO
+
+import httpx
 
 from helpers.ports import free_port_pair
 
@@ -66,3 +72,41 @@ def wait_dead(pids, timeout: float = 10.0) -> list[int]:
     while time.monotonic() < deadline and any(alive(pid) for pid in pids):
         time.sleep(0.1)
     return [pid for pid in pids if alive(pid)]
+
+
+def scheduler_ranks(children: dict[int, str]) -> list[int]:
+    """The scheduler ranks' pids, rank 0 first (the launcher starts them in rank order)."""
+    return sorted(pid for pid, cmd in children.items() if "baton.scheduler_proc" in cmd)
+
+
+def stop_by_a_faulty_rank(
+    model: Path, flags: tuple[str, ...], fault: str, processes: int, log_file: Path
+) -> tuple[float, str]:
+    """Serve `model` with `flags` (several ranks, --distributed-timeout-seconds among them),
+    then kill -9 (`fault` "killed") or SIGSTOP ("stalled") scheduler rank 1, sending a stalled
+    server one request so the ranks meet in a step; the launcher must exit 1. The seconds from
+    the fault to its exit and its stderr; asserts no child and no ipc directory is left."""
+    with log_file.open("w+") as stderr:
+        launcher, children = start_launcher(
+            model, extra_args=flags, stderr=stderr, processes=processes
+        )
+        try:
+            rank_1 = scheduler_ranks(children)[1]
+            faulted_at = time.monotonic()
+            os.kill(rank_1, signal.SIGKILL if fault == "killed" else signal.SIGSTOP)
+            if fault == "stalled":
+                with contextlib.suppress(httpx.HTTPError):
+                    httpx.post(
+                        f"{launcher.http_url}/v1/completions",
+                        json={"prompt": "Once", "max_tokens": 4},
+                        timeout=30,
+                    )
+            assert launcher.wait(timeout=40) == 1
+            stopped_in = time.monotonic() - faulted_at
+        finally:
+            launcher.kill()
+        stderr.seek(0)
+        log = stderr.read()
+    assert wait_dead(children, timeout=10.0) == []
+    assert list(Path(tempfile.gettempdir()).glob(f"baton-{launcher.pid}-*")) == []
+    return stopped_in, log
