@@ -6,7 +6,6 @@ server; more stages than layers, or a draft model with stages, is refused in one
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -28,7 +27,7 @@ from helpers.launcher import (
     stop_by_a_faulty_rank,
     wait_dead,
 )
-from helpers.pipeline import abort_beside_a_survivor, connected, generate_all, wait_idle
+from helpers.pipeline import abort_beside_a_survivor, generate_all, generate_all_until_idle
 
 from baton import LLM, SamplingParams, launch
 from baton.config import BatonConfig
@@ -131,17 +130,8 @@ def test_two_stages_preempt_as_one_process(stories260k_dir: Path, offline: LLM) 
         port=free_port(),
         log_level="warning",
     )
-
-    async def main(server: Server):
-        client = await connected(server)
-        try:
-            results = await asyncio.gather(*(client.generate(p, params) for p in prompts))
-            return results, await wait_idle(client)
-        finally:
-            await client.close()
-
     with Server(config) as running:
-        results, stats = asyncio.run(main(running))
+        results, stats = generate_all_until_idle(running, prompts, params)
     assert [r.token_ids for r in results] == expected
     assert stats.used_pages == 0 and stats.free_pages + stats.cached_pages == 40
     assert stats.preemptions > 0

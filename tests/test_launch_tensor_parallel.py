@@ -3,7 +3,6 @@ as one process, through the whole pipeline; a rank that dies or stalls stops the
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port
 from helpers.launcher import stop_by_a_faulty_rank
-from helpers.pipeline import abort_beside_a_survivor, connected, generate_all, wait_idle
+from helpers.pipeline import abort_beside_a_survivor, generate_all, generate_all_until_idle
 
 from baton import LLM, SamplingParams
 from baton.config import BatonConfig
@@ -116,17 +115,8 @@ def test_two_ranks_preempt_and_speculate_as_one_process(
         port=free_port(),
         log_level="warning",
     )
-
-    async def main(server: Server):
-        client = await connected(server)
-        try:
-            results = await asyncio.gather(*(client.generate(p, params) for p in prompts))
-            return results, await wait_idle(client)
-        finally:
-            await client.close()
-
     with Server(config) as running:
-        results, stats = asyncio.run(main(running))
+        results, stats = generate_all_until_idle(running, prompts, params)
     assert [r.token_ids for r in results] == expected
     assert stats.used_pages == 0 and stats.free_pages + stats.cached_pages == 60
     assert stats.preemptions > 0

@@ -33,11 +33,19 @@ async def connected(server: Server) -> BatonClient:
 
 def generate_all(server: Server, prompts: list, params: SamplingParams) -> list:
     """Every prompt's result from one client, the requests all open at once."""
+    return generate_all_until_idle(server, prompts, params)[0]
+
+
+def generate_all_until_idle(
+    server: Server, prompts: list, params: SamplingParams
+) -> tuple[list, AggregateStats]:
+    """`generate_all`'s results, and the stats once the pipeline is idle after them."""
 
     async def main():
         client = await connected(server)
         try:
-            return await asyncio.gather(*(client.generate(p, params) for p in prompts))
+            results = await asyncio.gather(*(client.generate(p, params) for p in prompts))
+            return results, await wait_idle(client)
         finally:
             await client.close()
 
