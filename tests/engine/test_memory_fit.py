@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers.native_cache import PRIVATE_CACHE
+from helpers.native_cache import use_private_cache
 
 import baton.engine.memory_fit as memory_fit
 from baton import LLM
@@ -31,7 +31,7 @@ def private_cache(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Converted GGUF metadata goes to a cache of the tests' own."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / PRIVATE_CACHE))
+    use_private_cache(tmp_path_factory, monkeypatch)
 
 
 @pytest.fixture

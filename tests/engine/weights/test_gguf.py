@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import hf_greedy_generate
-from helpers.native_cache import PRIVATE_CACHE
+from helpers.native_cache import use_private_cache
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
@@ -34,7 +34,7 @@ def private_cache(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Converted metadata goes to a cache of the test's own, not the user's."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / PRIVATE_CACHE))
+    use_private_cache(tmp_path_factory, monkeypatch)
 
 
 def _tiny(factory: Callable[..., Path], variant: str) -> Path:

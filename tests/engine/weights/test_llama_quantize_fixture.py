@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.native_cache import PRIVATE_CACHE
+from helpers.native_cache import use_private_cache
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
@@ -44,8 +44,8 @@ pytestmark = pytest.mark.skipif(
 def private_cache(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The kernel and converted GGUF metadata go to a cache of the tests' own."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / PRIVATE_CACHE))
+    """Converted GGUF metadata goes to a cache of the tests' own (helpers.native_cache)."""
+    use_private_cache(tmp_path_factory, monkeypatch)
 
 
 def stored_formats(linear: Linear) -> list[str]:
