@@ -26,6 +26,7 @@ from baton.engine.decode_step import NativeDecodeStep
 from baton.engine.graphs.decode_graphs import DecodeGraphs
 from baton.engine.kv.pool import KVPool
 from baton.engine.models.causal_lm import CausalLM
+from baton.engine.sampling.argmax import greedy_argmax
 from baton.engine.sampling.grammar_masks import GrammarMasks
 from baton.engine.sampling.logit_adjustments import BadWordTokens
 from baton.engine.sampling.native_rows import NativeChoice, sampled_in_native_step
@@ -282,3 +283,17 @@ class BatchRunner:
             *logprob_lists(sampled, sampling.num_logprobs),
             failed_rows,
         )
+
+    def idle_decode_step(self, num_rows: int) -> None:
+        """A decode step of `num_rows` rows over the pool's first pages, which hold no request
+        yet (at start-up only), greedy sampling included: what start-up times."""
+        pages = list(range(-(-num_rows // self.page_size)))
+        with torch.inference_mode():
+            logits = self.logits(
+                [0] * num_rows,
+                list(range(num_rows)),
+                [1] * num_rows,
+                [pages] * num_rows,
+                list(range(num_rows)),
+            )
+            greedy_argmax(logits)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import random
 
 import torch
@@ -33,21 +32,21 @@ from baton.engine.memory_fit import (
     available_memory_bytes,
     check_fits,
     expected_weight_bytes,
+    memory_in_use,
+    mib,
     return_freed_heap,
 )
 from baton.engine.models.causal_lm import CausalLM, pipeline_stages
 from baton.engine.models.parallel_layers import ModelShards
 from baton.engine.models.stored_weights import load_as_stored
 from baton.engine.native.formats import COMPACT_MAX_ROWS
-from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
-from baton.engine.sampling.argmax import greedy_argmax
+from baton.engine.native.library import native_kernels_for
 from baton.engine.sampling.grammar_masks import GrammarMasks
 from baton.engine.sampling.logit_adjustments import BadWordTokens
 from baton.engine.sampling.sampler import Sampler
 from baton.engine.sampling.token_counts import SlotTokenCounts
 from baton.engine.speculation.setup import TargetEngine, make_speculator
 from baton.engine.weights.checkpoint_tensors import iter_compact_weights, iter_weights
-from baton.hardware import isa_rank
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +120,7 @@ class Engine(BatchRunner):
         # The native kernels: a GGUF's blocks dequantized at load, compact weights where the plan
         # says, and where the computation is float32, RoPE + K/V store and decode attention
         # reading the pages in place.
-        native = self._native_kernels()
+        native = native_kernels_for(self.cpu.isa) if self.device.type == "cpu" else None
         tiled = 0
         self.plan = choose_compute_plan(
             config.dtype,
@@ -165,7 +164,7 @@ class Engine(BatchRunner):
             # (Each rank holds about its share of the weights.)
             share = self.tp.size * model_config.num_layers // len(stages[self.pp.stage])
             check_fits(-(-weight_bytes // share), kv_bytes, available_memory_bytes())
-        memory_before_weights = _memory_in_use(self.device)
+        memory_before_weights = memory_in_use(self.device)
         self.model = CausalLM(
             model_config, self.dtype, self.device, self.gemm_dtype, self.tp, self.pp
         )
@@ -207,7 +206,7 @@ class Engine(BatchRunner):
             self.model.pack_linear_weights()
         if self.device.type == "cpu":
             return_freed_heap()
-        weights_bytes = _memory_in_use(self.device) - memory_before_weights
+        weights_bytes = memory_in_use(self.device) - memory_before_weights
         # On CUDA the decode graphs' padding rows get a page of their own, past the pages
         # sized for requests, which never hold it (unused if no graph is recorded).
         padding_pages = 1 if self.device.type == "cuda" and not config.enforce_eager else 0
@@ -292,22 +291,12 @@ class Engine(BatchRunner):
         )
         logger.info(
             "memory: weights %s, KV pool %s of %s%s, the process %s",
-            _mib(weights_bytes),
-            _mib(self.kv_pool.nbytes),
+            mib(weights_bytes),
+            mib(self.kv_pool.nbytes),
             str(self.kv_dtype).removeprefix("torch."),
             " (resident as its pages fill)" if self.device.type == "cpu" else "",
-            _mib(_memory_in_use(self.device)),
+            mib(memory_in_use(self.device)),
         )
-
-    def _native_kernels(self) -> NativeKernels | None:
-        """The native CPU kernels where this CPU runs them (AVX2) and they build, else None."""
-        if self.device.type != "cpu" or isa_rank(self.cpu.isa) < isa_rank("avx2"):
-            return None
-        try:
-            return load_native_kernels(avx512=isa_rank(self.cpu.isa) >= isa_rank("avx512"))
-        except NativeBuildError as error:
-            logger.warning("computing with torch alone: no native kernels here: %s", error)
-            return None
 
     def _record_decode_graphs(
         self, config: BatonConfig, calls: FlashInferCalls
@@ -346,33 +335,6 @@ class Engine(BatchRunner):
             tp=self.tp,
         )
 
-    def idle_decode_step(self, num_rows: int) -> None:
-        """A decode step of `num_rows` rows over the pool's first pages, which hold no request
-        yet (at start-up only), greedy sampling included: what start-up times."""
-        pages = list(range(-(-num_rows // self.page_size)))
-        with torch.inference_mode():
-            logits = self.logits(
-                [0] * num_rows,
-                list(range(num_rows)),
-                [1] * num_rows,
-                [pages] * num_rows,
-                list(range(num_rows)),
-            )
-            greedy_argmax(logits)
-
     @property
     def vocab_size(self) -> int:
         return self.model_config.vocab_size
-
-
-def _memory_in_use(device: torch.device) -> int:
-    """Bytes in use: on a GPU, allocated by torch there; on a CPU, the process's resident
-    memory (what the weights and their copies really hold, packed or repacked)."""
-    if device.type == "cuda":
-        return torch.cuda.memory_allocated(device)
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _mib(num_bytes: int) -> str:
-    return f"{num_bytes / 2**20:,.0f} MiB"

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 from pathlib import Path
+
+import torch
 
 from baton.checkpoint.load import Checkpoint
 from baton.config import ConfigurationError
@@ -100,3 +103,17 @@ def return_freed_heap() -> None:
     libc = ctypes.CDLL(name) if name else None
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
+
+
+def memory_in_use(device: torch.device) -> int:
+    """Bytes in use: on a GPU, allocated by torch there; on a CPU, the process's resident
+    memory (what the weights and their copies really hold, packed or repacked)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def mib(num_bytes: int) -> str:
+    """`num_bytes` in MiB, as the start-up lines give memory."""
+    return f"{num_bytes / 2**20:,.0f} MiB"

@@ -5,6 +5,7 @@ with ctypes (the argument structures it reads are structs.py's).
 from __future__ import annotations
 
 import ctypes
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from baton.engine.native.structs import (
     DecodeStepArgs,
     RowSampling,
 )
+from baton.hardware import isa_rank
 
 # The KV cache's element types as the attention kernels number them (attention/kv_cache.h's
 # KvType): they widen each to float32 as they read it, and the K/V store rounds into it.
@@ -35,6 +37,9 @@ def kv_element_type(cache: torch.Tensor) -> int:
     if cache.dtype not in KV_ELEMENT_TYPES:
         raise ValueError(f"the native kernels read no KV cache of {cache.dtype}")
     return KV_ELEMENT_TYPES[cache.dtype]
+
+
+logger = logging.getLogger(__name__)
 
 
 class NativeKernels(LinearKernels):
@@ -245,3 +250,15 @@ def load_native_kernels(cache_root: Path | None = None, avx512: bool = False) ->
         return NativeKernels(ctypes.CDLL(str(library)), avx512)
     except OSError as error:
         raise NativeBuildError(f"cannot load {library}: {error}") from error
+
+
+def native_kernels_for(isa: str) -> NativeKernels | None:
+    """The kernels where a CPU of `isa` runs them (AVX2 and up) and they build, else None (with
+    one line saying why they did not build: the engine then computes with torch alone)."""
+    if isa_rank(isa) < isa_rank("avx2"):
+        return None
+    try:
+        return load_native_kernels(avx512=isa_rank(isa) >= isa_rank("avx512"))
+    except NativeBuildError as error:
+        logger.warning("computing with torch alone: no native kernels here: %s", error)
+        return None
