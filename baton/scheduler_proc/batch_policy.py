@@ -133,8 +133,9 @@ class BatchPolicy:
         """Decode every running sequence that can, most urgent first, within `budget` tokens:
         those past it are displaced for this step (and drafts shrink to fit first)."""
         rows: list[ScheduledRow] = []
-        decoding = sum(1 for seq in self.running if seq.prefill_done)
-        share = -(-decoding // self.micro_batches)
+        share = len(self.running)  # (one stage: every decodable sequence)
+        if self.micro_batches > 1:
+            share = -(-sum(1 for seq in self.running if seq.prefill_done) // self.micro_batches)
         for seq in list(self.running):
             if len(rows) >= share:
                 break  # the next micro-batch's
