@@ -9,9 +9,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from baton.checkpoint.gemma_config import (
+    GEMMA_ARCHITECTURES,
+    GemmaSettings,
+    gemma_settings,
+    global_rope_parameters,
+    layer_windows,
+)
 from baton.checkpoint.moe_config import MOE_ARCHITECTURES, MoEConfig, moe_config
 
 SUPPORTED_ARCHITECTURES = (
+    *GEMMA_ARCHITECTURES,
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Phi3ForCausalLM",
@@ -21,6 +29,8 @@ SUPPORTED_ARCHITECTURES = (
 )
 # Configs without an `architectures` list still name their family in `model_type`.
 _ARCHITECTURE_BY_MODEL_TYPE = {
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "mixtral": "MixtralForCausalLM",
@@ -30,9 +40,6 @@ _ARCHITECTURE_BY_MODEL_TYPE = {
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
 }
-# Architectures whose config's `sliding_window` windows every layer's attention (Qwen2's is
-# switched by `use_sliding_window`, which is refused).
-_WINDOWED_ARCHITECTURES = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
 _REQUIRED_KEYS = (
     "vocab_size",
     "hidden_size",
@@ -60,9 +67,11 @@ FREQ_FACTORS_ROPE = "freq_factors"
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Everything the model code needs to know about a Llama / Mistral / Phi-3 / Qwen2 / Qwen3
-    checkpoint, dense or a mixture of experts (Mistral is Llama's layers with a sliding window,
-    which most of its releases set to null; Phi-3 Llama's with fused projections)."""
+    """Everything the model code needs to know about a Llama / Mistral / Phi-3 / Qwen2 / Qwen3 /
+    Gemma 2 / Gemma 3 checkpoint, dense or a mixture of experts (Mistral is Llama's layers with
+    a sliding window, which most of its releases set to null; Phi-3 Llama's with fused
+    projections; Gemma's layers are Llama's with norms after attention and the MLP as well,
+    GeGLU, soft caps and windowed layers among full ones)."""
 
     architecture: str
     vocab_size: int
@@ -75,7 +84,8 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     # None for plain RoPE; for "llama3" the dict holds factor, low_freq_factor, high_freq_factor
-    # and original_max_position_embeddings. Excluded from hashing because dicts are unhashable.
+    # and original_max_position_embeddings, for "linear" the factor. Excluded from hashing
+    # because dicts are unhashable.
     rope_scaling: dict[str, Any] | None = field(hash=False)
     max_position_embeddings: int
     tie_word_embeddings: bool
@@ -86,18 +96,22 @@ class ModelConfig:
     torch_dtype: str | None
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
-    # Mistral's (Phi-3's) attention window (a token sees the `sliding_window` latest positions,
-    # its own included); None: full attention. Baton computes full attention, the same within it.
-    sliding_window: int | None = None
+    # Each layer's attention window, by the checkpoint's layer index: a query at position p sees
+    # the keys at p - window + 1 .. p, `window` positions its own included, as transformers'
+    # sliding_window_overlay masks them (kv_idx > q_idx - sliding_window); None: every earlier
+    # position. Mistral (v0.1) and Phi-3 window every layer, Gemma its sliding_attention ones.
+    layer_windows: tuple[int | None, ...]
     # Mixture of experts (Qwen2-MoE, Qwen3-MoE, Mixtral); None: a dense model.
     moe: MoEConfig | None = None
+    # Gemma 2 / Gemma 3's own settings (gemma_config.py); None: another architecture.
+    gemma: GemmaSettings | None = None
 
     def served_context_length(self, requested: int | None) -> int:
-        """The context length served: `requested` (a --max-model-len), else the model's positions
-        (with a sliding window, the window: within it full attention is the model's own).
+        """The context length served: `requested` (a --max-model-len), else the model's
+        positions; windowed layers attend to their windows whatever the length.
 
         ValueError for a length past the positions the model was trained for (as vLLM refuses
-        it), or past a sliding window: silently serving less than was asked hides the mistake.
+        it): silently serving less than was asked hides the mistake.
         """
         positions = self.max_position_embeddings
         if requested is not None and not 1 <= requested <= positions:
@@ -105,15 +119,14 @@ class ModelConfig:
                 f"--max-model-len {requested} is outside what this model supports (1 to its "
                 f"{positions} positions); give at most {positions}, or leave it out"
             )
-        window = self.sliding_window
-        if window is not None and window < (requested or positions):
-            if requested is not None:
-                raise ValueError(
-                    f"--max-model-len {requested} is past this model's sliding window of "
-                    f"{window} tokens, which Baton does not compute: give at most {window}"
-                )
-            return window
         return requested or positions
+
+    @property
+    def attention_scale(self) -> float:
+        """What attention scores are multiplied by: 1 / sqrt(head_dim), or Gemma's
+        1 / sqrt(query_pre_attn_scalar)."""
+        scalar = self.head_dim if self.gemma is None else self.gemma.query_pre_attn_scalar
+        return scalar**-0.5
 
     @property
     def q_size(self) -> int:
@@ -132,10 +145,12 @@ class ModelConfig:
         missing = [key for key in _REQUIRED_KEYS if config.get(key) is None]
         if missing:
             raise CheckpointError(f"config.json lacks required key(s): {', '.join(missing)}")
+        is_gemma = architecture in GEMMA_ARCHITECTURES
         hidden_act = config.get("hidden_act", "silu")
-        if hidden_act != "silu":
+        if hidden_act != "silu" and not is_gemma:
             raise CheckpointError(f"config.json: unsupported hidden_act {hidden_act!r} (only silu)")
-        _reject_sliding_window(config)
+        if not is_gemma:
+            _reject_sliding_window(config)
         sizes = {key: _positive_int(config, key) for key in _REQUIRED_KEYS}
         num_heads, hidden_size = sizes["num_attention_heads"], sizes["hidden_size"]
         num_kv_heads = _positive_int(config, "num_key_value_heads", num_heads)
@@ -150,6 +165,8 @@ class ModelConfig:
         is_qwen2 = architecture in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
         try:
             moe = moe_config(architecture, config, sizes["num_hidden_layers"])
+            windows = layer_windows(architecture, config, sizes["num_hidden_layers"])
+            gemma = gemma_settings(architecture, config)
         except (ValueError, TypeError) as error:
             raise CheckpointError(f"config.json: {error}") from None
         return cls(
@@ -165,22 +182,21 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             max_position_embeddings=sizes["max_position_embeddings"],
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            # Gemma's configs may leave it out: transformers' Gemma classes tie by default.
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", is_gemma)),
             # Qwen2 always has q/k/v biases and never an o_proj bias; Llama and Qwen3 put both
             # under `attention_bias`.
             qkv_bias=True if is_qwen2 else attention_bias,
             o_bias=False if is_qwen2 else attention_bias,
             mlp_bias=bool(config.get("mlp_bias", False)),
-            qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
+            qk_norm=architecture
+            in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
             torch_dtype=config.get("torch_dtype") or config.get("dtype"),
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=token_id_tuple(config.get("eos_token_id")),
-            sliding_window=(
-                _positive_int(config, "sliding_window")
-                if architecture in _WINDOWED_ARCHITECTURES and config.get("sliding_window")
-                else None
-            ),
+            layer_windows=windows,
             moe=moe,
+            gemma=gemma,
         )
 
 
@@ -227,7 +243,7 @@ def _reject_sliding_window(config: dict[str, Any]) -> None:
 
 def _rope(config: dict[str, Any], head_dim: int) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, llama3 scaling, frequency factors or None) from either config style."""
-    parameters = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    parameters = global_rope_parameters(config)
     theta = parameters.get("rope_theta", config.get("rope_theta", 10000.0))
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
     if parameters.get("partial_rotary_factor", 1.0) != 1.0:
@@ -237,9 +253,14 @@ def _rope(config: dict[str, Any], head_dim: int) -> tuple[float, dict[str, Any] 
     if rope_type == FREQ_FACTORS_ROPE:
         factors = _factors(parameters, head_dim)
         return float(theta), {"rope_type": FREQ_FACTORS_ROPE, "factors": factors}
+    if rope_type == "linear":  # positions divided by `factor` (Gemma 3 4B and up)
+        factor = parameters.get("factor")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
+            raise CheckpointError("config.json: linear rope scaling needs a factor > 0")
+        return float(theta), {"rope_type": "linear", "factor": float(factor)}
     if rope_type != "llama3":
         raise CheckpointError(
-            f"config.json: unsupported rope_type {rope_type!r} (supported: default, llama3)"
+            f"config.json: unsupported rope_type {rope_type!r} (supported: default, linear, llama3)"
         )
     missing = [key for key in _LLAMA3_ROPE_KEYS if key not in parameters]
     if missing:

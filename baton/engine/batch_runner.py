@@ -158,10 +158,10 @@ class BatchRunner:
                 return logits[num_sampled + start : num_sampled + end]
         else:
             normed = self._final_hidden(*args, indices)
-            sampled = self.model.lm_head(normed[:num_sampled])
+            sampled = self.model.logits(normed[:num_sampled])
 
             def scored_logits(start: int, end: int) -> torch.Tensor:
-                return self.model.lm_head(normed[num_sampled + start : num_sampled + end])
+                return self.model.logits(normed[num_sampled + start : num_sampled + end])
 
         rows = [scoring.row for scoring in batch.prompt_scoring]
         return sampled, dict(zip(rows, prompt_logprobs(scored_logits, batch.prompt_scoring)))
@@ -213,7 +213,7 @@ class BatchRunner:
             logits = graphs.logits(input_ids, kv_starts, page_tables)
             # A copy, as above: the graph's output is overwritten by the next replay.
             return logits[torch.tensor(logits_indices, dtype=torch.long, device=self.device)]
-        return self.model.lm_head(
+        return self.model.logits(
             self._final_hidden(input_ids, kv_starts, q_lens, page_tables, logits_indices)
         )
 

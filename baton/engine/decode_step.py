@@ -88,7 +88,10 @@ class NativeDecodeStep:
     @staticmethod
     def supports(model: CausalLM) -> bool:
         """Every linear layer reads compact weights, every attention runs natively and every
-        MLP is a dense gated one (the step has no experts)."""
+        MLP is a dense gated one (the step has no experts), of Llama's layers (not Gemma's: the
+        step has no norms after attention and the MLP, no GeGLU, soft caps or local RoPE)."""
+        if model.config.gemma is not None:
+            return False
         linears = [module for module in model.modules() if isinstance(module, Linear)]
         return all(linear.compact is not None for linear in linears) and all(
             layer.self_attn.native is not None and isinstance(layer.mlp, GatedMLP)
@@ -122,6 +125,7 @@ class NativeDecodeStep:
             attn.head_dim,
             kv_pool.page_size,
             kv_element_type(kv_pool.k_cache(attn.layer)),
+            attn.window or 0,
             attn.eps,
             attn.scale,
         )

@@ -137,12 +137,6 @@ class Engine(BatchRunner):
         # What K and V are stored in (--kv-cache-dtype); attention widens them back to `dtype`.
         self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, self.device)
         self.max_model_len = model_config.served_context_length(config.max_model_len)
-        if config.max_model_len is None and self.max_model_len == model_config.sliding_window:
-            logger.warning(
-                "serving a context of %d tokens, this model's sliding window: past it the model "
-                "attends to a window, which Baton does not compute",
-                self.max_model_len,
-            )
         self.page_size = config.page_size
         self.num_pages = kv_pool_pages(config, sizing_config, self.kv_dtype, self.max_model_len)
         self.gemm_dtype = _TORCH_DTYPES[self.plan.gemm_dtype] if self.plan.gemm_dtype else None

@@ -112,7 +112,7 @@ def test_defaults_list_eos_and_dtype_key() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"architectures": ["Gemma2ForCausalLM"]}, "Gemma2ForCausalLM"),
+        ({"architectures": ["GemmaForCausalLM"]}, "GemmaForCausalLM"),
         (  # Phi-3's 128k variants
             {"architectures": ["Phi3ForCausalLM"], "rope_parameters": {"rope_type": "longrope"}},
             "unsupported rope_type 'longrope'",

@@ -156,6 +156,7 @@ def test_a_models_head_weighs_as_the_layers_its_weights_make() -> None:
         torch_dtype="bfloat16",
         bos_token_id=None,
         eos_token_ids=(),
+        layer_windows=(None,) * 16,
     )
     assert pipeline_stages(config, 1) == [range(0, 16)]
     assert pipeline_stages(config, 2) == [range(0, 10), range(10, 16)]

@@ -25,10 +25,15 @@ def prefill_attention_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, 
     attention = NativeKernels.prefill_attention
 
     def counting(
-        self: NativeKernels, q: torch.Tensor, prefix: int, *args: object, on_amx: bool
+        self: NativeKernels,
+        q: torch.Tensor,
+        prefix: int,
+        *args: object,
+        on_amx: bool,
+        **limits: object,  # the window and soft cap
     ) -> None:
         calls.append((q.shape[0], prefix, on_amx))
-        return attention(self, q, prefix, *args, on_amx=on_amx)
+        return attention(self, q, prefix, *args, on_amx=on_amx, **limits)
 
     monkeypatch.setattr(NativeKernels, "prefill_attention", counting)
     return calls

@@ -50,9 +50,12 @@ def dense_reference(
     keys: list[torch.Tensor],
     values: list[torch.Tensor],
     scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Each row's queries (q's rows in order, `meta.q_lens` each) over its own contiguous K/V
-    ([kv_len, kv_heads, head_dim] per row), the last q_len of its kv_len positions, causally."""
+    ([kv_len, kv_heads, head_dim] per row), the last q_len of its kv_len positions, causally;
+    over the keys after p - window only, and soft-capped, where given (transformers' Gemma 2)."""
     outputs = []
     start = 0
     for n, kv_len, k, v in zip(meta.q_lens, meta.kv_lens, keys, values, strict=True):
@@ -64,9 +67,12 @@ def dense_reference(
         )  # [kv_len, q_heads, d]
         v_full = v.to(q.device, torch.float64).repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", row_q, k_full) * scale
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         query_pos = torch.arange(kv_len - n, kv_len, device=q.device).unsqueeze(1)
         key_pos = torch.arange(kv_len, device=q.device).unsqueeze(0)
-        scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+        hidden = (key_pos > query_pos) | (key_pos <= query_pos - (window or kv_len + 1))
+        scores = scores.masked_fill(hidden, float("-inf"))
         outputs.append(torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v_full))
     return torch.cat(outputs)
 
@@ -103,29 +109,46 @@ def scattered_prefill_row(
     return PrefillRow(q, prefix, k_cache, v_cache, kv_rows, k, v)
 
 
-def attend_prefill_row(native: NativeKernels, row: PrefillRow, on_amx: bool) -> torch.Tensor:
+def attend_prefill_row(
+    native: NativeKernels,
+    row: PrefillRow,
+    on_amx: bool,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """The native kernel's output for `row`, written between two rows it must leave alone."""
     q_len, heads, head_dim = row.q.shape
     out = torch.full((q_len + 2, heads, head_dim), torch.nan)
     native.prefill_attention(
         row.q, row.prefix, row.k_cache, row.v_cache, row.kv_rows, head_dim**-0.5, out[1:-1],
-        on_amx=on_amx,
+        on_amx=on_amx, window=window, softcap=softcap,
     )  # fmt: skip
     assert out[0].isnan().all() and out[-1].isnan().all()
     return out[1:-1]
 
 
-def causal_float64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: int) -> torch.Tensor:
+def causal_float64(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix: int,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
     """Causal attention in float64 of q [q_len, heads, d] over k/v [kv_heads, keys, d], the
-    queries after `prefix` keys, scaled by d^-1/2."""
+    queries after `prefix` keys, scaled by d^-1/2; a query at position p sees keys after
+    p - window only, and scores are soft-capped, where given (transformers' Gemma 2)."""
     q_len, heads, head_dim = q.shape
     group = heads // k.shape[0]
     q, k, v = (t.double() for t in (q, k, v))
-    hidden = torch.arange(k.shape[1])[None, :] > (prefix + torch.arange(q_len))[:, None]
+    behind = (prefix + torch.arange(q_len))[:, None] - torch.arange(k.shape[1])[None, :]
+    hidden = (behind < 0) | (behind >= (window or k.shape[1] + 1))
     out = torch.empty(q_len, heads, head_dim, dtype=torch.float64)
     for head in range(heads):
-        scores = (q[:, head] @ k[head // group].T * head_dim**-0.5).masked_fill(hidden, -torch.inf)
-        out[:, head] = torch.softmax(scores, -1) @ v[head // group]
+        scores = q[:, head] @ k[head // group].T * head_dim**-0.5
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        out[:, head] = torch.softmax(scores.masked_fill(hidden, -torch.inf), -1) @ v[head // group]
     return out
 
 

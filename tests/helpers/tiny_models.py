@@ -14,6 +14,10 @@ from typing import Any
 
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
@@ -110,6 +114,39 @@ TINY_VARIANTS: dict[str, TinyVariant] = {
         MistralConfig,
         MistralForCausalLM,
         {**_COMMON, "head_dim": 32, "sliding_window": 48, "tie_word_embeddings": False},
+    ),
+    # Gemma 2: sliding and full layers alternating, a window of 16 tokens (prompts run past it),
+    # soft caps low enough to bite, the attention scaled by query_pre_attn_scalar (not
+    # head_dim), tied embeddings.
+    "gemma2": TinyVariant(
+        Gemma2Config,
+        Gemma2ForCausalLM,
+        {
+            **_COMMON,
+            "head_dim": 32,
+            "sliding_window": 16,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 8.0,
+            "final_logit_softcapping": 12.0,
+        },
+    ),
+    # Gemma 3: q/k norms, three layers (local, global, local), a window of 8, the local layers'
+    # RoPE base apart from the global ones', which are linearly scaled (as 4B and up).
+    "gemma3": TinyVariant(
+        Gemma3TextConfig,
+        Gemma3ForCausalLM,
+        {
+            **_COMMON,
+            "num_hidden_layers": 3,
+            "head_dim": 32,
+            "sliding_window": 8,
+            "query_pre_attn_scalar": 40,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 100.0},
+            },
+        },
     ),
     # Phi-3: Llama's layers with q/k/v and gate/up fused in the checkpoint, no biases.
     "phi3": TinyVariant(Phi3Config, Phi3ForCausalLM, {**_COMMON, "tie_word_embeddings": False}),

@@ -29,10 +29,20 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attention for one layer.
 
         q: [tokens, num_q_heads, head_dim]; k_cache/v_cache: [num_pages, page_size,
         num_kv_heads, head_dim]. Returns [tokens, num_q_heads, head_dim] in q's dtype. Query
-        heads are grouped over KV heads (GQA) without materialising repeated K/V.
+        heads are grouped over KV heads (GQA) without materialising repeated K/V. `window`: a
+        query at position p sees the keys at p - window + 1 .. p only (ModelConfig.layer_windows);
+        `softcap`: the scaled scores are soft-capped (`soft_cap`) before the softmax.
         """
+
+
+def soft_cap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """`cap * tanh(x / cap)`, in place: Gemma 2's attention scores (before the mask and the
+    softmax) and final logits, in transformers' order of operations."""
+    return x.div_(cap).tanh_().mul_(cap)

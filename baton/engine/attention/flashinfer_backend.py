@@ -42,6 +42,13 @@ class FlashInferCalls:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    # Every layer's window (ModelConfig.layer_windows; FlashInfer plans one for the batch), as
+    # FlashInfer counts it: the keys before a query's own that it sees; -1: all of them.
+    window_left: int = -1
+
+    def _window(self) -> dict[str, Any]:
+        """The plans' window keyword, where there is a window."""
+        return {} if self.window_left < 0 else {"window_left": self.window_left}
 
     def prefill_wrapper(self, workspace: torch.Tensor) -> CallArgs:
         """For BatchPrefillWithPagedKVCacheWrapper(...); our cache is [pages, page, heads, dim]."""
@@ -89,6 +96,7 @@ class FlashInferCalls:
             "sm_scale": scale,
             "q_data_type": self.dtype,
             "kv_data_type": self.dtype,
+            **self._window(),
         }
         return args, kwargs
 
@@ -104,7 +112,7 @@ class FlashInferCalls:
             meta.page_size,
         )
         kwargs = {"sm_scale": scale, "q_data_type": self.dtype, "kv_data_type": self.dtype}
-        return args, kwargs
+        return args, kwargs | self._window()
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> CallArgs:
         """For either wrapper's run(...)."""
@@ -112,7 +120,9 @@ class FlashInferCalls:
 
 
 class FlashInferAttention(AttentionBackend):
-    """Batch prefill (any q_len > 1) or batch decode wrappers over the paged cache (CUDA only)."""
+    """Batch prefill (any q_len > 1) or batch decode wrappers over the paged cache (CUDA only),
+    over one `window` for every layer where the model has one (Mistral v0.1, Phi-3); no soft
+    cap (select.py refuses models whose layers differ or cap their scores)."""
 
     def __init__(
         self,
@@ -122,10 +132,12 @@ class FlashInferAttention(AttentionBackend):
         dtype: torch.dtype,
         device: torch.device | str,
         workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
+        window: int | None = None,
     ) -> None:
         import flashinfer
 
-        self.calls = FlashInferCalls(num_q_heads, num_kv_heads, head_dim, dtype)
+        window_left = -1 if window is None else window - 1  # (vLLM's sliding_window - 1)
+        self.calls = FlashInferCalls(num_q_heads, num_kv_heads, head_dim, dtype, window_left)
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device)
         args, kwargs = self.calls.prefill_wrapper(workspace)
         self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(*args, **kwargs)
@@ -156,8 +168,11 @@ class FlashInferAttention(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """Run the planned wrapper for one layer; see AttentionBackend."""
+        """Run the planned wrapper for one layer (its window the planned one); see
+        AttentionBackend."""
         if meta is not self._meta or scale != self._scale:
             self._plan(meta, scale)
         wrapper = self._decode if meta.is_decode_only else self._prefill
@@ -199,8 +214,11 @@ class FlashInferGraphDecode(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
-        """Run the planned wrapper for one layer; see AttentionBackend."""
+        """Run the planned wrapper for one layer (its window the planned one); see
+        AttentionBackend."""
         if scale != self._scale:  # raised while recording, at start-up, never at a replay
             raise ValueError(f"decode graphs plan attention at 1/sqrt(head_dim), not {scale}")
         args, kwargs = self.calls.run(q, k_cache, v_cache)

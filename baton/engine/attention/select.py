@@ -23,11 +23,15 @@ def make_attention_backend(
     native: NativeKernels | None = None,
     prefill_dtype: torch.dtype | None = None,
     amx_prefill: bool = False,
+    layer_windows: tuple[int | None, ...] = (),
+    softcap: float | None = None,
 ) -> AttentionBackend:
     """Build backend `name` ("auto" | "torch" | "flashinfer") for the given model shape;
     `native`: the torch backend's decode rows run the native kernel (float32 CPU caches);
     `prefill_dtype`: its prefill rows attend in that dtype; `amx_prefill`: on AMX (see
-    TorchPagedAttention)."""
+    TorchPagedAttention). `layer_windows`, `softcap`: the model's (ModelConfig), which the
+    torch backend computes for each layer; FlashInfer's plan takes one window for all layers
+    and no soft cap, and a model with others is refused there in one line (ValueError)."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; expected one of {BACKEND_NAMES}")
     device = torch.device(device)
@@ -35,7 +39,15 @@ def make_attention_backend(
     if name == "flashinfer" and not on_cuda:
         raise ValueError(f"the flashinfer backend needs a CUDA device, got {device}")
     if name == "flashinfer" or (name == "auto" and on_cuda and flashinfer_available()):
-        return FlashInferAttention(num_q_heads, num_kv_heads, head_dim, dtype, device)
+        if len(set(layer_windows)) > 1 or softcap is not None:
+            raise ValueError(
+                "FlashInfer attention plans one window for all layers and no soft cap, and this "
+                "model's layers differ or cap their scores: give --attention-backend torch"
+            )
+        window = layer_windows[0] if layer_windows else None
+        return FlashInferAttention(
+            num_q_heads, num_kv_heads, head_dim, dtype, device, window=window
+        )
     return TorchPagedAttention(
         num_q_heads,
         num_kv_heads,
@@ -54,7 +66,7 @@ def model_attention_backend(
     prefill_dtype: torch.dtype | None = None,
     amx_prefill: bool = False,
 ) -> AttentionBackend:
-    """`make_attention_backend` for `config`'s heads."""
+    """`make_attention_backend` for `config`'s heads and windows."""
     return make_attention_backend(
         name,
         device,
@@ -65,4 +77,6 @@ def model_attention_backend(
         native,
         prefill_dtype,
         amx_prefill,
+        config.layer_windows,
+        None if config.gemma is None else config.gemma.attn_logit_softcapping,
     )

@@ -6,19 +6,21 @@ attention kernels. K/V rows are gathered head-major straight out of the cache vi
 sequence and query heads are grouped over it without repeating K/V (a repeat costs more than the
 attention itself on CPU). Prefill rows run torch's fused attention: on CPU a row without a cached
 prefix is one causal call to its flash kernel (on Zen 3 1.6x a matmul-softmax-matmul, at 128 and
-at 1024 queries); other rows go in masked blocks of queries. Rows gathered from a narrower cache
-(`--kv-cache-dtype`) are widened to the queries' dtype; the native kernels widen as they load.
+at 1024 queries); other rows go in masked blocks of queries (torch_prefill.py). Rows gathered from
+a narrower cache (`--kv-cache-dtype`) are widened to the queries' dtype; the native kernels widen
+as they load. Every path computes a layer's window and soft cap where it has them (the native
+kernels too) but the AMX prefill kernel, whose rows then attend in torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
-from baton.engine.attention.base import AttentionBackend
+from baton.engine.attention.base import AttentionBackend, soft_cap
 from baton.engine.attention.metadata import AttentionMetadata
+from baton.engine.attention.torch_prefill import PrefillRow, PrefillShape, attend_prefill_row
 from baton.engine.native.library import NativeKernels
 
 # Score elements (query heads x queries x keys) of one masked block of a prefill row: a kernel
@@ -36,6 +38,18 @@ class _DecodePlan:
     kv_rows: torch.Tensor  # [batch * kv_heads * max_kv_len] rows of the cache viewed [-1, head_dim]
     max_kv_len: int
     bias: torch.Tensor  # [batch * kv_heads, 1, max_kv_len] float32: 0, or -inf on padding
+    early: torch.Tensor  # [batch, max_kv_len] int64: how far each key is behind the row's last
+    # `bias` with -inf too on the keys each window hides, by window, made as layers ask.
+    window_bias: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    def bias_for(self, window: int | None, kv_heads: int) -> torch.Tensor:
+        """The bias of a layer with `window` (None: full attention)."""
+        if window is None:
+            return self.bias
+        if window not in self.window_bias:
+            hidden = (self.early >= window).repeat_interleave(kv_heads, dim=0).unsqueeze(1)
+            self.window_bias[window] = self.bias.masked_fill(hidden, float("-inf"))
+        return self.window_bias[window]
 
 
 @dataclass(frozen=True)
@@ -45,17 +59,6 @@ class _NativeDecodePlan:
     tokens: slice | torch.Tensor  # which rows of q/out belong to these sequences
     rows: torch.Tensor  # [decode rows] int32: each one's row in the batch metadata
     kv_lens: torch.Tensor  # [batch] int32
-
-
-@dataclass(frozen=True)
-class _PrefillRow:
-    """One row with several queries, attended with a causal mask offset by its cached prefix."""
-
-    q_start: int
-    q_len: int
-    kv_len: int
-    kv_rows: torch.Tensor  # [kv_heads * kv_len] rows of the cache viewed [-1, head_dim]
-    block: int  # queries per masked block
 
 
 class TorchPagedAttention(AttentionBackend):
@@ -92,7 +95,7 @@ class TorchPagedAttention(AttentionBackend):
         self.amx_prefill = amx_prefill and native is not None and prefill_dtype == torch.bfloat16
         self._meta: AttentionMetadata | None = None
         self._decode: _DecodePlan | _NativeDecodePlan | None = None
-        self._prefill: list[_PrefillRow] = []
+        self._prefill: list[PrefillRow] = []
         # True on and below the diagonal: the keys a block's queries see past the prefix.
         self._visible = torch.ones(0, 0, dtype=torch.bool)
 
@@ -121,7 +124,7 @@ class TorchPagedAttention(AttentionBackend):
             kv_rows = self._kv_rows(meta, torch.tensor([i], device=device), positions)
             fitting = _SCORE_BLOCK_ELEMENTS // (self.num_q_heads * kv_len)
             block = min(self.query_block, max(_MIN_QUERY_BLOCK, fitting))
-            self._prefill.append(_PrefillRow(q_starts[i], n, kv_len, kv_rows, block))
+            self._prefill.append(PrefillRow(q_starts[i], n, kv_len, kv_rows, block))
         largest_block = max((row.block for row in self._prefill), default=0)
         if self._visible.shape[0] < largest_block or self._visible.device != device:
             size = max(largest_block, self._visible.shape[0])
@@ -142,7 +145,7 @@ class TorchPagedAttention(AttentionBackend):
         padding = (positions >= kv_lens).repeat_interleave(self.num_kv_heads, dim=0).unsqueeze(1)
         bias = torch.zeros(padding.shape, device=device).masked_fill_(padding, float("-inf"))
         tokens = _token_selector([q_starts[i] for i in rows], device)
-        return _DecodePlan(tokens, kv_rows, max_kv_len, bias)
+        return _DecodePlan(tokens, kv_rows, max_kv_len, bias, kv_lens - 1 - positions)
 
     def _kv_rows(
         self, meta: AttentionMetadata, rows: torch.Tensor, positions: torch.Tensor
@@ -161,6 +164,8 @@ class TorchPagedAttention(AttentionBackend):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attention of q [tokens, q_heads, head_dim] over the cache; see AttentionBackend."""
         if meta is not self._meta:
@@ -169,26 +174,33 @@ class TorchPagedAttention(AttentionBackend):
         k_rows = k_cache.view(-1, head_dim)
         v_rows = v_cache.view(-1, head_dim)
         q_cache = q.to(_attention_dtype(q.dtype, k_cache.dtype))
-        decode = self._decode
+        decode, limits = self._decode, (window, softcap)
         if decode is not None and not self._prefill and isinstance(decode.tokens, slice):
-            return self._attend_decode(q_cache, k_cache, v_cache, decode, scale).to(q.dtype)
+            return self._attend_decode(q_cache, k_cache, v_cache, decode, scale, *limits).to(
+                q.dtype
+            )
         out = torch.empty_like(q_cache)
         if decode is not None:
             if isinstance(decode.tokens, slice):
                 out[decode.tokens] = self._attend_decode(
-                    q_cache[decode.tokens], k_cache, v_cache, decode, scale
+                    q_cache[decode.tokens], k_cache, v_cache, decode, scale, *limits
                 )
             else:
                 decode_q = q_cache.index_select(0, decode.tokens)
-                decode_out = self._attend_decode(decode_q, k_cache, v_cache, decode, scale)
+                decode_out = self._attend_decode(decode_q, k_cache, v_cache, decode, scale, *limits)
                 out.index_copy_(0, decode.tokens, decode_out)
         native = self.native is not None and head_dim <= 256
         if self.amx_prefill:
             native = native and head_dim % 32 == 0
         else:  # float32, unless the plan's prefill computes in bf16 (then torch's kernel)
             native = native and head_dim % 16 == 0 and self.prefill_dtype is None
+        shape = PrefillShape(
+            self.num_kv_heads, self.group, self.prefill_dtype or q_cache.dtype, self._visible
+        )
         for row in self._prefill:
-            if native:
+            # The AMX kernel has no window or soft cap: such rows attend in torch.
+            restricted = row.windowed(window) or softcap is not None
+            if native and not (self.amx_prefill and restricted):
                 tokens = slice(row.q_start, row.q_start + row.q_len)
                 prefix = row.kv_len - row.q_len
                 self.native.prefill_attention(
@@ -200,9 +212,11 @@ class TorchPagedAttention(AttentionBackend):
                     scale,
                     out[tokens],
                     on_amx=self.amx_prefill,
+                    window=window if row.windowed(window) else None,
+                    softcap=softcap,
                 )
             else:
-                self._attend_prefill_row(q_cache, k_rows, v_rows, row, scale, out)
+                attend_prefill_row(q_cache, k_rows, v_rows, row, scale, out, shape, *limits)
         return out.to(q.dtype)
 
     def _attend_decode(
@@ -212,11 +226,14 @@ class TorchPagedAttention(AttentionBackend):
         v_cache: torch.Tensor,
         plan: _DecodePlan | _NativeDecodePlan,
         scale: float,
+        window: int | None,
+        softcap: float | None,
     ) -> torch.Tensor:
         if isinstance(plan, _NativeDecodePlan):
             meta = self._meta
+            pages = (meta.kv_indptr, meta.kv_indices, plan.kv_lens)
             return self.native.decode_attention(
-                q, plan.rows, k_cache, v_cache, meta.kv_indptr, meta.kv_indices, plan.kv_lens, scale
+                q, plan.rows, k_cache, v_cache, *pages, scale, window, softcap
             )
         batch, head_dim = q.shape[0], q.shape[-1]
         groups = batch * self.num_kv_heads  # one [group, head_dim] query matrix per (row, KV head)
@@ -224,64 +241,16 @@ class TorchPagedAttention(AttentionBackend):
         k = k_cache.view(-1, head_dim).index_select(0, plan.kv_rows).to(q.dtype).view(kv_shape)
         v = v_cache.view(-1, head_dim).index_select(0, plan.kv_rows).to(q.dtype).view(kv_shape)
         grouped_q = q.reshape(groups, self.group, head_dim)
-        # baddbmm folds scale and padding bias into the GEMM: one rounding, no extra passes.
-        bias = plan.bias.to(q.dtype)
-        scores = torch.baddbmm(bias, grouped_q, k.transpose(1, 2), alpha=scale)
+        bias = plan.bias_for(window, self.num_kv_heads).to(q.dtype)
+        if softcap is None:
+            # baddbmm folds scale and bias into the GEMM: one rounding, no extra passes.
+            scores = torch.baddbmm(bias, grouped_q, k.transpose(1, 2), alpha=scale)
+        else:  # capped after scaling, before the mask (transformers' order)
+            scores = torch.bmm(grouped_q, k.transpose(1, 2)).mul_(scale)
+            scores = soft_cap(scores, softcap).add_(bias)
         # Softmax accumulates in float32 even for bf16/fp16 inputs (CPU and CUDA kernels alike).
         probs = torch.softmax(scores, dim=-1)
         return torch.bmm(probs, v).view(batch, self.num_q_heads, head_dim)
-
-    def _attend_prefill_row(
-        self,
-        q: torch.Tensor,
-        k_rows: torch.Tensor,
-        v_rows: torch.Tensor,
-        row: _PrefillRow,
-        scale: float,
-        out: torch.Tensor,
-    ) -> None:
-        kv_heads, group, head_dim = self.num_kv_heads, self.group, q.shape[-1]
-        dtype = self.prefill_dtype or q.dtype
-        # [1, kv_heads, keys, head_dim]: the fused kernel's layout (batch first, as it requires).
-        k = k_rows.index_select(0, row.kv_rows).to(dtype).view(1, kv_heads, row.kv_len, head_dim)
-        v = v_rows.index_select(0, row.kv_rows).to(dtype).view(1, kv_heads, row.kv_len, head_dim)
-        row_q = q[row.q_start : row.q_start + row.q_len].to(dtype)
-        prefix = row.kv_len - row.q_len
-        if prefix == 0 and q.device.type == "cpu":
-            # The CPU flash kernel (grouped KV heads since torch 2.9) holds a block of scores at a
-            # time, and its causal mask is this row's: it skips the future keys' blocks.
-            tokens = slice(row.q_start, row.q_start + row.q_len)
-            attended = F.scaled_dot_product_attention(
-                row_q.transpose(0, 1).unsqueeze(0),
-                k,
-                v,
-                is_causal=True,
-                scale=scale,
-                enable_gqa=group > 1,
-            )
-            out[tokens].copy_(attended[0].transpose(0, 1))
-            return
-        # Blocks of queries with an explicit mask: the kernels' own causal mask is aligned to
-        # the first key, not the last. Each KV head's queries go in as one sequence
-        # [1, kv_heads, size * group, d], so no kernel repeats K/V for its query heads.
-        for first in range(0, row.q_len, row.block):
-            last = min(first + row.block, row.q_len)
-            size, key_end = last - first, prefix + last
-            tokens = slice(row.q_start + first, row.q_start + last)
-            block_q = row_q[first:last].view(size, kv_heads, group, head_dim).transpose(0, 1)
-            block_q = block_q.reshape(1, kv_heads, size * group, head_dim)
-            # Keys before prefix + first are visible to the whole block; the rest form a triangle.
-            mask = self._visible.new_ones(size, key_end)
-            mask[:, prefix + first :] = self._visible[:size, :size]
-            attended = F.scaled_dot_product_attention(
-                block_q,
-                k[:, :, :key_end],
-                v[:, :, :key_end],
-                attn_mask=mask.repeat_interleave(group, dim=0),
-                scale=scale,
-            )
-            attended = attended.view(kv_heads, size, group, head_dim).transpose(0, 1)
-            out[tokens].view(size, kv_heads, group, head_dim).copy_(attended)
 
 
 def _attention_dtype(q_dtype: torch.dtype, cache_dtype: torch.dtype) -> torch.dtype:

@@ -1,4 +1,5 @@
-"""Baton's own decoder-only transformer: Llama, Qwen2 and Qwen3 in one module, by config flags.
+"""Baton's own decoder-only transformer: Llama, Qwen2, Qwen3 and Gemma in one module, by config
+flags (Gemma's layer: gemma.py).
 
 The forward pass takes a flat ragged batch (all rows' new tokens concatenated), appends each
 layer's K/V to the paged pool and lets the attention backend read them back; only the rows that
@@ -7,21 +8,20 @@ are sampled from get the final norm and the LM head.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from baton.checkpoint.model_config import CheckpointError, ModelConfig
+from baton.checkpoint.model_config import ModelConfig
 from baton.distributed.pipeline_parallel import PipelineParallel
 from baton.distributed.stage_layers import stage_layers
 from baton.distributed.tensor_parallel import TensorParallel
-from baton.engine.attention.base import AttentionBackend
+from baton.engine.attention.base import AttentionBackend, soft_cap
 from baton.engine.attention.metadata import AttentionMetadata
 from baton.engine.kv.pool import KVPool
 from baton.engine.models.compact_model import CompactWeights
-from baton.engine.models.decoder_layer import DecoderLayer
+from baton.engine.models.decoder_layer import DecoderLayer, norm_dtype
+from baton.engine.models.gemma import GemmaDecoderLayer, scale_embeddings
 from baton.engine.models.layers import (
     Linear,
     RMSNorm,
@@ -30,10 +30,7 @@ from baton.engine.models.layers import (
     rms_norm,
 )
 from baton.engine.models.parallel_layers import ModelShards, VocabParallelHead, VocabShard
-from baton.engine.models.weight_targets import (
-    WeightTarget,
-    weight_targets,
-)
+from baton.engine.models.weight_loading import WeightLoading
 from baton.engine.native.formats import (
     COMPACT_MAX_ROWS,
     CompactWeight,
@@ -44,7 +41,7 @@ _CPU_DTYPES = (torch.float32, torch.bfloat16)
 _CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class CausalLM(CompactWeights, nn.Module):
+class CausalLM(CompactWeights, WeightLoading, nn.Module):
     """Embedding, decoder layers, final norm and LM head (tied to the embedding when configured).
 
     `dtype` is the activations', the KV cache's and every weight's but, where given, the decoder
@@ -92,7 +89,7 @@ class CausalLM(CompactWeights, nn.Module):
         # Numbered from 0 on each stage: a layer's index is its place in the stage's KV pool.
         moe, first = config.moe, self.layer_range.start
         self.layers = nn.ModuleList(
-            DecoderLayer(
+            (DecoderLayer if config.gemma is None else GemmaDecoderLayer)(
                 self.shards.local_config,
                 layer,
                 dtype,
@@ -100,12 +97,15 @@ class CausalLM(CompactWeights, nn.Module):
                 gemm_dtype,
                 tp,
                 sparse=moe is not None and moe.is_sparse(first + layer),
+                window=config.layer_windows[first + layer],
             )
             for layer in range(len(self.layer_range))
         )
         # Batches of up to this many rows multiply the compact weights (attach_compact_weights).
         self.compact_max_rows = COMPACT_MAX_ROWS
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.norm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, norm_dtype(config, dtype), device
+        )
         # The LM head computes in float32 whatever the model's dtype (SGLang's
         # --enable-fp32-lm-head, always on): bf16 logits round near-ties together and the
         # argmax then picks by index (on SmolLM2, "The" -1.864 and "L" -1.963 nats both became
@@ -119,13 +119,16 @@ class CausalLM(CompactWeights, nn.Module):
         )
         if tied and last and dtype == torch.float32:
             self.lm_head.weight = self.embed_tokens
+        positions = config.max_position_embeddings
         self.rotary = RotaryEmbedding(
-            config.head_dim,
-            config.max_position_embeddings,
-            config.rope_theta,
-            config.rope_scaling,
-            dtype,
-            device,
+            config.head_dim, positions, config.rope_theta, config.rope_scaling, dtype, device
+        )
+        # Gemma 3's windowed layers rotate by their own base, unscaled; None: as the others.
+        local_base = None if config.gemma is None else config.gemma.rope_local_base_freq
+        self.local_rotary = (
+            None
+            if local_base is None
+            else RotaryEmbedding(config.head_dim, positions, local_base, None, dtype, device)
         )
 
     @torch.inference_mode()
@@ -144,7 +147,14 @@ class CausalLM(CompactWeights, nn.Module):
         batch; every layer's new K/V are written to `kv_pool` at `meta.slot_mapping`.
         """
         normed = self.final_hidden(input_ids, positions, kv_pool, attn, meta, logits_indices)
-        return self.lm_head(normed)
+        return self.logits(normed)
+
+    def logits(self, normed: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of rows of `final_hidden`: the LM head's, soft-capped where the model
+        caps them (Gemma 2's final_logit_softcapping)."""
+        logits = self.lm_head(normed)
+        cap = None if self.config.gemma is None else self.config.gemma.final_logit_softcapping
+        return logits if cap is None else soft_cap(logits, cap)
 
     def final_hidden(
         self,
@@ -156,7 +166,7 @@ class CausalLM(CompactWeights, nn.Module):
         logits_indices: torch.Tensor,
     ) -> torch.Tensor:
         """`forward` up to the LM head: the final norm's float32 output at the chosen rows,
-        which `lm_head` turns into logits (a caller may do so a slice at a time). On the last
+        which `logits` turns into logits (a caller may do so a slice at a time). On the last
         of several pipeline stages, from the hidden states the stage before sends."""
         hidden = self.stage_hidden(input_ids, positions, kv_pool, attn, meta)
         # Norm and LM head only where a token is sampled: the head is the largest matmul. Both
@@ -180,16 +190,22 @@ class CausalLM(CompactWeights, nn.Module):
             shape = (input_ids.numel(), self.config.hidden_size)
             hidden = self.pipeline.receive_hidden(shape, self.dtype, input_ids.device)
         angles = self.rotary.angles(positions)
+        local = angles if self.local_rotary is None else self.local_rotary.angles(positions)
         for layer in self.layers:
-            hidden = layer(hidden, angles, kv_pool, attn, meta)
+            windowed = layer.self_attn.window is not None
+            hidden = layer(hidden, local if windowed else angles, kv_pool, attn, meta)
         return hidden
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The embeddings of `input_ids` [tokens] -> [tokens, hidden]; IndexError for an id
         outside the vocabulary, as F.embedding raises."""
         if self.vocab_shard is not None:
-            return self.vocab_shard.embed(input_ids, self._embed_rows)
-        return self._embed_rows(input_ids)
+            hidden = self.vocab_shard.embed(input_ids, self._embed_rows)
+        else:
+            hidden = self._embed_rows(input_ids)
+        if self.config.gemma is not None:
+            return scale_embeddings(hidden, self.config.hidden_size)
+        return hidden
 
     def _embed_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The rows `input_ids` of the embedding this rank holds."""
@@ -205,8 +221,9 @@ class CausalLM(CompactWeights, nn.Module):
         head_dim is a multiple of 8 (the caller checks)."""
         for layer in self.layers:
             layer.self_attn.native = native
-            layer.input_layernorm.native = native
-            layer.post_attention_layernorm.native = native
+            for norm in layer.modules():
+                if isinstance(norm, RMSNorm):
+                    norm.native = native
             layer.mlp.native = native
 
     def pack_linear_weights(self) -> None:
@@ -219,69 +236,6 @@ class CausalLM(CompactWeights, nn.Module):
         for module in self.modules():
             if isinstance(module, Linear) and module.out_features:  # (no stage's empty head)
                 module.pack_for_cpu()
-
-    @torch.no_grad()
-    def load_weights(
-        self, weights: Iterable[tuple[str, torch.Tensor]], held: frozenset[str] = frozenset()
-    ) -> None:
-        """Copy HF-named tensors into our parameters, fusing q/k/v and gate/up on the way;
-        `held`: the names whose stored weights the model holds already (stored_weights.py).
-
-        Raises `CheckpointError` naming any unexpected, wrongly shaped or missing tensor.
-        """
-        targets = self._weight_targets()
-        loaded: set[str] = set(held)
-        for name, tensor in weights:
-            # Old checkpoints store RoPE buffers; tied checkpoints may also repeat the embedding.
-            if name.endswith("rotary_emb.inv_freq"):
-                continue
-            if name == "lm_head.weight" and self.config.tie_word_embeddings:
-                continue
-            if not self.holds(name):  # another pipeline stage's
-                continue
-            target = targets.get(name)
-            if target is None:
-                raise CheckpointError(f"unexpected tensor {name!r} in checkpoint")
-            if tuple(tensor.shape) != target.shape:
-                raise CheckpointError(
-                    f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {target.shape}"
-                )
-            target.param[target.rows].copy_(target.shard.take(tensor))
-            loaded.add(name)
-        missing = sorted(targets.keys() - loaded)
-        if missing:
-            raise CheckpointError(f"checkpoint lacks {len(missing)} tensor(s): {missing[:5]}")
-        tied_copy = (
-            self.config.tie_word_embeddings
-            and self.pipeline.is_last
-            and self.lm_head.weight is not self.embed_tokens
-        )
-        if tied_copy and self.embedding_stored is None:
-            self.lm_head.weight.copy_(self.embed_tokens)  # the float32 head of a tied model
-
-    def _weight_targets(self) -> dict[str, WeightTarget]:
-        """HF parameter name -> destination, for every tensor a checkpoint must provide."""
-        last = self.pipeline.is_last
-        return weight_targets(
-            self.config,
-            self.shards,
-            self.embed_tokens if self.holds_embedding else None,
-            self.norm.weight if last else None,
-            self.lm_head.weight if last else None,
-            self.layers,
-            self.layer_range.start,
-        )
-
-    def holds(self, name: str) -> bool:
-        """Whether checkpoint tensor `name` belongs to this pipeline stage (every one does to a
-        single stage): its layers', or the embedding, norm and head it holds."""
-        if self.pipeline.size == 1:
-            return True
-        if name.startswith("model.layers."):
-            return int(name.split(".")[2]) in self.layer_range
-        if name.startswith("model.embed_tokens."):
-            return self.holds_embedding
-        return self.pipeline.is_last  # the final norm, the LM head
 
 
 def pipeline_stages(config: ModelConfig, size: int) -> list[range]:

@@ -143,7 +143,9 @@ class Linear(nn.Module):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF's RMSNorm: normalise in float32, cast back to x's dtype, then scale by `weight`.
+    """HF's RMSNorm: normalise in float32, cast back to x's dtype, then scale by `weight`; a
+    float32 `weight` of a narrower x (Gemma's 1 + w, see GEMMA_NORM_SHIFT) scales first, in
+    float32, and the product is cast, as transformers' Gemma norms compute.
 
     `weight` may have more than one dimension (broadcast over x's leading dims), which lets
     Qwen3's separate q- and k-norms run as one call over the q and k heads together.
@@ -151,14 +153,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.dtype == torch.float32 and weight.dim() == 1:
         # One fused kernel; identical to the general path in float32.
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    normed = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
+    if weight.dtype != x.dtype:
+        return (normed * weight).to(x.dtype)
     # Cast-then-scale order matters in bf16: HF multiplies the already-rounded value.
-    return F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype) * weight
+    return normed.to(x.dtype) * weight
+
+
+# Gemma's norms scale by 1 + w: its checkpoints' norm weights are loaded plus this, into float32
+# weights (weight_targets.py), so every norm kernel multiplies by the weight alone.
+GEMMA_NORM_SHIFT = 1.0
 
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last dimension with a learned scale."""
 
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str):
+        """`dtype`: the weight's, the activations' but for Gemma's float32 1 + w (rms_norm)."""
         super().__init__()
         self.weight = empty_parameter(size, dtype=dtype, device=device)
         self.eps = eps
@@ -182,6 +193,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
         return inv_freq
     if scaling["rope_type"] == FREQ_FACTORS_ROPE:
         return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
+    if scaling["rope_type"] == "linear":  # as transformers' _compute_linear_scaling_rope_parameters
+        return inv_freq / scaling["factor"]
     # Llama 3.1: stretch long wavelengths by `factor`, keep short ones, blend in between
     # (same formula and float32 arithmetic as transformers' _compute_llama3_parameters).
     factor = scaling["factor"]

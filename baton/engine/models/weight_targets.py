@@ -11,6 +11,8 @@ import torch
 from baton.checkpoint.model_config import ModelConfig
 from baton.config import ConfigurationError
 from baton.engine.models.decoder_layer import DecoderLayer
+from baton.engine.models.gemma import GemmaDecoderLayer
+from baton.engine.models.layers import GEMMA_NORM_SHIFT
 from baton.engine.models.moe import SparseMoE
 from baton.engine.models.parallel_layers import WHOLE, ModelShards, Shard
 from baton.engine.native.formats import CompactWeight
@@ -19,12 +21,13 @@ from baton.engine.native.formats import CompactWeight
 @dataclass(frozen=True)
 class WeightTarget:
     """Where one HF tensor of `shape` (the checkpoint's) goes: this rank's `shard` of it, into
-    `rows` of `param`."""
+    `rows` of `param`, plus `shift` (Gemma's norms, layers.GEMMA_NORM_SHIFT)."""
 
     param: torch.Tensor
     rows: slice
     shape: tuple[int, ...]
     shard: Shard = WHOLE
+    shift: float = 0.0
 
     @property
     def local_shape(self) -> tuple[int, ...]:
@@ -58,12 +61,18 @@ def weight_targets(
         rows = shard.local_shape(shape)[0]
         targets[name] = WeightTarget(param, slice(start, start + rows), shape, shard)
 
+    shift = 0.0 if config.gemma is None else GEMMA_NORM_SHIFT
+
+    def add_norm(name: str, param: torch.Tensor, rows: slice = slice(None)) -> None:
+        """A norm's [size] weight, into `rows` of `param` (broadcast over a row per head)."""
+        targets[name] = WeightTarget(param, rows, tuple(param.shape[-1:]), shift=shift)
+
     hidden, head_dim = config.hidden_size, config.head_dim
     vocab = (config.vocab_size, hidden)
     if embedding is not None:
         add("model.embed_tokens.weight", embedding, shape=vocab, shard=shards.vocab_rows())
     if norm is not None:
-        add("model.norm.weight", norm)
+        add_norm("model.norm.weight", norm)
     if lm_head is not None and not config.tie_word_embeddings:
         add("lm_head.weight", lm_head, shape=vocab, shard=shards.vocab_rows())
     # This rank's q, k and v rows, one after the other in the fused projection.
@@ -77,8 +86,11 @@ def weight_targets(
     inter, local_inter = config.intermediate_size, shards.intermediate[1]
     for index, layer in enumerate(layers, start=first_layer):
         prefix = f"model.layers.{index}."
-        add(prefix + "input_layernorm.weight", layer.input_layernorm.weight)
-        add(prefix + "post_attention_layernorm.weight", layer.post_attention_layernorm.weight)
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if isinstance(layer, GemmaDecoderLayer):
+            norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+        for norm_name in norms:
+            add_norm(f"{prefix}{norm_name}.weight", getattr(layer, norm_name).weight)
         attn = layer.self_attn
         for proj, (start, size, rows) in qkv.items():
             name = f"{prefix}self_attn.{proj}_proj."
@@ -98,12 +110,8 @@ def weight_targets(
         if attn.qk_norm is not None:
             # One [head_dim] vector per norm, broadcast over this rank's heads' rows by copy_.
             heads = shards.q_heads[1]
-            targets[prefix + "self_attn.q_norm.weight"] = WeightTarget(
-                attn.qk_norm, slice(0, heads), (head_dim,)
-            )
-            targets[prefix + "self_attn.k_norm.weight"] = WeightTarget(
-                attn.qk_norm, slice(heads, None), (head_dim,)
-            )
+            add_norm(prefix + "self_attn.q_norm.weight", attn.qk_norm, slice(0, heads))
+            add_norm(prefix + "self_attn.k_norm.weight", attn.qk_norm, slice(heads, None))
         mlp = layer.mlp
         if isinstance(mlp, SparseMoE):
             targets.update(_expert_targets(prefix, mlp, hidden))

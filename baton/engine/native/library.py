@@ -72,16 +72,20 @@ class NativeKernels(LinearKernels):
             library.baton_sample_rows, None, [PTR, I64, I64, ctypes.POINTER(RowSampling), PTR]
         )
         # A prefill row's attention: bf16 on AMX tiles (amx_attention.c), or float32 with
-        # AVX2 FMAs (prefill_attention.c); the same arguments.
+        # AVX2 FMAs (prefill_attention.c), which also takes a window and a soft cap.
         prefill_arguments = [PTR, *[I64] * 3, *[PTR] * 3, *[I64] * 3, ctypes.c_float, PTR, I64, I64]
         self._prefill_attention = {
             True: declare(library.baton_prefill_attention, ctypes.c_int, prefill_arguments),
-            False: declare(library.baton_prefill_attention_f32, ctypes.c_int, prefill_arguments),
+            False: declare(
+                library.baton_prefill_attention_f32,
+                ctypes.c_int,
+                [*prefill_arguments, I64, ctypes.c_float],
+            ),
         }
         self._attention = declare(
             library.baton_decode_attention,
             ctypes.c_int,
-            [PTR, I64, PTR, I64, *[PTR] * 5, *[I64] * 4, ctypes.c_float, I64, PTR],
+            [PTR, I64, PTR, I64, *[PTR] * 5, *[I64] * 4, *[ctypes.c_float] * 2, I64, I64, PTR],
         )
 
     def sample_rows(self, logits: torch.Tensor, sampling: Sequence[RowSampling]) -> list[int]:
@@ -165,17 +169,23 @@ class NativeKernels(LinearKernels):
         scale: float,
         out: torch.Tensor,
         on_amx: bool,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> None:
         """Causal attention of one prefill row, into `out`: in bf16 on AMX tiles where `on_amx`
         (amx_attention.c; head_dim a multiple of 32), else in float32 (prefill_attention.c;
         head_dim a multiple of 16), up to 256 values a head. q and out float32 [q_len, q_heads,
         head_dim] (rows may be strided, each head contiguous), the queries after `prefix`
         cached keys; kv_rows (int64 [kv_heads * (prefix + q_len)]) each KV head's keys as rows
-        of the caches viewed [-1, head_dim], in any dtype of KV_ELEMENT_TYPES."""
+        of the caches viewed [-1, head_dim], in any dtype of KV_ELEMENT_TYPES. `window` and
+        `softcap` as AttentionBackend.forward's, in float32 only (ValueError on AMX)."""
         q_len, q_heads, head_dim = q.shape
         for tensor in (q, out):
             if tensor.stride(2) != 1 or tensor.stride(1) != head_dim:
                 raise ValueError("each query head's values must be contiguous")
+        limits = () if on_amx else (window or 0, softcap or 0.0)
+        if on_amx and (window is not None or softcap is not None):
+            raise ValueError("the AMX prefill attention has no window or soft cap")
         status = self._prefill_attention[on_amx](
             q.data_ptr(),
             q.stride(0),
@@ -191,6 +201,7 @@ class NativeKernels(LinearKernels):
             out.data_ptr(),
             out.stride(0),
             kv_element_type(k_cache),
+            *limits,
         )
         if status == -2:
             raise MemoryError("the prefill attention could not allocate its buffers")
@@ -209,10 +220,13 @@ class NativeKernels(LinearKernels):
         kv_indices: torch.Tensor,
         kv_lens: torch.Tensor,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """One float32 query per row of `rows` (int32 batch rows) over its pages of the caches
         ([pages, page_size, kv_heads, head_dim], in any dtype of KV_ELEMENT_TYPES); q: [n,
-        q_heads, head_dim], rows may be strided. Returns [n, q_heads, head_dim]."""
+        q_heads, head_dim], rows may be strided; `window` and `softcap` as
+        AttentionBackend.forward's. Returns [n, q_heads, head_dim]."""
         n, q_heads, head_dim = q.shape
         if q.stride(2) != 1 or q.stride(1) != head_dim:
             q = q.contiguous()  # the kernel steps over rows by stride, within them densely
@@ -233,6 +247,8 @@ class NativeKernels(LinearKernels):
             head_dim,
             page_size,
             scale,
+            softcap or 0.0,
+            window or 0,
             kv_element_type(k_cache),
             out.data_ptr(),
         )

@@ -93,6 +93,7 @@ class DecoderLayerArgs(ctypes.Structure):
         ("head_dim", _i64),
         ("page_size", _i64),
         ("kv_type", _i64),
+        ("window", _i64),  # 0: full attention
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
     )

@@ -42,6 +42,8 @@ def _run_case(
     dtype: torch.dtype,
     query_block: int = 512,
     native: NativeKernels | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1234 + page_size + 7 * q_heads + head_dim)
     pool, meta, keys, values = scattered_batch(
@@ -51,9 +53,9 @@ def _run_case(
     scale = 1.0 / math.sqrt(head_dim)
     backend = TorchPagedAttention(q_heads, kv_heads, query_block=query_block, native=native)
     backend.plan(meta)
-    out = backend.forward(q, pool.k_cache(0), pool.v_cache(0), meta, scale)
+    out = backend.forward(q, pool.k_cache(0), pool.v_cache(0), meta, scale, window, softcap)
     assert out.shape == q.shape and out.dtype == dtype
-    return out.double(), dense_reference(q, meta, keys, values, scale)
+    return out.double(), dense_reference(q, meta, keys, values, scale, window, softcap)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -70,6 +72,21 @@ def test_matches_dense_reference_float32(
 ) -> None:
     out, expected = _run_case(
         rows, page_size, q_heads, kv_heads, head_dim, torch.float32, native=decode_kernels
+    )
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+# A window of the query's own key alone, one inside a chunk, one past every row; soft caps below
+# the scores' spread. Blocks of 8 queries: a window starting inside a block, blocks it skips.
+@pytest.mark.parametrize(("window", "softcap"), [(1, None), (6, None), (100, None), (6, 0.5)])
+@pytest.mark.parametrize("head_dim", [64, 24])
+def test_a_window_and_a_soft_cap_match_the_dense_reference(
+    window: int, softcap: float | None, head_dim: int, decode_kernels: NativeKernels | None
+) -> None:
+    """In torch, or with the native kernels (decode rows, and float32 prefill rows at head_dim
+    64), with and without a cached prefix."""
+    out, expected = _run_case(
+        MIXED_ROWS, 4, 4, 2, head_dim, torch.float32, 8, decode_kernels, window, softcap
     )
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 

@@ -164,6 +164,8 @@ def cases(tiny_model_factory: Callable[..., Path], tmp_path_factory: pytest.Temp
         Case("qwen3", str(tiny_model_factory("qwen3")), hf=True),
         Case("gguf_q8_0", str(gguf)),
         Case("one_kv_head", str(tiny_model_factory("qwen3", num_key_value_heads=1)), hf=True),
+        # Each rank's q/k norm heads, post-norms after the row-parallel sums, windowed layers.
+        Case("gemma3", str(tiny_model_factory("gemma3")), hf=True),
     ]
 
 
@@ -182,7 +184,7 @@ def served(cases: list[Case]) -> tuple[dict, dict, dict]:
 
 
 @pytest.mark.parametrize(
-    "name", ["llama", "qwen2", "qwen3", "gguf_q8_0", "one_kv_head", "draft_model"]
+    "name", ["llama", "qwen2", "qwen3", "gguf_q8_0", "one_kv_head", "draft_model", "gemma3"]
 )
 def test_two_ranks_give_one_process_greedy_tokens(
     served: tuple[dict, dict, dict], cases: list[Case], name: str

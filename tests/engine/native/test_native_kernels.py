@@ -49,10 +49,16 @@ def test_rope_and_store_equals_apply_rope_and_the_pool_write_bit_for_bit(
 
 
 def _native_against_reference_attention(
-    native: NativeKernels, kv_lens: list[int], page_size: int, seed: int, head_dim: int = 16
+    native: NativeKernels,
+    kv_lens: list[int],
+    page_size: int,
+    seed: int,
+    head_dim: int = 16,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
     """One decode query per row over its own shuffled pages; scores large enough that the max
-    subtraction matters."""
+    subtraction matters; over a `window` and soft-capped where given."""
     generator = torch.Generator().manual_seed(seed)
     pages_per_row = [-(-kv_len // page_size) for kv_len in kv_lens]
     pool = KVPool(1, sum(pages_per_row) + 1, page_size, 2, head_dim, torch.float32, "cpu")
@@ -66,12 +72,12 @@ def _native_against_reference_attention(
     )
     q = torch.randn(len(kv_lens), 6, head_dim, generator=generator)
     out = TorchPagedAttention(6, 2, native=native).forward(
-        q, pool.k_cache(0), pool.v_cache(0), meta, 0.25
+        q, pool.k_cache(0), pool.v_cache(0), meta, 0.25, window, softcap
     )
     # Against the same attention in float64: float32's own rounding (torch's float32 path
     # differs from float64 by up to ~1e-6 here, summing in another order than the kernel).
     expected = TorchPagedAttention(6, 2).forward(
-        q.double(), pool.k_cache(0).double(), pool.v_cache(0).double(), meta, 0.25
+        q.double(), pool.k_cache(0).double(), pool.v_cache(0).double(), meta, 0.25, window, softcap
     )
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=2e-6)
 
@@ -90,6 +96,21 @@ def test_decode_attention_matches_torch_at_every_head_width(
 ) -> None:
     """Each width the kernel sums V in (slices of 64, 32, 16 and 8 values) and their mixes."""
     _native_against_reference_attention(native, [40, 3], 16, head_dim, head_dim)
+
+
+@pytest.mark.parametrize("window", [1, 5, 8, 40, 500])
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_decode_attention_over_a_window_and_soft_capped_matches_torch(
+    native: NativeKernels, window: int, softcap: float | None
+) -> None:
+    """A window of one key (the query's own), windows starting inside a page, past a row's
+    length, split across threads; soft-capped scores (capped well below their spread)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        _native_against_reference_attention(native, [40, 3, 300], 4, window, 16, window, softcap)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("threads", [2, 3, 8])

@@ -41,6 +41,22 @@ def test_attention_matches_a_float64_softmax(
         assert error <= 2 * flash_error(row.q, row.keys, row.values, want)
 
 
+# Windows of one key (the query's own), inside a key block, across blocks of 16 after a prefix,
+# wider than the row; soft caps far below the scores' spread.
+@pytest.mark.parametrize(
+    ("q_len", "prefix", "window", "softcap"),
+    [(13, 0, 1, None), (40, 0, 5, None), (33, 70, 20, None), (70, 300, 64, 3.0), (20, 5, 100, 1.5),
+     (9, 0, None, 0.5)],
+)  # fmt: skip
+def test_a_window_and_a_soft_cap_match_a_float64_softmax(
+    native: NativeKernels, q_len: int, prefix: int, window: int | None, softcap: float | None
+) -> None:
+    row = scattered_prefill_row(q_len, prefix, 4, 2, 64)
+    out = attend_prefill_row(native, row, on_amx=False, window=window, softcap=softcap)
+    want = causal_float64(row.q, row.keys, row.values, prefix, window, softcap)
+    assert float((out.double() - want).abs().max()) < 1e-5
+
+
 # The float32 kernel takes head_dim in steps of 16, the AMX one in steps of 32.
 @pytest.mark.parametrize(("on_amx", "head_dim"), [(False, 40), (True, 48)], ids=["f32", "amx"])
 def test_a_head_dim_off_the_kernels_steps_is_refused(

@@ -4,7 +4,9 @@
  * Cache layout (KVPool): [pages, page_size, kv_heads, head_dim], a token's K at flat slot
  * page * page_size + offset, in any of kv_cache.h's element types, widened to float32 as they
  * are loaded (each type has its own copy of the kernel, so the float32 one is unchanged).
- * head_dim must be a multiple of 8 (the caller checks).
+ * head_dim must be a multiple of 8 (the caller checks). A layer with a window (Mistral v0.1,
+ * Phi-3, Gemma's local layers) reads its row's last `window` tokens only; Gemma 2's scores are
+ * soft-capped, softcap * tanh(score / softcap), before the softmax.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -137,7 +139,8 @@ INLINE void weigh_values(int vectors, const void *cache, int64_t values, const i
 INLINE int attend_range(const float *q, const void *k_cache, const void *v_cache,
                         const int32_t *pages, int64_t begin, int64_t end, int64_t group,
                         int64_t kv_heads, int64_t head_dim, int64_t page_size,
-                        float scale, float *out, float *top, float *total, int type) {
+                        float scale, float softcap, float *out, float *top, float *total,
+                        int type) {
     const int64_t token_stride = kv_heads * head_dim, queries = kv_heads * group;
     const int64_t token_bytes = token_stride * kv_element_bytes(type);
     const int64_t len = end - begin;
@@ -168,6 +171,8 @@ INLINE int attend_range(const float *q, const void *k_cache, const void *v_cache
                             keys + o * token_stride + h * head_dim, head_dim, type) * scale;
         t += run;
     }
+    if (softcap > 0.0f) /* the scaled scores capped, as transformers' Gemma 2 computes them */
+        for (int64_t i = 0; i < queries * len; i++) scores[i] = softcap * tanhf(scores[i] / softcap);
     for (int64_t j = 0; j < queries; j++)
         exponentiate(scores + j * len, len, &top[j], &total[j]);
     /* Each query's output, a slice of head_dim at a time, accumulates in registers over every
@@ -211,19 +216,24 @@ typedef struct {
     const void *k_cache, *v_cache;
     const int32_t *rows, *kv_indptr, *kv_indices, *kv_lens;
     int64_t q_stride, parts, group, q_heads, kv_heads, head_dim, page_size;
-    float scale;
+    int64_t window; /* the tokens a query sees, its own included; 0: all of them */
+    float scale, softcap;
     float *partial, *tops, *totals, *out;
     _Atomic int *failed; /* set by any task whose scores buffer could not be allocated */
 } AttentionLoop;
 
-/* One (row, part) of the rows' tokens, over a cache of `type`. */
+/* One (row, part) of the tokens the rows' queries see, over a cache of `type`. */
 INLINE void attend_task(const void *arg, int64_t task, int type) {
     const AttentionLoop *a = arg;
-    const int64_t i = task / a->parts, part = task % a->parts, len = a->kv_lens[a->rows[i]];
+    const int64_t i = task / a->parts, part = task % a->parts, kv_len = a->kv_lens[a->rows[i]];
+    /* The query (the row's last token) sees the tokens kv_len - window .. kv_len - 1. */
+    const int64_t first = a->window > 0 && kv_len > a->window ? kv_len - a->window : 0;
+    const int64_t len = kv_len - first;
     int64_t used = len / MIN_TOKENS_PER_PART < a->parts ? len / MIN_TOKENS_PER_PART : a->parts;
     used = used > 1 ? used : 1;
     const int64_t share = (len + used - 1) / used;
-    const int64_t begin = part * share, end = begin + share < len ? begin + share : len;
+    const int64_t begin = first + part * share;
+    const int64_t end = begin + share < kv_len ? begin + share : kv_len;
     float *top = a->tops + task * a->q_heads, *total = a->totals + task * a->q_heads;
     if (begin >= end) { /* an unused part: empty, weighs nothing in the merge */
         for (int64_t j = 0; j < a->q_heads; j++) top[j] = -INFINITY, total[j] = 0.0f;
@@ -231,7 +241,7 @@ INLINE void attend_task(const void *arg, int64_t task, int type) {
     }
     if (attend_range(a->q + i * a->q_stride, a->k_cache, a->v_cache,
                      a->kv_indices + a->kv_indptr[a->rows[i]], begin, end, a->group, a->kv_heads,
-                     a->head_dim, a->page_size, a->scale,
+                     a->head_dim, a->page_size, a->scale, a->softcap,
                      a->partial + task * a->q_heads * a->head_dim, top, total, type))
         atomic_store(a->failed, 1);
 }
@@ -257,7 +267,8 @@ static void merge_row(const void *arg, int64_t i) {
 }
 
 /* One query per row: out[i, h] = softmax(scale * q[i, h] . K_row) V_row over the row's
- * kv_lens[rows[i]] cached tokens. q: [n, q_heads, head_dim] with row stride q_stride; rows: the
+ * kv_lens[rows[i]] cached tokens, its last `window` of them where window > 0, the scaled scores
+ * soft-capped where softcap > 0. q: [n, q_heads, head_dim] with row stride q_stride; rows: the
  * batch row of each query (its pages are kv_indices[kv_indptr[row] : kv_indptr[row + 1]]); the
  * caches' elements of kv_type (KvType); out: [n, q_heads, head_dim], contiguous. Returns 0, or
  * -1 if memory ran out.
@@ -269,7 +280,7 @@ int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows
                            const void *k_cache, const void *v_cache, const int32_t *kv_indptr,
                            const int32_t *kv_indices, const int32_t *kv_lens, int64_t q_heads,
                            int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale,
-                           int64_t kv_type, float *out) {
+                           float softcap, int64_t window, int64_t kv_type, float *out) {
     const int64_t threads = omp_get_max_threads();
     const int64_t parts = n >= threads ? 1 : (threads + n - 1) / n;
     /* Per (row, part): q_heads unnormalized outputs, maxima and totals. */
@@ -281,7 +292,8 @@ int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows
         .q = q, .k_cache = k_cache, .v_cache = v_cache, .rows = rows, .kv_indptr = kv_indptr,
         .kv_indices = kv_indices, .kv_lens = kv_lens, .q_stride = q_stride, .parts = parts,
         .group = q_heads / kv_heads, .q_heads = q_heads, .kv_heads = kv_heads,
-        .head_dim = head_dim, .page_size = page_size, .scale = scale, .partial = partial,
+        .head_dim = head_dim, .page_size = page_size, .window = window, .scale = scale,
+        .softcap = softcap, .partial = partial,
         .tops = tops, .totals = totals, .out = out, .failed = &any_failed};
     baton_parallel(ATTEND_TASKS[kv_type], &loop, n * parts);
     const int failed = atomic_load(&any_failed);

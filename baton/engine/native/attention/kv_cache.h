@@ -141,6 +141,6 @@ int baton_decode_attention(const float *q, int64_t q_stride, const int32_t *rows
                            const void *k_cache, const void *v_cache, const int32_t *kv_indptr,
                            const int32_t *kv_indices, const int32_t *kv_lens, int64_t q_heads,
                            int64_t kv_heads, int64_t head_dim, int64_t page_size, float scale,
-                           int64_t kv_type, float *out);
+                           float softcap, int64_t window, int64_t kv_type, float *out);
 
 #endif

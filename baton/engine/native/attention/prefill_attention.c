@@ -12,8 +12,11 @@
  * values), divided by the row's sum at the end.
  *
  * Queries are the row's last q_len positions: query i sees keys 0 .. prefix + i (a chunk after
- * a cached prefix, or the whole prompt with prefix 0). The cache's elements (kv_cache.h's
- * types) are widened to float32 as they are packed.
+ * a cached prefix, or the whole prompt with prefix 0), with a window only its `window` latest
+ * (prefix + i - window + 1 .. prefix + i: Mistral v0.1, Phi-3, Gemma's local layers), whose
+ * earlier key blocks a task skips. Gemma 2's scaled scores are soft-capped, softcap *
+ * tanh(score / softcap), before the softmax. The cache's elements (kv_cache.h's types) are
+ * widened to float32 as they are packed.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -66,7 +69,8 @@ typedef struct {
     const float *q, *k_t, *v;
     float *out;
     int64_t q_stride, out_stride, q_len, prefix, kv_pad, group, head_dim;
-    float scale;
+    int64_t window; /* 0: every earlier key */
+    float scale, softcap;
     _Atomic int *failed;
 } AttendLoop;
 
@@ -97,22 +101,36 @@ static inline __attribute__((always_inline)) void score_tile(const float *q, int
     }
 }
 
-/* A row's scores become its probabilities e^(scale * s - max) over its `visible` keys, zeros
- * past them up to `width` (a multiple of KEY_BLOCK); returns their sum. */
-static float softmax_row(float *s, int64_t visible, int64_t width, float scale) {
-    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), scale8 = _mm256_set1_ps(scale);
+/* Lanes t .. t + 7 that are keys first .. visible - 1. */
+static inline __m256 keys_in(int64_t t, int64_t first, int64_t visible) {
+    const __m256 lane = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_and_ps(_mm256_cmp_ps(lane, _mm256_set1_ps((float)(first - t)), _CMP_GE_OQ),
+                         _mm256_cmp_ps(lane, _mm256_set1_ps((float)(visible - t)), _CMP_LT_OQ));
+}
+
+/* A row's scores become its probabilities e^(scale * s - max) over its keys first ..
+ * visible - 1, zeros on the others from `start` (a multiple of KEY_BLOCK, at most first) up to
+ * `width` (a multiple of KEY_BLOCK); returns their sum. softcap > 0: the scaled scores are
+ * capped first. */
+static float softmax_row(float *s, int64_t start, int64_t first, int64_t visible, int64_t width,
+                         float scale, float softcap) {
+    if (softcap > 0.0f) {
+        for (int64_t t = first; t < visible; t++) s[t] = softcap * tanhf(s[t] * scale / softcap);
+        scale = 1.0f;
+    }
+    const __m256 scale8 = _mm256_set1_ps(scale);
     __m256 top = _mm256_set1_ps(-INFINITY);
-    for (int64_t t = 0; t < visible; t += 8) {
-        const __m256 in = _mm256_cmp_ps(lane, _mm256_set1_ps((float)(visible - t)), _CMP_LT_OQ);
+    for (int64_t t = start; t < visible; t += 8) {
+        const __m256 in = keys_in(t, first, visible);
         const __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(s + t), scale8);
         top = _mm256_max_ps(top, _mm256_blendv_ps(top, scaled, in));
     }
     const __m256 shift = _mm256_set1_ps(hmax8(top));
     __m256 sum = _mm256_setzero_ps();
-    for (int64_t t = 0; t < width; t += 8) {
-        const __m256 in = _mm256_cmp_ps(lane, _mm256_set1_ps((float)(visible - t)), _CMP_LT_OQ);
+    for (int64_t t = start; t < width; t += 8) {
+        const __m256 in = keys_in(t, first, visible);
         const __m256 scaled = _mm256_mul_ps(_mm256_loadu_ps(s + t), scale8);
-        /* Masked before the exponential: a key past `visible` may hold any score. */
+        /* Masked before the exponential: a key outside the row's may hold any score. */
         const __m256 shifted = _mm256_sub_ps(_mm256_min_ps(scaled, shift), shift);
         const __m256 e = _mm256_and_ps(in, exp_nonpositive(shifted));
         sum = _mm256_add_ps(sum, e);
@@ -122,14 +140,14 @@ static float softmax_row(float *s, int64_t visible, int64_t width, float scale) 
 }
 
 /* o[r, n0 .. n0 + 15] (+)= sum over keys j0 .. j1 - 1 of p[r, j] v[j, n0 .. n0 + 15]: the first
- * span of keys starts o, the others add to it. */
+ * span of keys (`fresh`) starts o, the others add to it. */
 static inline __attribute__((always_inline)) void value_tile(const float *p, int rows,
                                                              int64_t width, int64_t j0, int64_t j1,
                                                              const float *v, int64_t d, int64_t n0,
-                                                             float *o) {
+                                                             float *o, int fresh) {
     __m256 acc[2 * QUERY_BLOCK]; /* flat, as in score_tile */
     for (int a = 0; a < 2 * rows; a++)
-        acc[a] = j0 ? _mm256_load_ps(o + a / 2 * MAX_HEAD_DIM + n0 + 8 * (a % 2)) : _mm256_setzero_ps();
+        acc[a] = fresh ? _mm256_setzero_ps() : _mm256_load_ps(o + a / 2 * MAX_HEAD_DIM + n0 + 8 * (a % 2));
     for (int64_t j = j0; j < j1; j++) {
         const __m256 v0 = _mm256_loadu_ps(v + j * d + n0), v1 = _mm256_loadu_ps(v + j * d + n0 + 8);
         for (int r = 0; r < rows; r++) {
@@ -146,18 +164,19 @@ static inline __attribute__((always_inline)) void value_tile(const float *p, int
 #define VALUE_SPAN 64
 
 /* Both passes' tiles specialised for each number of rows, so that their loops over rows unroll
- * into registers: the scores of every key block, and P V for every 16 values. */
+ * into registers: the scores of every key block from `start` on, and P V for every 16 values. */
 #define DEFINE_PASSES(ROWS)                                                                      \
-    static void scores_##ROWS(const float *q, const float *k_t, int64_t d, int64_t width,        \
-                              float *s) {                                                        \
-        for (int64_t j0 = 0; j0 < width; j0 += KEY_BLOCK) score_tile(q, ROWS, k_t, d, j0, s, width); \
+    static void scores_##ROWS(const float *q, const float *k_t, int64_t d, int64_t start,       \
+                              int64_t width, float *s) {                                         \
+        for (int64_t j0 = start; j0 < width; j0 += KEY_BLOCK)                                    \
+            score_tile(q, ROWS, k_t, d, j0, s, width);                                           \
     }                                                                                            \
-    static void values_##ROWS(const float *p, int64_t width, const float *v, int64_t d,         \
-                              float *o) {                                                        \
-        for (int64_t j0 = 0; j0 < width; j0 += VALUE_SPAN)                                       \
+    static void values_##ROWS(const float *p, int64_t start, int64_t width, const float *v,     \
+                              int64_t d, float *o) {                                             \
+        for (int64_t j0 = start; j0 < width; j0 += VALUE_SPAN)                                   \
             for (int64_t n0 = 0; n0 < d; n0 += 16)                                               \
                 value_tile(p, ROWS, width, j0, j0 + VALUE_SPAN < width ? j0 + VALUE_SPAN : width, \
-                           v, d, n0, o);                                                         \
+                           v, d, n0, o, j0 == start);                                            \
     }
 DEFINE_PASSES(1)
 DEFINE_PASSES(2)
@@ -166,8 +185,8 @@ DEFINE_PASSES(4)
 DEFINE_PASSES(5)
 DEFINE_PASSES(6)
 
-typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, float *);
-typedef void (*values_fn)(const float *, int64_t, const float *, int64_t, float *);
+typedef void (*scores_fn)(const float *, const float *, int64_t, int64_t, int64_t, float *);
+typedef void (*values_fn)(const float *, int64_t, int64_t, const float *, int64_t, float *);
 static const scores_fn SCORES[QUERY_BLOCK + 1] = {NULL,     scores_1, scores_2, scores_3,
                                                   scores_4, scores_5, scores_6};
 static const values_fn VALUES[QUERY_BLOCK + 1] = {NULL,     values_1, values_2, values_3,
@@ -183,6 +202,11 @@ static void attend_task(const void *arg, int64_t task) {
     /* Keys the block's last query sees; query r sees prefix + i0 + r + 1 of them. */
     const int64_t seen = a->prefix + i0 + rows, blocks = (seen + KEY_BLOCK - 1) / KEY_BLOCK;
     const int64_t width = blocks * KEY_BLOCK;
+    /* Query r sees keys from first_r = prefix + i0 + r + 1 - window on (0 without a window);
+     * the key blocks before the block's first query's are skipped. */
+    const int64_t first0 = a->window > 0 && a->prefix + i0 + 1 > a->window
+                               ? a->prefix + i0 + 1 - a->window : 0;
+    const int64_t start = first0 / KEY_BLOCK * KEY_BLOCK;
     float *s = thread_buffer(&scores_buffer, QUERY_BLOCK * width * sizeof(float));
     if (!s) {
         atomic_store(a->failed, 1);
@@ -192,10 +216,13 @@ static void attend_task(const void *arg, int64_t task) {
     _Alignas(32) float o[QUERY_BLOCK][MAX_HEAD_DIM];
     float total[QUERY_BLOCK];
     for (int r = 0; r < rows; r++) memcpy(q[r], a->q + (i0 + r) * a->q_stride + head * d, d * sizeof(float));
-    SCORES[rows](&q[0][0], k_t, d, width, s);
-    for (int r = 0; r < rows; r++)
-        total[r] = softmax_row(s + r * width, a->prefix + i0 + r + 1, width, a->scale);
-    VALUES[rows](s, width, v, d, &o[0][0]);
+    SCORES[rows](&q[0][0], k_t, d, start, width, s);
+    for (int r = 0; r < rows; r++) {
+        const int64_t seen_r = a->prefix + i0 + r + 1;
+        const int64_t first_r = a->window > 0 && seen_r > a->window ? seen_r - a->window : 0;
+        total[r] = softmax_row(s + r * width, start, first_r, seen_r, width, a->scale, a->softcap);
+    }
+    VALUES[rows](s, start, width, v, d, &o[0][0]);
     for (int r = 0; r < rows; r++) {
         float *out = a->out + (i0 + r) * a->out_stride + head * d;
         const __m256 inverse = _mm256_set1_ps(1.0f / total[r]);
@@ -206,13 +233,14 @@ static void attend_task(const void *arg, int64_t task) {
 
 /* out [q_len, q_heads, head_dim] (rows out_stride floats apart) = causal attention of q
  * [q_len, q_heads, head_dim] (rows q_stride apart) over the prefix + q_len keys at kv_rows of
- * the caches, of kv_type elements (KvType). Returns 0, -2 if memory ran out, -3 for a head_dim
- * that is not a multiple of 16 up to MAX_HEAD_DIM. */
+ * the caches, of kv_type elements (KvType); within a query's `window` latest keys where
+ * window > 0, its scaled scores soft-capped where softcap > 0. Returns 0, -2 if memory ran out,
+ * -3 for a head_dim that is not a multiple of 16 up to MAX_HEAD_DIM. */
 int baton_prefill_attention_f32(const float *q, int64_t q_stride, int64_t q_len, int64_t prefix,
                                 const void *k_cache, const void *v_cache,
                                 const int64_t *kv_rows, int64_t q_heads, int64_t kv_heads,
                                 int64_t head_dim, float scale, float *out, int64_t out_stride,
-                                int64_t kv_type) {
+                                int64_t kv_type, int64_t window, float softcap) {
     if (head_dim % 16 || head_dim > MAX_HEAD_DIM || q_heads % kv_heads || q_len < 1) return -3;
     const int64_t kv_len = prefix + q_len;
     const int64_t kv_pad = (kv_len + KEY_BLOCK - 1) / KEY_BLOCK * KEY_BLOCK;
@@ -224,9 +252,9 @@ int baton_prefill_attention_f32(const float *q, int64_t q_stride, int64_t q_len,
     const PackLoop pack = {k_cache, v_cache, kv_rows, packed, v, kv_len, kv_pad, head_dim, kv_type};
     baton_parallel(pack_task, &pack, kv_heads * (kv_pad / KEY_BLOCK));
     _Atomic int failed = 0;
-    const AttendLoop attend = {q,          packed, v,      out,    q_stride,           out_stride,
-                               q_len,      prefix, kv_pad, q_heads / kv_heads, head_dim,
-                               scale,      &failed};
+    const AttendLoop attend = {q,      packed,  v,       out,    q_stride, out_stride,
+                               q_len,  prefix,  kv_pad,  q_heads / kv_heads, head_dim,
+                               window, scale,   softcap, &failed};
     baton_parallel(attend_task, &attend, q_heads * ((q_len + QUERY_BLOCK - 1) / QUERY_BLOCK));
     return atomic_load(&failed) ? -2 : 0;
 }

@@ -26,6 +26,7 @@ typedef struct {
     const float *input_norm, *post_norm, *qk_norm; /* qk_norm: [q + kv heads, head_dim] or NULL */
     void *k_cache, *v_cache;                       /* this layer's [pages, page_size, kv, dim] */
     int64_t q_heads, kv_heads, head_dim, page_size, kv_type; /* the caches' elements: KvType */
+    int64_t window; /* the tokens a query sees, its own included (Mistral v0.1, Phi-3); 0: all */
     float eps, scale;
 } DecoderLayer;
 
@@ -79,7 +80,7 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
     if (baton_decode_attention(qkv, qkv_size, step->batch_rows, rows, layer->k_cache,
                                layer->v_cache, step->kv_indptr, step->kv_indices, step->kv_lens,
                                layer->q_heads, layer->kv_heads, head_dim, layer->page_size,
-                               layer->scale, layer->kv_type, attended))
+                               layer->scale, 0.0f, layer->window, layer->kv_type, attended))
         return -1;
     if (baton_linear_add(&layer->o, attended, rows, hidden, projected)) return -1;
 
