@@ -1,5 +1,6 @@
-"""Write a Llama, Qwen2 or Qwen3 checkpoint (a benchmark shape, a test model) as GGUF, so llama.cpp
-serves the very same weights and Baton's GGUF loader can be checked against them.
+"""Write a Llama, Qwen2 or Qwen3 checkpoint, or a Qwen2-MoE, Qwen3-MoE or Mixtral (a benchmark
+shape, a test model) as GGUF, so llama.cpp serves the very same weights and Baton's GGUF loader
+can be checked against them.
 
 llama.cpp's own `convert_hf_to_gguf.py` refuses tokenizers whose pre-tokenizer it does not know,
 and the shapes carry Baton's byte-level BPE tokenizer (256 byte tokens, three special tokens,
@@ -21,11 +22,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from baton.checkpoint.gguf_metadata import GGUF_ARCHITECTURES, ROPE_FREQS_TENSOR
+from baton.checkpoint.gguf_metadata import (
+    GGUF_ARCHITECTURES,
+    GGUF_EXPERTS_OF_LLAMA,
+    ROPE_FREQS_TENSOR,
+)
 from baton.checkpoint.load import load_checkpoint
 from baton.checkpoint.model_config import ModelConfig
+from baton.checkpoint.moe_config import MoEConfig
 from baton.engine.weights.checkpoint_tensors import iter_weights
 from baton.engine.weights.gguf_names import (
+    STACKED_EXPERTS,
     gguf_tensor_name,
     permute_rows,
     permuted_heads,
@@ -97,21 +104,126 @@ def export_gguf(
     tensor_type: str | None = None,
     quantize: Callable[[np.ndarray, Any], np.ndarray] | None = None,
 ) -> Path:
-    """Write the Llama, Qwen2 or Qwen3 checkpoint in `model_dir` to `target`: 2-D tensors as
-    `tensor_type` (a GGML type name such as "Q8_0"; default: that of `dtype`), 1-D ones in F32.
-    `quantize(values, type)` makes a matrix's blocks (default: the gguf package's, which has no
-    k-quants; llama.cpp's `llama-quantize` converts a written file to those)."""
+    """Write the checkpoint in `model_dir` (the module's architectures) to `target`: matrices
+    (a mixture of experts' stacked ones too) as `tensor_type` (a GGML type name such as "Q8_0";
+    default: that of `dtype`), 1-D tensors and routers in F32. `quantize(values, type)` makes
+    a matrix's blocks (default: the gguf package's, which has no k-quants; llama.cpp's
+    `llama-quantize` converts a written file to those)."""
     import gguf
 
     checkpoint = load_checkpoint(str(model_dir))
     config = checkpoint.config
+    arch = _gguf_architecture(config)
+    quant_name = tensor_type or _TENSOR_TYPES[dtype]
+    tokenizer_json = json.loads((model_dir / "tokenizer.json").read_text())
+    tokenizer = checkpoint.tokenizer
+    add_bos = tokenizer.encode("a")[:1] == [tokenizer.bos_token_id]
+    writer = gguf_writer(target, model_dir.name, config, quant_name, tokenizer_json, add_bos)
+    quant = getattr(gguf.GGMLQuantizationType, quant_name)
+    if config.rope_scaling is not None:  # llama3 scaling, as llama.cpp's converter stores it
+        writer.add_tensor(ROPE_FREQS_TENSOR, llama3_rope_freq_factors(config))
+    experts = StackedExperts(config.moe)
+    for name, tensor in iter_weights(checkpoint):
+        values = tensor.to(torch.float32).numpy()
+        heads = permuted_heads(name, config.num_heads, config.num_kv_heads)
+        if arch == "llama" and heads:
+            values = permute_rows(values, heads)  # llama.cpp's converter does the same
+        stacked = experts.add(name, values)
+        if stacked is None and experts.holds(name):
+            continue  # (an expert's weight, written with its layer's stack)
+        gguf_name, values = stacked or (gguf_tensor_name(name, config.moe), values)
+        # Norm weights and biases stay float32, as llama.cpp's converter keeps 1-D tensors, and
+        # so do a mixture of experts' routers (its converter's exception).
+        if values.ndim == 1 or quant == gguf.GGMLQuantizationType.F32 or _router(gguf_name):
+            shared_gate = gguf_name.endswith("ffn_gate_inp_shexp.weight")
+            writer.add_tensor(gguf_name, values.reshape(-1) if shared_gate else values)
+        else:
+            data = (quantize or gguf.quants.quantize)(values, quant)
+            writer.add_tensor(gguf_name, data, raw_dtype=quant)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
+
+
+def _gguf_architecture(config: ModelConfig) -> str:
+    """llama.cpp's architecture name for `config`'s (a Mixtral: a "llama" with experts)."""
+    if config.architecture == GGUF_EXPERTS_OF_LLAMA:
+        return "llama"
     arch = {name: arch for arch, name in GGUF_ARCHITECTURES.items()}.get(config.architecture)
     if arch is None:
+        covered = ", ".join([*GGUF_ARCHITECTURES.values(), GGUF_EXPERTS_OF_LLAMA])
+        raise ValueError(f"GGUF export covers {covered}, not {config.architecture}")
+    return arch
+
+
+def _add_experts_metadata(writer: Any, moe: MoEConfig) -> None:
+    """A mixture of experts' settings as llama.cpp's converter writes them; ValueError for one
+    llama.cpp cannot express (it renormalises the top-k weights of a Qwen3-MoE and a Mixtral,
+    not of a Qwen2-MoE, and has no dense layers among their sparse ones)."""
+    if moe.dense_layers:
+        raise ValueError("llama.cpp's MoE architectures route in every layer")
+    if moe.normalize_top_k != (moe.shared_intermediate_size == 0):
         raise ValueError(
-            f"GGUF export covers {', '.join(GGUF_ARCHITECTURES)}, not {config.architecture}"
+            "llama.cpp renormalises the top-k weights of exactly the models without a shared expert"
         )
-    writer = gguf.GGUFWriter(str(target), arch)
-    writer.add_name(model_dir.name)
+    writer.add_expert_count(moe.num_experts)
+    writer.add_expert_used_count(moe.top_k)
+    writer.add_expert_feed_forward_length(moe.expert_intermediate_size)
+    if moe.shared_intermediate_size:
+        writer.add_expert_shared_feed_forward_length(moe.shared_intermediate_size)
+
+
+def _router(gguf_name: str) -> bool:
+    return gguf_name.endswith(("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight"))
+
+
+class StackedExperts:
+    """Each layer's experts' weights, gathered as they come until a projection's are all there:
+    llama.cpp stores them stacked, one [experts, out, in] tensor per projection
+    (gguf_names.STACKED_EXPERTS)."""
+
+    def __init__(self, moe: MoEConfig | None) -> None:
+        self.moe = moe
+        self.pending: dict[tuple[str, int], dict[int, np.ndarray]] = {}
+
+    def holds(self, name: str) -> bool:
+        """Whether `name` is an expert's weight."""
+        return self.moe is not None and f".{self.moe.prefix}.experts." in name
+
+    def add(self, name: str, values: np.ndarray) -> tuple[str, np.ndarray] | None:
+        """Keep an expert's weight; the stacked tensor (llama.cpp's name, values) once the
+        layer's last expert of that projection came, else None."""
+        if not self.holds(name):
+            return None
+        layer, rest = name.removeprefix("model.layers.").split(".", 1)
+        expert, projection = rest.split(".experts.", 1)[1].split(".", 1)
+        role = self.moe.expert_names.index(projection.removesuffix(".weight"))
+        stack = self.pending.setdefault((layer, role), {})
+        stack[int(expert)] = values
+        if len(stack) < self.moe.num_experts:
+            return None
+        del self.pending[(layer, role)]
+        stacked = np.stack([stack[index] for index in range(self.moe.num_experts)])
+        return f"blk.{layer}.{STACKED_EXPERTS[role]}", stacked
+
+
+def gguf_writer(
+    target: Path,
+    name: str,
+    config: ModelConfig,
+    quant_name: str,
+    tokenizer_json: dict[str, Any],
+    add_bos: bool,
+) -> Any:
+    """A `gguf.GGUFWriter` to `target` holding `config`'s metadata as llama.cpp's converter
+    writes it, a file type of `quant_name` (a GGML type name) and the merge-free byte-level
+    tokenizer `tokenizer_json` (`gguf_vocabulary`); the tensors are the caller's."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(target), _gguf_architecture(config))
+    writer.add_name(name)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_layers)
@@ -122,12 +234,12 @@ def export_gguf(
     writer.add_value_length(config.head_dim)
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    quant_name = tensor_type or _TENSOR_TYPES[dtype]
+    if config.moe is not None:
+        _add_experts_metadata(writer, config.moe)
     file_type = "ALL_F32" if quant_name == "F32" else f"MOSTLY_{quant_name}"
     # (The k-quant file types are mixes: "Q4_K" files are llama.cpp's Q4_K_M.)
     file_types = gguf.LlamaFileType.__members__
     writer.add_file_type(file_types.get(file_type, file_types.get(f"{file_type}_M")))
-    tokenizer_json = json.loads((model_dir / "tokenizer.json").read_text())
     tokens, types, merges = gguf_vocabulary(tokenizer_json, config.vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
@@ -138,27 +250,8 @@ def export_gguf(
         writer.add_bos_token_id(config.bos_token_id)
     if config.eos_token_ids:
         writer.add_eos_token_id(config.eos_token_ids[0])
-    tokenizer = checkpoint.tokenizer
-    writer.add_add_bos_token(tokenizer.encode("a")[:1] == [tokenizer.bos_token_id])
-    quant = getattr(gguf.GGMLQuantizationType, quant_name)
-    if config.rope_scaling is not None:  # llama3 scaling, as llama.cpp's converter stores it
-        writer.add_tensor(ROPE_FREQS_TENSOR, llama3_rope_freq_factors(config))
-    for name, tensor in iter_weights(checkpoint):
-        values = tensor.to(torch.float32).numpy()
-        heads = permuted_heads(name, config.num_heads, config.num_kv_heads)
-        if arch == "llama" and heads:
-            values = permute_rows(values, heads)  # llama.cpp's converter does the same
-        # Norm weights and biases stay float32, as llama.cpp's converter keeps 1-D tensors.
-        if values.ndim == 1 or quant == gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(gguf_tensor_name(name), values)
-        else:
-            data = (quantize or gguf.quants.quantize)(values, quant)
-            writer.add_tensor(gguf_tensor_name(name), data, raw_dtype=quant)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return target
+    writer.add_add_bos_token(add_bos)
+    return writer
 
 
 def cached_gguf(model_dir: Path, dtype: str, out_dir: Path) -> Path:

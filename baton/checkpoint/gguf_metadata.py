@@ -32,12 +32,18 @@ GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
+# llama.cpp writes a Mixtral as a "llama" with experts (`llama.expert_count`).
+GGUF_EXPERTS_OF_LLAMA = "MixtralForCausalLM"
+# transformers' model types where llama.cpp's architecture names differ.
+_HF_MODEL_TYPES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
 # Written into the converted folder: one whose files are all present is complete.
 CONVERTED_MARKER = "gguf_source.json"
 # Part of the cache key: a change to the conversion (here, or in transformers' tokenizer
 # converter) must not reuse folders an older one wrote.
-CONVERSION_VERSION = 1
+CONVERSION_VERSION = 2
 # Metadata keys (after "<architecture>.") without which no config can be built.
 REQUIRED_KEYS = (
     "block_count",
@@ -159,9 +165,11 @@ def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
     hidden_size = _field(reader, f"{arch}.embedding_length")
     eos_ids = [_field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
+    experts = _field(reader, f"{arch}.expert_count") or 0
+    mixtral = arch == "llama" and experts > 0
     return {
-        "architectures": [GGUF_ARCHITECTURES[arch]],
-        "model_type": arch,
+        "architectures": [GGUF_EXPERTS_OF_LLAMA if mixtral else GGUF_ARCHITECTURES[arch]],
+        "model_type": "mixtral" if mixtral else _HF_MODEL_TYPES.get(arch, arch),
         "vocab_size": _field(reader, f"{arch}.vocab_size") or len(tokens),
         "hidden_size": hidden_size,
         "intermediate_size": _field(reader, f"{arch}.feed_forward_length"),
@@ -180,6 +188,29 @@ def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
         "eos_token_id": list(dict.fromkeys(i for i in eos_ids if i is not None)),
         # llama.cpp and transformers compute a GGUF in float32, whatever its storage types.
         "torch_dtype": "float32",
+        **(_experts_config(reader, arch) if experts else {}),
+    }
+
+
+def _experts_config(reader: Any, arch: str) -> dict[str, Any]:
+    """A mixture of experts' config.json fields (moe_config.py reads them) from its GGUF:
+    every layer routes (llama.cpp has no dense layers among sparse ones for these), and the
+    top-k weights are renormalised as llama.cpp does for each architecture (Qwen3-MoE and
+    Mixtral: yes, Qwen2-MoE: no; it reads no setting of the file's for it)."""
+    fields: dict[str, Any] = {
+        "num_experts_per_tok": _field(reader, f"{arch}.expert_used_count"),
+        "norm_topk_prob": arch != "qwen2moe",
+    }
+    if arch == "llama":
+        return {**fields, "num_local_experts": _field(reader, f"{arch}.expert_count")}
+    return {
+        **fields,
+        "num_experts": _field(reader, f"{arch}.expert_count"),
+        "moe_intermediate_size": _field(reader, f"{arch}.expert_feed_forward_length"),
+        "shared_expert_intermediate_size": _field(
+            reader, f"{arch}.expert_shared_feed_forward_length", 0
+        ),
+        "decoder_sparse_step": 1,
     }
 
 

@@ -27,6 +27,7 @@ from baton.engine.kv.pool import KVPool
 from baton.engine.models.causal_lm import CausalLM
 from baton.engine.models.layers import Linear
 from baton.engine.models.mlp import GatedMLP
+from baton.engine.models.moe import SparseMoE
 from baton.engine.native.formats import COMPACT_MAX_ROWS
 from baton.engine.native.library import NativeKernels, kv_element_type
 from baton.engine.native.structs import (
@@ -88,13 +89,23 @@ class NativeDecodeStep:
     @staticmethod
     def supports(model: CausalLM) -> bool:
         """Every linear layer reads compact weights, every attention runs natively and every
-        MLP is a dense gated one (the step has no experts), of Llama's layers (not Gemma's: the
-        step has no norms after attention and the MLP, no GeGLU, soft caps or local RoPE)."""
+        MLP is a dense gated one or routed experts held as stored, without a shared expert
+        (Qwen3-MoE, Mixtral; not Qwen2-MoE), of Llama's layers (not Gemma's: the step has no
+        norms after attention and the MLP, no GeGLU, soft caps or local RoPE)."""
         if model.config.gemma is not None:
             return False
         linears = [module for module in model.modules() if isinstance(module, Linear)]
         return all(linear.compact is not None for linear in linears) and all(
-            layer.self_attn.native is not None and isinstance(layer.mlp, GatedMLP)
+            layer.self_attn.native is not None
+            and (
+                isinstance(layer.mlp, GatedMLP)
+                or (
+                    isinstance(layer.mlp, SparseMoE)
+                    and layer.mlp.stored is not None
+                    and layer.mlp.shared_expert is None
+                    and layer.mlp.router.dtype == torch.float32
+                )
+            )
             for layer in model.layers
         )
 
@@ -110,11 +121,12 @@ class NativeDecodeStep:
 
     def _layer_args(self, layer, kv_pool: KVPool) -> DecoderLayerArgs:
         attn, mlp = layer.self_attn, layer.mlp
-        return DecoderLayerArgs(
+        sparse = isinstance(mlp, SparseMoE)
+        args = DecoderLayerArgs(
             self._matrix(attn.qkv_proj),
             self._matrix(attn.o_proj),
-            self._matrix(mlp.gate_up_proj),
-            self._matrix(mlp.down_proj),
+            Matrix() if sparse else self._matrix(mlp.gate_up_proj),
+            Matrix() if sparse else self._matrix(mlp.down_proj),
             layer.input_layernorm.weight.data_ptr(),
             layer.post_attention_layernorm.weight.data_ptr(),
             None if attn.qk_norm is None else attn.qk_norm.data_ptr(),
@@ -129,6 +141,15 @@ class NativeDecodeStep:
             attn.eps,
             attn.scale,
         )
+        if sparse:  # (the experts' arrays are the block's, which the model keeps alive)
+            experts = mlp.stored
+            args.router = mlp.router.data_ptr()
+            args.experts_gate = ctypes.addressof(experts.gate)
+            args.experts_up = ctypes.addressof(experts.up)
+            args.experts_down = ctypes.addressof(experts.down)
+            args.num_experts, args.top_k = experts.num_experts, mlp.moe.top_k
+            args.normalize_top_k = int(mlp.moe.normalize_top_k)
+        return args
 
     def __call__(
         self,

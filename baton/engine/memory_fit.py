@@ -42,10 +42,18 @@ def expected_weight_bytes(
         return checkpoint.gguf_file.stat().st_size + block_copies * copied
     config = checkpoint.config
     hidden, inter = config.hidden_size, config.intermediate_size
-    per_layer = hidden * (config.q_size + 2 * config.kv_size) + config.q_size * hidden
-    per_layer += 3 * hidden * inter
+    attention = hidden * (config.q_size + 2 * config.kv_size) + config.q_size * hidden
+    moe = config.moe
+    mlps = sum(
+        3 * hidden * inter
+        if moe is None or not moe.is_sparse(layer)
+        # (every expert, the router, and a shared expert with its gate)
+        else hidden * (3 * moe.num_experts * moe.expert_intermediate_size + moe.num_experts)
+        + hidden * (3 * moe.shared_intermediate_size + int(moe.shared_intermediate_size > 0))
+        for layer in range(config.num_layers)
+    )
     embeddings = config.vocab_size * hidden * (1 if config.tie_word_embeddings else 2)
-    computed = (config.num_layers * per_layer + embeddings) * element_bytes
+    computed = (config.num_layers * attention + mlps + embeddings) * element_bytes
     if not stored_copy:
         return computed
     stored = checkpoint.gguf_file.stat().st_size if checkpoint.gguf_file else 0

@@ -177,6 +177,22 @@ def test_a_gguf_computed_in_float32_copies_takes_its_matrices_and_its_file(
     assert expected_weight_bytes(checkpoint, 4, False, stored_copy=False) == matrices * 4
 
 
+@pytest.mark.parametrize("variant", ["qwen3_moe", "qwen2_moe", "mixtral"])
+def test_a_mixture_of_experts_counts_every_expert(
+    tiny_model_factory: Callable[..., Path], variant: str
+) -> None:
+    """Every expert's matrices (and the routers, the shared expert, the dense layers' MLPs):
+    the float32 checkpoint's matrices, counted from transformers' own model."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = tiny_model_factory(variant)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir)
+    # (transformers holds the experts stacked in 3-D parameters; norms and biases are 1-D)
+    matrices = sum(p.numel() for p in reference.parameters() if p.dim() >= 2)
+    checkpoint = load_checkpoint(str(model_dir))
+    assert expected_weight_bytes(checkpoint, 4, False, stored_copy=False) == matrices * 4
+
+
 def test_the_built_in_random_model_takes_no_file_bytes(random_checkpoint: Checkpoint) -> None:
     assert expected_weight_bytes(random_checkpoint, 4, held_as_stored=False) == 0
 

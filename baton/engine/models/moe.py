@@ -16,6 +16,8 @@ from torch import nn
 from baton.checkpoint.moe_config import MoEConfig
 from baton.engine.models.layers import Linear, empty_parameter
 from baton.engine.models.mlp import GatedMLP
+from baton.engine.native.library import NativeKernels
+from baton.engine.native.structs import ExpertMatrices
 
 
 class SparseMoE(nn.Module):
@@ -27,7 +29,9 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.moe = moe
         features = moe.expert_intermediate_size
-        self.router = Linear(hidden_size, moe.num_experts, False, dtype, device)
+        # A plain weight, not a Linear: never packed for oneDNN, so the native decode step
+        # reads it as it is (a few hundred KB a layer: no compact copy to speak of).
+        self.router = empty_parameter(moe.num_experts, hidden_size, dtype=dtype, device=device)
         self.experts_gate_up = empty_parameter(
             moe.num_experts, 2 * features, hidden_size, dtype=dtype, device=device
         )
@@ -37,7 +41,19 @@ class SparseMoE(nn.Module):
         shared = moe.shared_intermediate_size
         self.shared_expert = GatedMLP(hidden_size, shared, False, dtype, device) if shared else None
         self.shared_expert_gate = Linear(hidden_size, 1, False, dtype, device) if shared else None
-        self.native = None  # (CausalLM.use_native_kernels sets every layer's; unused here)
+        self.native: NativeKernels | None = None  # (CausalLM.use_native_kernels sets it)
+        # The experts as the checkpoint stores them (`hold_stored_experts`): every batch's
+        # experts then run in the native kernel, and the stacked parameters are freed.
+        self.stored: ExpertMatrices | None = None
+
+    def hold_stored_experts(self, stored: ExpertMatrices, native: NativeKernels) -> None:
+        """Multiply the experts from their stored weights only (moe_experts.c reads each
+        expert's compact weight: GGUF blocks, bf16, f16), freeing the stacked float32 ones."""
+        if stored.num_experts != self.moe.num_experts:
+            raise ValueError(f"{stored.num_experts} stored experts for {self.moe.num_experts}")
+        self.stored, self.native = stored, native
+        for name in ("experts_gate_up", "experts_down"):
+            setattr(self, name, nn.Parameter(torch.empty(0), requires_grad=False))
 
     def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """`residual + self(x)`, in `residual`'s memory: the decoder layer's way in."""
@@ -48,6 +64,18 @@ class SparseMoE(nn.Module):
         routing probabilities, summed expert by expert in ascending order (as transformers
         sums them), then the shared expert's."""
         weights, experts = self.route(x)
+        if self.stored is not None:
+            out = self.native.moe_experts(x, experts, weights, self.stored)
+        else:
+            out = self._experts(x, weights, experts)
+        if self.shared_expert is not None:
+            out += torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+    def _experts(
+        self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
+    ) -> torch.Tensor:
+        """The routed experts from the stacked parameters, in torch."""
         out = torch.zeros_like(x)
         flat = experts.flatten()
         order = torch.argsort(flat, stable=True)
@@ -65,15 +93,13 @@ class SparseMoE(nn.Module):
             product = F.linear(activated, self.experts_down[expert])
             product = product * weights.flatten()[picks, None]
             out.index_add_(0, tokens, product.to(out.dtype))
-        if self.shared_expert is not None:
-            out += torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's top-k experts, most likely first ([tokens, k]), and their weights: the
         router's float32 softmax probabilities, renormalised over the k where the model says,
         in the activations' dtype or float32 (`MoEConfig.float32_weights`)."""
-        logits = self.router(x)
+        logits = F.linear(x, self.router)
         probabilities = torch.softmax(logits.float(), dim=-1)
         weights, experts = torch.topk(probabilities, self.moe.top_k, dim=-1)
         if self.moe.normalize_top_k:

@@ -138,11 +138,12 @@ def _expert_targets(prefix: str, block: SparseMoE, hidden: int) -> dict[str, Wei
     block_prefix = f"{prefix}{moe.prefix}."
     targets = {
         block_prefix + "gate.weight": WeightTarget(
-            block.router.weight, slice(0, moe.num_experts), (moe.num_experts, hidden)
+            block.router, slice(0, moe.num_experts), (moe.num_experts, hidden)
         )
     }
     gate, up, down = moe.expert_names
-    for expert in range(moe.num_experts):
+    # A block holding its experts' stored weights (stored_experts.py) has no float32 ones.
+    for expert in range(moe.num_experts if block.stored is None else 0):
         name = f"{block_prefix}experts.{expert}."
         stacked = block.experts_gate_up[expert]
         targets[f"{name}{gate}.weight"] = WeightTarget(

@@ -17,6 +17,7 @@ from baton.engine.native.structs import (
     DecodeModelArgs,
     DecoderLayerArgs,
     DecodeStepArgs,
+    ExpertMatrices,
     RowSampling,
 )
 from baton.hardware import isa_rank
@@ -68,6 +69,11 @@ class NativeKernels(LinearKernels):
                 ctypes.POINTER(DecodeStepArgs),
             ],
         )
+        self._moe_experts = declare(
+            library.baton_moe_experts,
+            ctypes.c_int,
+            [PTR, PTR, PTR, I64, PTR, I64, PTR, PTR, I64, PTR],
+        )
         self._sample_rows = declare(
             library.baton_sample_rows, None, [PTR, I64, I64, ctypes.POINTER(RowSampling), PTR]
         )
@@ -98,6 +104,32 @@ class NativeKernels(LinearKernels):
         tokens = (ctypes.c_int64 * rows)()
         self._sample_rows(logits.data_ptr(), rows, logits.shape[1], settings, tokens)
         return list(tokens)
+
+    def moe_experts(
+        self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor, stored: ExpertMatrices
+    ) -> torch.Tensor:
+        """A mixture-of-experts block's routed experts (moe_experts.c): float32 x [rows, hidden],
+        each row's chosen `experts` [rows, k] and their float32 routing `weights` -> float32
+        [rows, hidden], each expert the batch chose read once."""
+        x, experts = x.contiguous(), experts.to(torch.int64).contiguous()
+        weights = weights.to(torch.float32).contiguous()
+        out = torch.empty_like(x)
+        rows, top_k = experts.shape
+        failed = self._moe_experts(
+            ctypes.addressof(stored.gate),
+            ctypes.addressof(stored.up),
+            ctypes.addressof(stored.down),
+            stored.num_experts,
+            x.data_ptr(),
+            rows,
+            experts.data_ptr(),
+            weights.data_ptr(),
+            top_k,
+            out.data_ptr(),
+        )
+        if failed:
+            raise MemoryError("the experts' products could not allocate their rows")
+        return out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """float32 [rows, 2 * inter] (gate, then up) -> silu(gate) * up [rows, inter], as the

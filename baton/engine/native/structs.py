@@ -75,6 +75,30 @@ class Matrix(ctypes.Structure):
         )
 
 
+class ExpertMatrices:
+    """A mixture-of-experts block's stored experts as moe_experts.c reads them: arrays of each
+    expert's gate, up and down Matrix, which keep their weights alive (the C arrays point into
+    them)."""
+
+    def __init__(
+        self,
+        gate: list[CompactWeight],
+        up: list[CompactWeight],
+        down: list[CompactWeight],
+        avx512: bool,
+    ) -> None:
+        if not gate or not len(gate) == len(up) == len(down):
+            raise ValueError("every expert needs its gate, up and down weights")
+        self.num_experts = len(gate)
+        self.weights = (tuple(gate), tuple(up), tuple(down))
+        # (The Matrix objects too: a PARTS one keeps its parts' array alive, which the arrays'
+        # copies of its fields point to.)
+        self.matrices = [[Matrix.of(w, None, avx512) for w in ws] for ws in self.weights]
+        self.gate, self.up, self.down = (
+            (Matrix * self.num_experts)(*matrices) for matrices in self.matrices
+        )
+
+
 class DecoderLayerArgs(ctypes.Structure):
     """One decoder layer's weights, caches and shape (decode_layer.c's DecoderLayer)."""
 
@@ -96,6 +120,14 @@ class DecoderLayerArgs(ctypes.Structure):
         ("window", _i64),  # 0: full attention
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
+        # A mixture of experts' layer: its float32 router and stored experts (else NULL, 0).
+        ("router", _ptr),
+        ("experts_gate", _ptr),
+        ("experts_up", _ptr),
+        ("experts_down", _ptr),
+        ("num_experts", _i64),
+        ("top_k", _i64),
+        ("normalize_top_k", _i64),
     )
 
 

@@ -35,6 +35,7 @@ class GGUFTensor:
     shape: tuple[int, ...]
     tensor_type: GGMLQuantizationType
     data: np.ndarray  # uint8: [rows, bytes per row] for a block format, flat otherwise
+    offset: int = 0  # where `data` starts in the file
 
 
 def read_gguf_tensors(path: Path) -> list[GGUFTensor]:
@@ -93,7 +94,8 @@ class _Parser:
             raise ValueError(f"tensor {name!r} is cut short: the file ends inside it")
         if block_size > 1:
             data = data.reshape(rows, row_bytes)
-        return GGUFTensor(name, tuple(int(n) for n in shape), tensor_type, data)
+        shape = tuple(int(n) for n in shape)
+        return GGUFTensor(name, shape, tensor_type, data, start + offset)
 
     def _unpack(self, layout: str) -> tuple:
         values = struct.unpack_from(layout, self.view, self.offset)

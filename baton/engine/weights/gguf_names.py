@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from baton.checkpoint.moe_config import MoEConfig
+
 # HF tensor name (after "model.layers.N.") -> llama.cpp's (after "blk.N.").
 _LAYER_TENSORS = {
     "input_layernorm.weight": "attn_norm.weight",
@@ -27,36 +29,63 @@ _LAYER_TENSORS = {
     "mlp.up_proj.bias": "ffn_up.bias",
     "mlp.down_proj.bias": "ffn_down.bias",
 }
-# llama.cpp stores these of a llama in `permute_rows` order (weights and biases alike).
+# llama.cpp stores these of a llama (and of a Mixtral, its "llama" with experts) in
+# `permute_rows` order (weights and biases alike).
+LLAMA_CPP_PERMUTED = ("LlamaForCausalLM", "MixtralForCausalLM")
 PERMUTED_QK = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")
 _GLOBAL_TENSORS = {
     "model.embed_tokens.weight": "token_embd.weight",
     "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
 }
+# A mixture of experts' tensors: HF's (after "model.layers.N.<block>.", the block being
+# MoEConfig.prefix: "mlp", Mixtral's "block_sparse_moe") -> llama.cpp's (after "blk.N.").
+_MOE_TENSORS = {
+    "gate.weight": "ffn_gate_inp.weight",
+    "shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+    "shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+    "shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+    "shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+}
+# llama.cpp stacks each projection of a layer's experts into one 3-D tensor ([experts, out, in]
+# in numpy's order): these hold MoEConfig.expert_names' gate, up and down.
+STACKED_EXPERTS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 _HF_LAYER_TENSORS = {gguf: hf for hf, gguf in _LAYER_TENSORS.items()}
 _HF_GLOBAL_TENSORS = {gguf: hf for hf, gguf in _GLOBAL_TENSORS.items()}
+_HF_MOE_TENSORS = {gguf: hf for hf, gguf in _MOE_TENSORS.items()}
 
 
-def gguf_tensor_name(hf_name: str) -> str:
-    """llama.cpp's name for an HF tensor; KeyError for one it has no place for."""
+def gguf_tensor_name(hf_name: str, moe: MoEConfig | None = None) -> str:
+    """llama.cpp's name for an HF tensor (of a mixture of experts' `moe`: its router and
+    shared expert; each expert's weights go into `STACKED_EXPERTS`); KeyError for one it has no
+    place for."""
     if hf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[hf_name]
     model, layers, layer, rest = hf_name.split(".", 3)
     if (model, layers) != ("model", "layers"):
         raise KeyError(hf_name)
+    block = f"{moe.prefix}." if moe is not None else None
+    if block is not None and rest.startswith(block) and rest[len(block) :] in _MOE_TENSORS:
+        return f"blk.{layer}.{_MOE_TENSORS[rest[len(block) :]]}"
     return f"blk.{layer}.{_LAYER_TENSORS[rest]}"
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """The HF name of a llama.cpp tensor; KeyError for one Baton's models have no place for."""
+def hf_tensor_names(gguf_name: str, moe: MoEConfig | None = None) -> list[str]:
+    """The HF names of a llama.cpp tensor: its one, or each expert's for a stacked tensor of
+    a mixture of experts' `moe`; KeyError for one Baton's models have no place for."""
     if gguf_name in _HF_GLOBAL_TENSORS:
-        return _HF_GLOBAL_TENSORS[gguf_name]
+        return [_HF_GLOBAL_TENSORS[gguf_name]]
     parts = gguf_name.split(".", 2)
     if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
         raise KeyError(gguf_name)
     _, layer, rest = parts
-    return f"model.layers.{layer}.{_HF_LAYER_TENSORS[rest]}"
+    if moe is None or (rest not in _HF_MOE_TENSORS and rest not in STACKED_EXPERTS):
+        return [f"model.layers.{layer}.{_HF_LAYER_TENSORS[rest]}"]
+    block = f"model.layers.{layer}.{moe.prefix}."
+    if rest in _HF_MOE_TENSORS:
+        return [block + _HF_MOE_TENSORS[rest]]
+    projection = moe.expert_names[STACKED_EXPERTS.index(rest)]
+    return [f"{block}experts.{expert}.{projection}.weight" for expert in range(moe.num_experts)]
 
 
 def permuted_heads(hf_name: str, num_heads: int, num_kv_heads: int) -> int:

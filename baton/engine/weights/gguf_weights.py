@@ -18,7 +18,8 @@ from baton.engine.native.formats import FORMATS, CompactWeight
 from baton.engine.native.library import NativeKernels
 from baton.engine.weights.gguf_file import GGUFTensor, read_gguf_tensors
 from baton.engine.weights.gguf_names import (
-    hf_tensor_name,
+    LLAMA_CPP_PERMUTED,
+    hf_tensor_names,
     permuted_heads,
     unpermute_rows,
 )
@@ -45,11 +46,12 @@ def forget_gguf_tensors() -> None:
 
 
 def gguf_bytes_of_types(gguf_file: Path, formats: tuple[str, ...]) -> int:
-    """The bytes of the file's matrices stored in `formats` (formats.py's names)."""
+    """The bytes of the file's matrices (a mixture of experts' stacked ones too) stored in
+    `formats` (formats.py's names)."""
     return sum(
         tensor.data.nbytes
         for tensor in _tensors(gguf_file)
-        if len(tensor.shape) == 2 and tensor.tensor_type.name.lower() in formats
+        if len(tensor.shape) >= 2 and tensor.tensor_type.name.lower() in formats
     )
 
 
@@ -59,7 +61,7 @@ def unsupported_gguf_matrices(gguf_file: Path) -> list[tuple[str, str]]:
     return [
         (tensor.name, tensor.tensor_type.name)
         for tensor in _tensors(gguf_file)
-        if len(tensor.shape) == 2
+        if len(tensor.shape) >= 2
         and tensor.tensor_type.name != "F32"
         and tensor.tensor_type.name.lower() not in FORMATS
     ]
@@ -72,49 +74,66 @@ def iter_gguf_weights(
     skip: frozenset[str] = frozenset(),
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of `gguf_file` under its HF name but those in `skip`, dequantized to
-    float32, in HF's row order (see `_unpermute`). With `native`, the formats the compact
-    kernels read are dequantized there (the same exact values, 4.1 s -> a few hundred ms for
-    SmolLM2's 135M weights)."""
+    float32, in HF's row order (see `_unpermute`); a stacked tensor of experts as each
+    expert's. With `native`, the formats the compact kernels read are dequantized there (the
+    same exact values, 4.1 s -> a few hundred ms for SmolLM2's 135M weights)."""
     import gguf
 
-    for tensor in _with_progress(gguf_file, skip):
-        if tensor.name == ROPE_FREQS_TENSOR:
-            continue  # not a weight: the converted config's rope scaling
-        try:
-            name = hf_tensor_name(tensor.name)
-        except KeyError:
-            raise CheckpointError(f"{gguf_file}: unexpected tensor {tensor.name!r}") from None
-        if name in skip:
-            continue
-        compact = _compact(tensor, name, config) if native is not None else None
-        if compact is not None:
-            yield name, native.dequantize(compact)  # type: ignore[union-attr]
+    for tensor in _with_progress(gguf_file, config, skip):
+        names = _hf_names(gguf_file, tensor, config)
+        compacts = _compact(gguf_file, tensor, names, config) if native is not None else None
+        if compacts is not None:
+            for name, compact in zip(names, compacts):
+                if name not in skip:
+                    yield name, native.dequantize(compact)  # type: ignore[union-attr]
             continue
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        values = _unpermute(values.reshape([int(n) for n in reversed(tensor.shape)]), name, config)
-        # Copied only where numpy must: an F32 tensor is a read-only view of the file.
-        yield name, torch.from_numpy(np.require(values, np.float32, ["C_CONTIGUOUS", "WRITEABLE"]))
+        shape = [int(n) for n in reversed(tensor.shape)]
+        # (A stacked tensor of experts is [experts, out, in]: each expert's slice one weight.)
+        weights = values.reshape(shape) if len(names) > 1 else values.reshape(1, *shape)
+        for name, weight in zip(names, weights):
+            if name in skip:
+                continue
+            weight = _unpermute(weight, name, config)
+            if name.endswith("shared_expert_gate.weight"):
+                weight = weight.reshape(1, -1)  # HF's [1, hidden], which llama.cpp may flatten
+            # Copied only where numpy must: an F32 tensor is a read-only view of the file.
+            yield (
+                name,
+                torch.from_numpy(np.require(weight, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])),
+            )
 
 
 def iter_gguf_compact_weights(
     gguf_file: Path, config: ModelConfig
 ) -> Iterator[tuple[str, CompactWeight]]:
     """The matrices stored in a format the compact kernel reads (native/formats.py), as
-    stored: the blocks of each row, rows in HF order (see `_unpermute`)."""
-    for tensor in _with_progress(gguf_file):
-        if tensor.name == ROPE_FREQS_TENSOR:
-            continue
-        name = hf_tensor_name(tensor.name)
-        compact = _compact(tensor, name, config)
-        if compact is not None:
-            yield name, compact
+    stored: the blocks of each row, rows in HF order (see `_unpermute`); a stacked tensor of
+    experts as each expert's."""
+    for tensor in _with_progress(gguf_file, config):
+        names = _hf_names(gguf_file, tensor, config)
+        yield from zip(names, _compact(gguf_file, tensor, names, config) or ())
 
 
-def _with_progress(gguf_file: Path, skip: frozenset[str] = frozenset()) -> Iterator[GGUFTensor]:
-    """The file's tensors but those whose HF names are in `skip`, with the load's progress
-    (load_progress.py) by their bytes."""
+def _hf_names(gguf_file: Path, tensor: GGUFTensor, config: ModelConfig) -> list[str]:
+    """The HF names of a tensor of the file (each expert's for a stacked one)."""
+    try:
+        return hf_tensor_names(tensor.name, config.moe)
+    except KeyError:
+        raise CheckpointError(f"{gguf_file}: unexpected tensor {tensor.name!r}") from None
+
+
+def _with_progress(
+    gguf_file: Path, config: ModelConfig, skip: frozenset[str] = frozenset()
+) -> Iterator[GGUFTensor]:
+    """The file's weights (not llama.cpp's RoPE factors, which are the config's) but those
+    whose HF names are all in `skip`, with the load's progress (load_progress.py) by their
+    bytes."""
     tensors = [
-        tensor for tensor in _tensors(gguf_file) if _hf_name_or_none(tensor.name) not in skip
+        tensor
+        for tensor in _tensors(gguf_file)
+        if tensor.name != ROPE_FREQS_TENSOR
+        and not set(_hf_names_or_none(tensor.name, config)) <= skip
     ]
     return with_progress(
         ((tensor, tensor.data.nbytes) for tensor in tensors),
@@ -123,32 +142,45 @@ def _with_progress(gguf_file: Path, skip: frozenset[str] = frozenset()) -> Itera
     )
 
 
-def _hf_name_or_none(gguf_name: str) -> str | None:
+def _hf_names_or_none(gguf_name: str, config: ModelConfig) -> list[str | None]:
     try:
-        return hf_tensor_name(gguf_name)
+        return list(hf_tensor_names(gguf_name, config.moe))
     except KeyError:
-        return None  # (the loaders name it in their error, or skip it: rope_freqs)
+        return [None]  # (the loaders name it in their error)
 
 
-def _compact(tensor: GGUFTensor, hf_name: str, config: ModelConfig) -> CompactWeight | None:
-    """A GGUF tensor as stored, if it is a matrix in a format the compact kernels read."""
+def _compact(
+    gguf_file: Path, tensor: GGUFTensor, names: list[str], config: ModelConfig
+) -> list[CompactWeight] | None:
+    """A GGUF matrix as stored, if in a format the compact kernels read: one weight (copied,
+    its rows in HF's order), or each expert's of a stacked tensor of experts (`names` theirs),
+    mapped from the file as llama.cpp maps its weights: a Qwen3-30B-A3B's experts are 17 of
+    its 18 GB at Q4_K_M, and copying them would hold them twice while loading (the mapped file
+    and the copy) on a machine that holds them about once."""
     compact_format = tensor.tensor_type.name.lower()
-    if compact_format not in FORMATS or len(tensor.shape) != 2:
+    stacked = len(names) > 1
+    if compact_format not in FORMATS or len(tensor.shape) != (3 if stacked else 2):
         return None
-    in_features, out_features = (int(n) for n in tensor.shape)
+    in_features, out_features = (int(n) for n in tensor.shape[:2])
     if in_features % FORMATS[compact_format].block:
         return None
-    rows = _unpermute(
-        np.asarray(tensor.data).view(np.uint8).reshape(out_features, -1), hf_name, config
-    )
+    if stacked:
+        # Its own mapping (copy-on-write, never written: the file's pages, shared with the page
+        # cache), so that the file's other tensors are unmapped after loading.
+        shape = (len(names), out_features, tensor.data.nbytes // len(names) // out_features)
+        experts = np.memmap(gguf_file, np.uint8, "c", tensor.offset, shape)
+        return [
+            CompactWeight(compact_format, torch.from_numpy(rows), in_features) for rows in experts
+        ]
+    rows = _unpermute(np.asarray(tensor.data).reshape(out_features, -1), names[0], config)
     data = torch.from_numpy(np.array(rows, dtype=np.uint8, order="C"))
-    return CompactWeight(compact_format, data, in_features)
+    return [CompactWeight(compact_format, data, in_features)]
 
 
 def _unpermute(rows: np.ndarray, hf_name: str, config: ModelConfig) -> np.ndarray:
     """A tensor's rows in HF's order: llama.cpp's converter interleaved a llama's q and k rows
     (weights and biases) for its RoPE; every other tensor is stored in HF's order."""
-    if config.architecture != "LlamaForCausalLM":
+    if config.architecture not in LLAMA_CPP_PERMUTED:
         return rows
     heads = permuted_heads(hf_name, config.num_heads, config.num_kv_heads)
     return unpermute_rows(rows, heads) if heads else rows

@@ -58,7 +58,7 @@ def block(moe: MoEConfig, router: torch.Tensor, seed: int = 0) -> SparseMoE:
     generator = torch.Generator().manual_seed(seed)
     module = SparseMoE(HIDDEN, moe, torch.float32, "cpu")
     with torch.no_grad():
-        module.router.weight.copy_(router)
+        module.router.copy_(router)
         for param in (module.experts_gate_up, module.experts_down):
             param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
         if module.shared_expert is not None:
@@ -78,7 +78,7 @@ def reference(module: SparseMoE, x: torch.Tensor) -> torch.Tensor:
     gate_up = module.experts_gate_up.double()
     down = module.experts_down.double()
     for token, row in enumerate(x.double()):
-        probabilities = torch.softmax(module.router.weight.double() @ row, dim=-1)
+        probabilities = torch.softmax(module.router.double() @ row, dim=-1)
         chosen = torch.argsort(probabilities, descending=True)[: moe.top_k]
         weights = probabilities[chosen]
         if moe.normalize_top_k:

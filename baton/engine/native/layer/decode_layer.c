@@ -12,6 +12,7 @@
 #include "attention/kv_cache.h"
 #include "linear/linear.h"
 #include "sampling/sampling.h"
+#include "runtime/thread_buffer.h"
 #include "runtime/thread_pool.h"
 #include "runtime/vector_math.h"
 
@@ -28,7 +29,61 @@ typedef struct {
     int64_t q_heads, kv_heads, head_dim, page_size, kv_type; /* the caches' elements: KvType */
     int64_t window; /* the tokens a query sees, its own included (Mistral v0.1, Phi-3); 0: all */
     float eps, scale;
+    /* A mixture of experts' layer (router non-NULL; gate_up and down unused): the float32
+     * router [num_experts, hidden] and each expert's stored matrices (moe_experts.c). */
+    const float *router;
+    const Matrix *experts_gate, *experts_up, *experts_down;
+    int64_t num_experts, top_k, normalize_top_k;
 } DecoderLayer;
+
+int baton_moe_experts(const Matrix *gate, const Matrix *up, const Matrix *down,
+                      int64_t num_experts, const float *x, int64_t rows, const int64_t *experts,
+                      const float *weights, int64_t top_k, float *out);
+
+/* out [rows, hidden] = the layer's routed experts of x [rows, hidden], as SparseMoE routes
+ * (models/moe.py): the router's float32 softmax, each row's top-k most likely first (ties to
+ * the lower expert), renormalised where the model says. Returns 0, or -1 if memory ran out. */
+static int routed_experts(const DecoderLayer *layer, const float *x, int64_t rows, float *out) {
+    static __thread ThreadBuffer route_buffer;
+    const int64_t hidden = layer->qkv.in_features, n = layer->num_experts, k = layer->top_k;
+    float *probabilities = thread_buffer(
+        &route_buffer, (int64_t)(sizeof(float) * (n + k) + sizeof(int64_t) * k) * rows);
+    if (!probabilities) return -1;
+    float *weights = probabilities + rows * n;
+    int64_t *chosen = (int64_t *)(weights + rows * k);
+    for (int64_t r = 0; r < rows; r++) {
+        float *p = probabilities + r * n, most = -INFINITY, sum = 0.0f, kept = 0.0f;
+        for (int64_t e = 0; e < n; e++) {
+            const float *w = layer->router + e * hidden, *row = x + r * hidden;
+            __m256 acc = _mm256_setzero_ps();
+            int64_t i = 0;
+            for (; i + 8 <= hidden; i += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(row + i), acc);
+            float logit = hsum8(acc);
+            for (; i < hidden; i++) logit += w[i] * row[i];
+            p[e] = logit;
+            most = logit > most ? logit : most;
+        }
+        for (int64_t e = 0; e < n; e++) sum += p[e] = expf(p[e] - most);
+        for (int64_t e = 0; e < n; e++) p[e] /= sum;
+        for (int64_t j = 0; j < k; j++) { /* (k is small: a pass each) */
+            int64_t best = -1;
+            for (int64_t e = 0; e < n; e++) {
+                int taken = 0;
+                for (int64_t i = 0; i < j; i++) taken |= chosen[r * k + i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            chosen[r * k + j] = best;
+            kept += weights[r * k + j] = p[best];
+        }
+        if (layer->normalize_top_k)
+            for (int64_t j = 0; j < k; j++) weights[r * k + j] /= kept;
+    }
+    return baton_moe_experts(layer->experts_gate, layer->experts_up, layer->experts_down, n, x,
+                             rows, chosen, weights, k, out)
+               ? -1
+               : 0;
+}
 
 /* The model around its layers (decode_step.py's DecodeModelArgs). */
 typedef struct {
@@ -85,6 +140,11 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
     if (baton_linear_add(&layer->o, attended, rows, hidden, projected)) return -1;
 
     baton_rms_norm(hidden, rows, hidden_size, layer->post_norm, layer->eps, normed);
+    if (layer->router) {
+        if (routed_experts(layer, normed, rows, projected)) return -1;
+        for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] += projected[i];
+        return 0;
+    }
     if (baton_linear(&layer->gate_up, normed, rows, gate_up)) return -1;
     baton_silu_mul(gate_up, rows, inter, activated, layer->gate_up.avx512);
     if (baton_linear_add(&layer->down, activated, rows, hidden, projected)) return -1;

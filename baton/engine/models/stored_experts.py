@@ -1,0 +1,64 @@
+"""A mixture-of-experts model's experts held as the checkpoint stores them: each expert's gate,
+up and down weights in their GGUF blocks (or bf16, f16), multiplied by the native expert kernel
+(native/layer/moe_experts.c) in batches of every size, with no float32 copy.
+
+A Qwen3-30B-A3B's experts are 29 of its 30.5B parameters: as float32 they would take 116 GB,
+as Q4_K_M blocks 17 GB, and a token reads only its 8 of each layer's 128.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import torch
+
+from baton.checkpoint.moe_config import MoEConfig
+from baton.engine.models.causal_lm import CausalLM
+from baton.engine.models.moe import SparseMoE
+from baton.engine.native.formats import CompactWeight
+from baton.engine.native.library import NativeKernels
+from baton.engine.native.structs import ExpertMatrices
+
+logger = logging.getLogger(__name__)
+
+
+def expert_names(moe: MoEConfig, layer: int, expert: int) -> tuple[str, str, str]:
+    """The HF names of expert `expert`'s gate, up and down weights in layer `layer`."""
+    prefix = f"model.layers.{layer}.{moe.prefix}.experts.{expert}."
+    return tuple(f"{prefix}{name}.weight" for name in moe.expert_names)  # type: ignore[return-value]
+
+
+def hold_stored_experts(
+    model: CausalLM, stored: Mapping[str, CompactWeight], native: NativeKernels
+) -> set[str]:
+    """Give each float32 mixture-of-experts layer whose every expert is in `stored` those
+    weights, freeing its stacked float32 ones; the names held (which the caller then does not
+    read as float32)."""
+    moe = model.config.moe
+    held: set[str] = set()
+    if moe is None:
+        return held
+    layers = 0
+    hidden, features = model.config.hidden_size, moe.expert_intermediate_size
+    for layer, decoder_layer in zip(model.layer_range, model.layers):
+        block = decoder_layer.mlp
+        if not isinstance(block, SparseMoE) or block.experts_gate_up.dtype != torch.float32:
+            continue
+        names = [expert_names(moe, layer, expert) for expert in range(moe.num_experts)]
+        if any(name not in stored for triple in names for name in triple):
+            continue
+        gate, up, down = ([stored[triple[i]] for triple in names] for i in range(3))
+        shapes = {
+            (w.out_features, w.in_features, i == 2)
+            for i, ws in enumerate((gate, up, down))
+            for w in ws
+        }
+        if shapes != {(features, hidden, False), (hidden, features, True)}:
+            continue  # (not this block's experts: it keeps its float32 ones)
+        block.hold_stored_experts(ExpertMatrices(gate, up, down, native.avx512), native)
+        held.update(name for triple in names for name in triple)
+        layers += 1
+    if layers:
+        logger.info("%d mixture-of-experts layers multiply their experts as stored", layers)
+    return held
