@@ -137,3 +137,39 @@ def test_a_llama_quantize_q4_k_m_moe_gives_transformers_tokens(tmp_path: Path) -
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     for prompt, output in zip(prompts, llm.generate(prompts, params)):
         assert_greedy_matches_hf(reference, prompt, output.token_ids)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"disable_overlap": True},
+        {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
+    ],
+    ids=["no-overlap", "ngram"],
+)
+def test_prefix_hits_preemption_and_the_engines_ways_keep_the_tokens(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, options: dict
+) -> None:
+    """A Q8_0 Qwen3-MoE held as stored: a prompt from the prefix cache, requests preempted on
+    a small pool and recomputed, with the overlap loop off or n-gram speculation (several rows
+    of one request verified in a batch, routed together)."""
+    model_dir = tiny_moe(tiny_model_factory, "qwen3_moe")
+    path = export_gguf(model_dir, "float32", tmp_path / "tiny-Q8_0.gguf", "Q8_0")
+    reference = dequantized_twin(path, tmp_path / "twin")
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm = LLM(str(path), dtype="float32", page_size=4, **options)
+    prefix = PROMPTS[0][:24]
+    for prompt in ([*prefix, 11, 12], [*prefix, 13, 14, 15]):
+        [output] = llm.generate([prompt], params)
+        assert_greedy_matches_hf(reference, prompt, output.token_ids)
+    assert output.stats.cached_tokens >= 20
+    crowded = LLM(
+        str(path), dtype="float32", page_size=4, num_pages=24, max_model_len=64, **options
+    )
+    # Each request grows to 16 pages: two admitted on their prompts' 10 cannot both finish.
+    prompts = [[(p * 17 + 3 * j) % 250 for j in range(40)] for p in range(4)]
+    longer = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for prompt, output in zip(prompts, crowded.generate(prompts, longer)):
+        assert_greedy_matches_hf(reference, prompt, output.token_ids)
+    stats = crowded.scheduler.aggregate_stats()
+    assert stats.preemptions > 0 and stats.used_pages == 0
