@@ -122,6 +122,13 @@ class ModelConfig:
         return requested or positions
 
     @property
+    def uniform_window(self) -> int | None:
+        """The window every layer attends within (Mistral v0.1, Phi-3); None where a layer
+        attends to every position (Gemma's global layers) or the windows differ."""
+        windows = set(self.layer_windows)
+        return windows.pop() if len(windows) == 1 else None
+
+    @property
     def attention_scale(self) -> float:
         """What attention scores are multiplied by: 1 / sqrt(head_dim), or Gemma's
         1 / sqrt(query_pre_attn_scalar)."""

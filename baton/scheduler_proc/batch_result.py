@@ -155,5 +155,6 @@ def apply_results(
                 outcome = seq.apply_decode(kept[0])
             if outcome.block_completed:
                 seq.cache_computed_prefix(kv)
+                seq.drop_pages_out_of_window(kv)
         results.append((seq, kept, logprobs and logprobs[: len(kept)], reason))
     return results

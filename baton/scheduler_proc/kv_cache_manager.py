@@ -17,9 +17,19 @@ class KVCacheManager:
     node, so they cannot be evicted under it).
     """
 
-    def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        enable_prefix_caching: bool,
+        window: int | None = None,
+    ) -> None:
         self.page_size = page_size
         self.prefix_caching = enable_prefix_caching
+        # The model's attention window where every layer has the same (ModelConfig
+        # .uniform_window): a request's pages that leave it are never read again, and go back
+        # to the free list as they do (SequencePages.drop_pages_out_of_window).
+        self.window = window
         self.allocator = PageAllocator(num_pages)
         self.cache = RadixCache(page_size, self.allocator, enabled=enable_prefix_caching)
         self.peak_used_pages = 0  # the most `used_pages` after any allocation

@@ -90,8 +90,11 @@ class Scheduler(RequestQueues):
         # placeholder token, which a pipeline cannot take).
         self._depth = ranks.pp.size - 1 if pipelined else int(self.overlap)
         self._max_in_flight = ranks.pp.size if pipelined else 1 + int(self.overlap)
+        window = engine.checkpoint.config.uniform_window
         super().__init__(
-            KVCacheManager(engine.num_pages, engine.page_size, config.enable_prefix_caching),
+            KVCacheManager(
+                engine.num_pages, engine.page_size, config.enable_prefix_caching, window
+            ),
             RequestOrder(config.scheduling_policy),
             config.max_running_requests,
             config.stream_interval,

@@ -4,6 +4,9 @@ Pages are pre-allocated when a step is scheduled (`_grow_page_table`) and given 
 (LIFO) when it is reverted or a speculative step's rejected drafts leave them unused. Computed
 whole pages are shared through the radix prefix cache; `release` gives back all of them (after a
 finish, or a preemption), and `reacquire` takes what the cache still holds to recompute the rest.
+With a model whose every layer attends within a window, the private pages a request's window
+has left are given back as it generates (`drop_pages_out_of_window`), and only its prompt's
+pages are cached.
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from baton.scheduler_proc.kv_cache_manager import KVCacheManager
 from baton.scheduler_proc.radix_cache import RadixNode
 from baton.scheduler_proc.request_lifecycle import RequestLifecycle
 from baton.scheduler_proc.sequence_state import EventKind, ScheduledStep
+
+# What a page table names in place of a page given back out of the window: a page every kernel
+# may address, whose contents none reads (the window masks its positions).
+DROPPED_PAGE = 0
 
 
 class SequencePages(RequestLifecycle):
@@ -44,6 +51,10 @@ class SequencePages(RequestLifecycle):
         self.prefill_len = len(prompt_ids)
         self.page_table: list[int] = []
         self.prefix_node: RadixNode | None = None  # locked radix node covering page_table's head
+        self.num_cached_pages = 0  # page_table's head that the prefix cache owns
+        # page_table[num_cached_pages:window_dropped_end] went back to the pool: out of the
+        # window, never read again (each entry then names page DROPPED_PAGE, read by no kernel).
+        self.window_dropped_end = 0
         # With `prompt_logprobs` (`scores_prompt`): the scored prompt tokens' logprobs so far, the
         # prompt's second token first (the logits at position i score token i + 1). Kept across a
         # preemption, so a recomputed prefill scores nothing twice.
@@ -92,6 +103,8 @@ class SequencePages(RequestLifecycle):
         match = kv.match_prefix(self.tokens[:matchable])
         self.prefix_node = match.node
         self.page_table = list(match.pages)
+        self.num_cached_pages = len(match.pages)
+        self.window_dropped_end = 0
         self.kv_position = len(match.pages) * self.page_size
         self._record(EventKind.PREFIX_MATCHED, self.kv_position)
         return self.kv_position
@@ -118,8 +131,10 @@ class SequencePages(RequestLifecycle):
         if not kv.prefix_caching or self.prefix_node is None:
             return
         computed = self.num_step_processed
+        if kv.window is not None:  # its outputs' pages leave as the window moves on
+            computed = min(computed, self.prefill_len)
         num_full_pages = computed // self.page_size
-        if num_full_pages == 0:
+        if num_full_pages <= self.num_cached_pages:
             return
         match = kv.cache_prefix(
             self.tokens[: num_full_pages * self.page_size],
@@ -128,7 +143,24 @@ class SequencePages(RequestLifecycle):
         )
         self.prefix_node = match.node
         self.page_table[:num_full_pages] = match.pages
+        self.num_cached_pages = num_full_pages
         self._record(EventKind.PREFIX_CACHED, num_full_pages * self.page_size)
+
+    def drop_pages_out_of_window(self, kv: KVCacheManager) -> None:
+        """Give back the private pages wholly older than the window of the next position to
+        compute (an applied step's: any step still in flight computes later positions, whose
+        windows start later still), where every layer attends within `kv.window`."""
+        if kv.window is None:
+            return
+        oldest_read = self.num_step_processed - kv.window + 1
+        start = max(self.window_dropped_end, self.num_cached_pages)
+        end = min(oldest_read // self.page_size, len(self.page_table))
+        if end <= start:
+            return
+        kv.free(self.page_table[start:end])
+        self.page_table[start:end] = [DROPPED_PAGE] * (end - start)
+        self.window_dropped_end = end
+        self._record(EventKind.WINDOW_DROPPED, (end - start) * self.page_size)
 
     # --- allocation and release ----------------------------------------------------------------
     def _grow_page_table(self, kv: KVCacheManager, num_tokens: int) -> int:
@@ -176,14 +208,19 @@ class SequencePages(RequestLifecycle):
         if self.prefix_node is None:
             return
         num_full_pages = min(self.kv_position, len(self.tokens)) // self.page_size
+        private = self.page_table
+        if self.window_dropped_end:  # a prefix with a gap is no prefix: the cached head only
+            num_full_pages = self.num_cached_pages
+            private = private[:num_full_pages] + private[self.window_dropped_end :]
         cached = kv.cache_prefix(
             self.tokens[: num_full_pages * self.page_size],
             self.page_table[:num_full_pages],
             held=self.prefix_node,
         )
         kv.unlock(cached.node)
-        kv.free(self.page_table[num_full_pages:])
+        kv.free(private[num_full_pages:])
         self.page_table = []
+        self.num_cached_pages = self.window_dropped_end = 0
         self.prefix_node = None
         self.kv_position = 0
         self._record(EventKind.RELEASED, num_full_pages * self.page_size)

@@ -31,6 +31,7 @@ class EventKind(enum.Enum):
     UNASSIGNED_DROPPED = "unassigned_dropped"  # num_tokens: the excess pages' token capacity
     SCHEDULE_REVERTED = "schedule_reverted"
     PREFIX_CACHED = "prefix_cached"
+    WINDOW_DROPPED = "window_dropped"  # num_tokens: the pages' token capacity
     RELEASED = "released"
     REACQUIRED = "reacquired"
     PAUSED = "paused"

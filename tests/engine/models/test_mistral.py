@@ -74,3 +74,33 @@ def test_greedy_tokens_are_transformers_past_the_window(
         assert_greedy_matches_hf(model_dir, prompt, output.token_ids)
     if path == "native":
         assert counting.batches >= GREEDY.max_tokens - 1
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"disable_overlap": True},
+        {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
+    ],
+    ids=["overlap", "no-overlap", "ngram"],
+)
+def test_a_long_generation_holds_a_windows_pages(mistral_dir: Path, options: dict) -> None:
+    """Pages that leave every layer's window go back to the pool as a request generates: 300
+    tokens hold about the window's pages (48 tokens: 12 of 4), not 78; the tokens stay
+    transformers' (speculation's rejected drafts included); a prompt sharing the first one's
+    cached prompt pages starts from them."""
+    llm = LLM(str(mistral_dir), dtype="float32", page_size=4, **options)
+    prompt = PROMPTS[1]
+    params = SamplingParams(temperature=0, max_tokens=280, ignore_eos=True)
+    [output] = llm.generate([prompt], params)
+    assert_greedy_matches_hf(mistral_dir, prompt, output.token_ids)
+    kv = llm.scheduler.kv
+    # The prompt's 7 cached pages, the window's 12-13, the page being filled and the one the
+    # overlap loop's next step pre-allocates.
+    assert kv.peak_used_pages <= 7 + 13 + 2
+    stats = llm.scheduler.aggregate_stats()
+    assert stats.used_pages == 0
+    [again] = llm.generate([[*prompt, 1, 2]], GREEDY)
+    assert again.stats.cached_tokens == 28
+    assert_greedy_matches_hf(mistral_dir, [*prompt, 1, 2], again.token_ids)
