@@ -90,7 +90,7 @@ def iter_gguf_weights(
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         shape = [int(n) for n in reversed(tensor.shape)]
         # (A stacked tensor of experts is [experts, out, in]: each expert's slice one weight.)
-        weights = values.reshape(shape) if len(names) > 1 else values.reshape(1, *shape)
+        weights = values.reshape(shape) if len(shape) == 3 else values.reshape(1, *shape)
         for name, weight in zip(names, weights):
             if name in skip:
                 continue
@@ -158,8 +158,8 @@ def _compact(
     its 18 GB at Q4_K_M, and copying them would hold them twice while loading (the mapped file
     and the copy) on a machine that holds them about once."""
     compact_format = tensor.tensor_type.name.lower()
-    stacked = len(names) > 1
-    if compact_format not in FORMATS or len(tensor.shape) != (3 if stacked else 2):
+    stacked = len(tensor.shape) == 3
+    if compact_format not in FORMATS or len(tensor.shape) not in (2, 3):
         return None
     in_features, out_features = (int(n) for n in tensor.shape[:2])
     if in_features % FORMATS[compact_format].block:
