@@ -5,9 +5,10 @@
     python -m baton.bench.random_gguf qwen3-30b-a3b /tmp/qwen3-30b-a3b-Q4_0.gguf
     llama-quantize --allow-requantize /tmp/qwen3-30b-a3b-Q4_0.gguf OUT.gguf Q4_K_M 2
 
-Each block's scale is fixed and its 4-bit quants uniform, so the weights have a spread of about
-0.02 (HF's initialisation); norms are ones, routers normal. The tokenizer is Baton's byte-level
-one padded to the vocabulary (gguf_export.gguf_vocabulary): the benchmarks send token ids.
+Each block's scale is fixed up to its sign and its 4-bit quants uniform, so the weights have a
+mean of 0 and a spread of about 0.02 (HF's initialisation); norms are ones, routers normal. The
+tokenizer is Baton's byte-level one padded to the vocabulary (gguf_export.gguf_vocabulary): the
+benchmarks send token ids.
 """
 
 from __future__ import annotations
@@ -91,7 +92,13 @@ def random_values(shape: tuple[int, ...], kind: str, rng: np.random.Generator) -
         return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
     *rows, in_features = shape
     blocks = rng.integers(0, 256, (*rows, in_features // _BLOCK, _BLOCK_BYTES), dtype=np.uint8)
-    blocks[..., :2] = np.frombuffer(np.float16(_SCALE).tobytes(), dtype=np.uint8)
+    # Q4_0's levels are q - 8 for q in 0..15, whose mean is -1/2: scales of random signs make
+    # the weights' mean 0. (One sign for all would give every product the same offset, which
+    # layer after layer lines every hidden state up: every token then routes to the same
+    # experts and decodes the same token.)
+    signs = rng.integers(0, 2, blocks.shape[:-1], dtype=np.uint16) << 15
+    scales = np.float16(_SCALE).view(np.uint16) | signs
+    blocks[..., :2] = scales[..., None].view(np.uint8).reshape(*scales.shape, 2)
     return blocks.reshape(*rows, -1)
 
 

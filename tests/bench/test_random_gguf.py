@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import pytest
 from helpers.native_cache import use_private_cache
 
 from baton import LLM, SamplingParams
 from baton.bench import random_gguf
 from baton.checkpoint.load import load_checkpoint
+from baton.engine.weights.gguf_file import read_gguf_tensors
 
 TINY = {
     **random_gguf.SHAPES["qwen3-30b-a3b"],
@@ -43,6 +45,10 @@ def test_a_random_moe_gguf_loads_as_its_shape_and_serves(
     assert config.architecture == "Qwen3MoeForCausalLM" and config.num_layers == 2
     assert (config.moe.num_experts, config.moe.top_k, config.moe.normalize_top_k) == (8, 2, True)
     assert config.moe.expert_intermediate_size == 64 and not config.tie_word_embeddings
+    # Weights of mean 0 and spread about 0.02: no offset shared by every product.
+    experts = next(t for t in read_gguf_tensors(path) if t.name == "blk.0.ffn_up_exps.weight")
+    values = gguf.quants.dequantize(experts.data, experts.tensor_type)
+    assert abs(values.mean()) < 0.02 * 0.01 and 0.015 < values.std() < 0.025
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     [output] = LLM(str(path), max_model_len=64).generate([[1, 2, 3]], params)
     assert len(output.token_ids) == 8
