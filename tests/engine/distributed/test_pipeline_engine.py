@@ -1,11 +1,11 @@
 """Pipeline parallelism end to end: two stages, each rank a scheduler driving its stage's engine,
 give a single process's tokens, logprobs and prompt logprobs (Llama; Qwen2's tied head from bf16
-weights; Qwen3's q/k norms; a GGUF held as stored; an uneven split; a pool small enough to
-preempt), with prompts in chunks; every rank's pool is whole again at the end; each stage holds
-only its layers, the first the embedding, the last the norm and head (and a tied head's
-embedding). Three stages of an uneven split (a middle stage receiving and sending), and two
-stages of two tensor-parallel ranks, give the same too; the same four processes serve the three
-topologies in turn."""
+weights; Qwen3's q/k norms; a GGUF held as stored, a mixture of experts' too; an uneven split; a
+pool small enough to preempt), with prompts in chunks; every rank's pool is whole again at the
+end; each stage holds only its layers, the first the embedding, the last the norm and head (and a
+tied head's embedding). Three stages of an uneven split (a middle stage receiving and sending),
+and two stages of two tensor-parallel ranks, give the same too; the same four processes serve
+the three topologies in turn."""
 
 from __future__ import annotations
 
@@ -50,7 +50,16 @@ REQUESTS = [(f"greedy{i}", prompt, GREEDY) for i, prompt in enumerate(PROMPTS)] 
     ("scored", PROMPTS[0], SCORED),
 ]
 # The cases two stages serve (`cases`).
-NAMES = ["llama", "qwen2", "qwen3", "gguf_q8_0", "uneven", "kv_pressure", "decode_first"]
+NAMES = [
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gguf_q8_0",
+    "gguf_moe",
+    "uneven",
+    "kv_pressure",
+    "decode_first",
+]
 PLAIN_ROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
 
 
@@ -145,12 +154,19 @@ def cases(tiny_model_factory: Callable[..., Path], tmp_path_factory: pytest.Temp
     )
     gguf = export_gguf(gguf_source, "float32", tmp_path_factory.mktemp("gguf") / "t.gguf", "Q8_0")
     load_checkpoint(str(gguf))  # its metadata converted once, not by both ranks at once
+    moe_source = tiny_model_factory(
+        "qwen3_moe", num_hidden_layers=2, mlp_only_layers=[], moe_intermediate_size=64
+    )
+    moe = export_gguf(moe_source, "float32", tmp_path_factory.mktemp("moe") / "m.gguf", "Q8_0")
+    load_checkpoint(str(moe))
     llama = str(tiny_model_factory("llama"))
     return [
         Case("llama", llama),
         Case("qwen2", str(tiny_model_factory("qwen2", weights_dtype=torch.bfloat16)), tied=True),
         Case("qwen3", str(tiny_model_factory("qwen3")), tied=False),
         Case("gguf_q8_0", str(gguf)),
+        # A mixture of experts held as stored: each stage holds its layers' experts.
+        Case("gguf_moe", str(moe)),
         # Two layers on the first stage, one on the last.
         Case("uneven", str(tiny_model_factory("llama", num_hidden_layers=3)), num_layers=3),
         # 16 pages of 4 tokens for requests of 51, 19, 19 and 33 tokens: some are preempted,
