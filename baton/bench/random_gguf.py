@@ -48,6 +48,23 @@ SHAPES: dict[str, dict[str, Any]] = {
         "bos_token_id": 256,
         "eos_token_id": 257,
     },
+    # Mistral-7B-v0.3: llama.cpp writes a Mistral as a "llama" (its GGUF has no window).
+    "mistral-7b": {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 32768,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": 256,
+        "eos_token_id": 257,
+    },
 }
 _BLOCK, _BLOCK_BYTES = 32, 18  # Q4_0: an f16 scale, then 32 4-bit quants
 _SCALE = 0.0043  # uniform quants of 16 levels have a spread of about 4.6 of them: 0.02
