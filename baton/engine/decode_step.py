@@ -58,12 +58,14 @@ class NativeDecodeStep:
             *(self._layer_args(layer, kv_pool) for layer in model.layers)
         )
         # One scratch buffer for every layer's intermediates (decode_layer.c's DecodeStep).
+        moe = config.moe
         per_row = (
             2 * config.hidden_size
             + config.q_size
             + 2 * config.kv_size
             + config.q_size
-            + 3 * config.intermediate_size
+            # (the MLP's, or a shared expert's: Qwen2-57B-A14B's is the wider)
+            + 3 * max(config.intermediate_size, moe.shared_intermediate_size if moe else 0)
         )
         self._scratch = torch.empty(NATIVE_STEP_MAX_ROWS * per_row)
         # The residual stream and its final norm, then the logits; the C step owns their
@@ -89,8 +91,8 @@ class NativeDecodeStep:
     @staticmethod
     def supports(model: CausalLM) -> bool:
         """Every linear layer reads compact weights, every attention runs natively and every
-        MLP is a dense gated one or routed experts held as stored, without a shared expert
-        (Qwen3-MoE, Mixtral; not Qwen2-MoE), of Llama's layers (not Gemma's: the step has no
+        MLP is a dense gated one or routed experts held as stored (Qwen2-MoE's shared expert
+        and its gate too), of Llama's layers (not Gemma's: the step has no
         norms after attention and the MLP, no GeGLU, soft caps or local RoPE)."""
         if model.config.gemma is not None:
             return False
@@ -102,8 +104,11 @@ class NativeDecodeStep:
                 or (
                     isinstance(layer.mlp, SparseMoE)
                     and layer.mlp.stored is not None
-                    and layer.mlp.shared_expert is None
                     and layer.mlp.router.dtype == torch.float32
+                    and (
+                        layer.mlp.shared_expert_gate is None
+                        or layer.mlp.shared_expert_gate.dtype == torch.float32
+                    )
                 )
             )
             for layer in model.layers
@@ -122,11 +127,13 @@ class NativeDecodeStep:
     def _layer_args(self, layer, kv_pool: KVPool) -> DecoderLayerArgs:
         attn, mlp = layer.self_attn, layer.mlp
         sparse = isinstance(mlp, SparseMoE)
+        shared = mlp.shared_expert if sparse else None
+        dense = mlp if not sparse else shared  # (a shared expert's matrices take the MLP's place)
         args = DecoderLayerArgs(
             self._matrix(attn.qkv_proj),
             self._matrix(attn.o_proj),
-            Matrix() if sparse else self._matrix(mlp.gate_up_proj),
-            Matrix() if sparse else self._matrix(mlp.down_proj),
+            Matrix() if dense is None else self._matrix(dense.gate_up_proj),
+            Matrix() if dense is None else self._matrix(dense.down_proj),
             layer.input_layernorm.weight.data_ptr(),
             layer.post_attention_layernorm.weight.data_ptr(),
             None if attn.qk_norm is None else attn.qk_norm.data_ptr(),
@@ -149,6 +156,8 @@ class NativeDecodeStep:
             args.experts_down = ctypes.addressof(experts.down)
             args.num_experts, args.top_k = experts.num_experts, mlp.moe.top_k
             args.normalize_top_k = int(mlp.moe.normalize_top_k)
+            if shared is not None:
+                args.shared_gate = mlp.shared_expert_gate.data_ptr()
         return args
 
     def __call__(

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from baton.checkpoint.moe_config import MoEConfig
-from baton.engine.models.layers import Linear, empty_parameter
+from baton.engine.models.layers import empty_parameter
 from baton.engine.models.mlp import GatedMLP
 from baton.engine.native.library import NativeKernels
 from baton.engine.native.structs import ExpertMatrices
@@ -40,7 +40,10 @@ class SparseMoE(nn.Module):
         )
         shared = moe.shared_intermediate_size
         self.shared_expert = GatedMLP(hidden_size, shared, False, dtype, device) if shared else None
-        self.shared_expert_gate = Linear(hidden_size, 1, False, dtype, device) if shared else None
+        # [1, hidden], plain as the router is (and read as it is by the native decode step).
+        self.shared_expert_gate = (
+            empty_parameter(1, hidden_size, dtype=dtype, device=device) if shared else None
+        )
         self.native: NativeKernels | None = None  # (CausalLM.use_native_kernels sets it)
         # The experts as the checkpoint stores them (`hold_stored_experts`): every batch's
         # experts then run in the native kernel, and the stacked parameters are freed.
@@ -69,7 +72,7 @@ class SparseMoE(nn.Module):
         else:
             out = self._experts(x, weights, experts)
         if self.shared_expert is not None:
-            out += torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out += torch.sigmoid(F.linear(x, self.shared_expert_gate)) * self.shared_expert(x)
         return out
 
     def _experts(

@@ -167,7 +167,7 @@ def _expert_targets(prefix: str, block: SparseMoE, hidden: int) -> dict[str, Wei
             shared.down_proj.weight, slice(0, hidden), (hidden, size)
         )
         targets[f"{block_prefix}shared_expert_gate.weight"] = WeightTarget(
-            block.shared_expert_gate.weight, slice(0, 1), (1, hidden)
+            block.shared_expert_gate, slice(0, 1), (1, hidden)
         )
     return targets
 

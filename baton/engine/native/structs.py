@@ -128,6 +128,7 @@ class DecoderLayerArgs(ctypes.Structure):
         ("num_experts", _i64),
         ("top_k", _i64),
         ("normalize_top_k", _i64),
+        ("shared_gate", _ptr),  # (its shared expert's, in gate_up and down, or NULL)
     )
 
 

@@ -65,7 +65,7 @@ def block(moe: MoEConfig, router: torch.Tensor, seed: int = 0) -> SparseMoE:
             for param in (
                 module.shared_expert.gate_up_proj.weight,
                 module.shared_expert.down_proj.weight,
-                module.shared_expert_gate.weight,
+                module.shared_expert_gate,
             ):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
     return module
@@ -92,7 +92,7 @@ def reference(module: SparseMoE, x: torch.Tensor) -> torch.Tensor:
             hidden = shared.gate_up_proj.weight.double() @ row
             size = moe.shared_intermediate_size
             activated = torch.nn.functional.silu(hidden[:size]) * hidden[size:]
-            gate = torch.sigmoid(module.shared_expert_gate.weight.double() @ row)
+            gate = torch.sigmoid(module.shared_expert_gate.double() @ row)
             out[token] += gate * (shared.down_proj.weight.double() @ activated)
     return out
 

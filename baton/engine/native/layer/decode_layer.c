@@ -29,16 +29,40 @@ typedef struct {
     int64_t q_heads, kv_heads, head_dim, page_size, kv_type; /* the caches' elements: KvType */
     int64_t window; /* the tokens a query sees, its own included (Mistral v0.1, Phi-3); 0: all */
     float eps, scale;
-    /* A mixture of experts' layer (router non-NULL; gate_up and down unused): the float32
-     * router [num_experts, hidden] and each expert's stored matrices (moe_experts.c). */
+    /* A mixture of experts' layer (router non-NULL): the float32 router [num_experts, hidden]
+     * and each expert's stored matrices (moe_experts.c); gate_up and down are then its shared
+     * expert's, under the float32 gate [hidden] `shared_gate` (NULL: no shared expert). */
     const float *router;
     const Matrix *experts_gate, *experts_up, *experts_down;
     int64_t num_experts, top_k, normalize_top_k;
+    const float *shared_gate;
 } DecoderLayer;
 
 int baton_moe_experts(const Matrix *gate, const Matrix *up, const Matrix *down,
                       int64_t num_experts, const float *x, int64_t rows, const int64_t *experts,
                       const float *weights, int64_t top_k, float *out);
+
+/* out [rows, hidden] += sigmoid(shared_gate . x) * the shared expert's gated MLP of x, as
+ * SparseMoE adds Qwen2-MoE's; gate_up: [rows, 2 * its features] of scratch. Returns 0, or -1
+ * if memory ran out. */
+static int shared_expert(const DecoderLayer *layer, const float *x, int64_t rows,
+                         float *gate_up, float *out) {
+    static __thread ThreadBuffer shared_buffer;
+    const int64_t hidden = layer->qkv.in_features, features = layer->down.in_features;
+    float *activated = thread_buffer(
+        &shared_buffer, (int64_t)sizeof(float) * rows * (features + hidden));
+    if (!activated || baton_linear(&layer->gate_up, x, rows, gate_up)) return -1;
+    float *product = activated + rows * features;
+    baton_silu_mul(gate_up, rows, features, activated, layer->gate_up.avx512);
+    if (baton_linear(&layer->down, activated, rows, product)) return -1;
+    for (int64_t r = 0; r < rows; r++) {
+        float logit = 0.0f;
+        for (int64_t i = 0; i < hidden; i++) logit += layer->shared_gate[i] * x[r * hidden + i];
+        const float gate = 1.0f / (1.0f + expf(-logit));
+        for (int64_t i = 0; i < hidden; i++) out[r * hidden + i] += gate * product[r * hidden + i];
+    }
+    return 0;
+}
 
 /* out [rows, hidden] = the layer's routed experts of x [rows, hidden], as SparseMoE routes
  * (models/moe.py): the router's float32 softmax, each row's top-k most likely first (ties to
@@ -142,6 +166,8 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
     baton_rms_norm(hidden, rows, hidden_size, layer->post_norm, layer->eps, normed);
     if (layer->router) {
         if (routed_experts(layer, normed, rows, projected)) return -1;
+        if (layer->shared_gate && shared_expert(layer, normed, rows, gate_up, projected))
+            return -1;
         for (int64_t i = 0; i < rows * hidden_size; i++) hidden[i] += projected[i];
         return 0;
     }
