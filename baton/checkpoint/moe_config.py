@@ -30,6 +30,12 @@ class MoEConfig:
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     float32_weights: bool = False
 
+    def expert_weight_names(self, layer: int, expert: int) -> tuple[str, str, str]:
+        """The checkpoint's names of expert `expert`'s gate, up and down weights in `layer`."""
+        prefix = f"model.layers.{layer}.{self.prefix}.experts.{expert}."
+        gate, up, down = (f"{prefix}{name}.weight" for name in self.expert_names)
+        return gate, up, down
+
     def is_sparse(self, layer: int) -> bool:
         """Whether layer `layer` (the checkpoint's index) routes among experts."""
         return layer not in self.dense_layers

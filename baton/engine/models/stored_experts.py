@@ -13,7 +13,6 @@ from collections.abc import Mapping
 
 import torch
 
-from baton.checkpoint.moe_config import MoEConfig
 from baton.engine.models.causal_lm import CausalLM
 from baton.engine.models.moe import SparseMoE
 from baton.engine.native.formats import CompactWeight
@@ -21,12 +20,6 @@ from baton.engine.native.library import NativeKernels
 from baton.engine.native.structs import ExpertMatrices
 
 logger = logging.getLogger(__name__)
-
-
-def expert_names(moe: MoEConfig, layer: int, expert: int) -> tuple[str, str, str]:
-    """The HF names of expert `expert`'s gate, up and down weights in layer `layer`."""
-    prefix = f"model.layers.{layer}.{moe.prefix}.experts.{expert}."
-    return tuple(f"{prefix}{name}.weight" for name in moe.expert_names)  # type: ignore[return-value]
 
 
 def hold_stored_experts(
@@ -45,7 +38,7 @@ def hold_stored_experts(
         block = decoder_layer.mlp
         if not isinstance(block, SparseMoE) or block.experts_gate_up.dtype != torch.float32:
             continue
-        names = [expert_names(moe, layer, expert) for expert in range(moe.num_experts)]
+        names = [moe.expert_weight_names(layer, expert) for expert in range(moe.num_experts)]
         if any(name not in stored for triple in names for name in triple):
             continue
         gate, up, down = ([stored[triple[i]] for triple in names] for i in range(3))

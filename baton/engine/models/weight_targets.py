@@ -114,7 +114,7 @@ def weight_targets(
             add_norm(prefix + "self_attn.k_norm.weight", attn.qk_norm, slice(heads, None))
         mlp = layer.mlp
         if isinstance(mlp, SparseMoE):
-            targets.update(_expert_targets(prefix, mlp, hidden))
+            targets.update(_expert_targets(prefix, index, mlp, hidden))
             continue
         for proj, start in (("gate", 0), ("up", local_inter)):
             name = f"{prefix}mlp.{proj}_proj."
@@ -130,7 +130,9 @@ def weight_targets(
     return targets
 
 
-def _expert_targets(prefix: str, block: SparseMoE, hidden: int) -> dict[str, WeightTarget]:
+def _expert_targets(
+    prefix: str, layer: int, block: SparseMoE, hidden: int
+) -> dict[str, WeightTarget]:
     """A mixture-of-experts layer's tensors: its router, each expert's gate, up and down (into
     their slices of the stacked weights) and a shared expert with its gate."""
     moe = block.moe
@@ -141,18 +143,13 @@ def _expert_targets(prefix: str, block: SparseMoE, hidden: int) -> dict[str, Wei
             block.router, slice(0, moe.num_experts), (moe.num_experts, hidden)
         )
     }
-    gate, up, down = moe.expert_names
     # A block holding its experts' stored weights (stored_experts.py) has no float32 ones.
     for expert in range(moe.num_experts if block.stored is None else 0):
-        name = f"{block_prefix}experts.{expert}."
+        gate, up, down = moe.expert_weight_names(layer, expert)
         stacked = block.experts_gate_up[expert]
-        targets[f"{name}{gate}.weight"] = WeightTarget(
-            stacked, slice(0, features), (features, hidden)
-        )
-        targets[f"{name}{up}.weight"] = WeightTarget(
-            stacked, slice(features, 2 * features), (features, hidden)
-        )
-        targets[f"{name}{down}.weight"] = WeightTarget(
+        targets[gate] = WeightTarget(stacked, slice(0, features), (features, hidden))
+        targets[up] = WeightTarget(stacked, slice(features, 2 * features), (features, hidden))
+        targets[down] = WeightTarget(
             block.experts_down[expert], slice(0, hidden), (hidden, features)
         )
     if block.shared_expert is not None:

@@ -84,8 +84,8 @@ def hf_tensor_names(gguf_name: str, moe: MoEConfig | None = None) -> list[str]:
     block = f"model.layers.{layer}.{moe.prefix}."
     if rest in _HF_MOE_TENSORS:
         return [block + _HF_MOE_TENSORS[rest]]
-    projection = moe.expert_names[STACKED_EXPERTS.index(rest)]
-    return [f"{block}experts.{expert}.{projection}.weight" for expert in range(moe.num_experts)]
+    role = STACKED_EXPERTS.index(rest)
+    return [moe.expert_weight_names(int(layer), e)[role] for e in range(moe.num_experts)]
 
 
 def permuted_heads(hf_name: str, num_heads: int, num_kv_heads: int) -> int:
