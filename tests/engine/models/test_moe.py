@@ -25,6 +25,12 @@ from baton.engine.models.parallel_layers import ModelShards
 VARIANTS = ("qwen3_moe", "qwen2_moe", "mixtral")
 PROMPTS = [[(7 * j + 3) % 250 for j in range(30)], [(5 * j + 1) % 250 for j in range(9)]]
 HIDDEN = 16
+# The experts' widths in whole multiples of the compact kernels' 32 inputs.
+BF16_WIDTHS = {
+    "qwen3_moe": {"moe_intermediate_size": 64},
+    "qwen2_moe": {"moe_intermediate_size": 64, "shared_expert_intermediate_size": 96},
+    "mixtral": {"intermediate_size": 64},
+}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -153,3 +159,22 @@ def test_experts_over_tensor_parallel_ranks_are_refused_in_one_line(
         ModelShards.of(config, TensorParallel(rank=0, size=2))
     assert "\n" not in str(refused.value)
     assert "experts are not sharded over ranks" in str(refused.value)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bf16_experts_are_multiplied_as_stored(
+    tiny_model_factory: Callable[..., Path], variant: str
+) -> None:
+    """A bf16 checkpoint computed in float32: every sparse layer multiplies its experts' bf16
+    weights in the native expert kernel (no float32 stack kept), tokens as transformers'."""
+    model_dir = tiny_model_factory(variant, weights_dtype=torch.bfloat16, **BF16_WIDTHS[variant])
+    llm = LLM(str(model_dir), dtype="float32", chunk_size=8, page_size=4)
+    blocks = [layer.mlp for layer in llm.engine.model.layers if isinstance(layer.mlp, SparseMoE)]
+    if llm.engine.model.layers[0].self_attn.native is None:
+        pytest.skip("the native kernels need an AVX2 CPU and a C compiler")
+    assert blocks and all(block.stored is not None for block in blocks)
+    assert all(block.experts_gate_up.numel() == 0 for block in blocks)
+    assert {w.format for block in blocks for ws in block.stored.weights for w in ws} == {"bf16"}
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    for prompt, output in zip(PROMPTS, llm.generate(PROMPTS, params)):
+        assert_greedy_matches_hf(model_dir, prompt, output.token_ids)
