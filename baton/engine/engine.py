@@ -38,7 +38,6 @@ from baton.engine.memory_fit import (
 )
 from baton.engine.models.causal_lm import CausalLM, pipeline_stages
 from baton.engine.models.parallel_layers import ModelShards
-from baton.engine.models.stored_experts import hold_stored_experts
 from baton.engine.models.stored_weights import load_as_stored
 from baton.engine.native.formats import COMPACT_MAX_ROWS
 from baton.engine.native.library import native_kernels_for
@@ -175,11 +174,8 @@ class Engine(BatchRunner):
             self.model.load_weights(iter_weights(self.checkpoint, native))
         if compact:
             if not held_as_stored:
-                stored = dict(
-                    self.model.local_compact_weights(iter_compact_weights(self.checkpoint))
-                )
-                attached = self.model.attach_compact_weights(stored.items(), native)
-                hold_stored_experts(self.model, stored, native)
+                stored = self.model.local_compact_weights(iter_compact_weights(self.checkpoint))
+                attached = self.model.attach_compact_weights(stored, native)
                 # (With bf16 GEMMs, start-up then times how many rows the layers keep: logged
                 # below.)
                 logger.info(

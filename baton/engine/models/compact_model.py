@@ -16,6 +16,7 @@ from baton.checkpoint.model_config import ModelConfig
 from baton.distributed.pipeline_parallel import PipelineParallel
 from baton.engine.models.layers import Linear
 from baton.engine.models.parallel_layers import ModelShards
+from baton.engine.models.stored_experts import hold_stored_experts
 from baton.engine.models.weight_targets import WeightTarget, local_compact_weights
 from baton.engine.native.formats import BLOCK_FORMATS, COMPACT_MAX_ROWS, CompactWeight, concat_rows
 from baton.engine.native.library import NativeKernels
@@ -33,6 +34,7 @@ class CompactWeights:
     lm_head: Linear
     layers: nn.ModuleList
     compact_max_rows: int
+    layer_range: range
     modules: Callable[[], Iterator[nn.Module]]
     _weight_targets: Callable[[], dict[str, WeightTarget]]
 
@@ -53,7 +55,8 @@ class CompactWeights:
         """Give float32 linear layers their stored compact weights (native/formats.py), to be
         multiplied by `native.gemv` in small batches; returns the names of the tensors they
         hold. A fused layer gets them only where all its parts came (else it keeps multiplying
-        float32 weights at every batch size). With several ranks, `weights` are this rank's
+        float32 weights at every batch size); a mixture of experts' layer its experts where all
+        came (`hold_stored_experts`). With several ranks, `weights` are this rank's
         (`local_compact_weights`).
         """
         targets = self._weight_targets()
@@ -68,7 +71,19 @@ class CompactWeights:
         if self.config.tie_word_embeddings and self.pipeline.is_last:
             owners[id(self.embed_tokens)] = self.lm_head  # the head multiplies by the embedding
         parts: dict[Linear, dict[int, tuple[str, CompactWeight]]] = {}
+        # A mixture of experts' experts go to their blocks (stored_experts.py), all at once.
+        moe = self.config.moe
+        expert_names = {
+            name
+            for layer in (self.layer_range if moe is not None else ())
+            for expert in range(moe.num_experts)
+            for name in moe.expert_weight_names(layer, expert)
+        }
+        experts: dict[str, CompactWeight] = {}
         for name, compact in weights:
+            if name in expert_names:
+                experts[name] = compact
+                continue
             target = targets.get(name)
             owner = owners.get(id(target.param)) if target is not None else None
             shape = (compact.out_features, compact.in_features)
@@ -84,7 +99,8 @@ class CompactWeights:
             if combined is not None:
                 linear.compact, linear.native = combined, native
                 held.update(names)
-        return held
+        layers = zip(self.layer_range, self.layers)
+        return held | hold_stored_experts(self.config, layers, experts, native)
 
     def tile_compact_weights(self, native: NativeKernels) -> int:
         """Give linear layers' compact weights their tile-ordered copy, which every batch of

@@ -9,11 +9,12 @@ as Q4_K_M blocks 17 GB, and a token reads only its 8 of each layer's 128.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
+from torch import nn
 
-from baton.engine.models.causal_lm import CausalLM
+from baton.checkpoint.model_config import ModelConfig
 from baton.engine.models.moe import SparseMoE
 from baton.engine.native.formats import CompactWeight
 from baton.engine.native.library import NativeKernels
@@ -23,18 +24,21 @@ logger = logging.getLogger(__name__)
 
 
 def hold_stored_experts(
-    model: CausalLM, stored: Mapping[str, CompactWeight], native: NativeKernels
+    config: ModelConfig,
+    layers: Iterable[tuple[int, nn.Module]],
+    stored: Mapping[str, CompactWeight],
+    native: NativeKernels,
 ) -> set[str]:
-    """Give each float32 mixture-of-experts layer whose every expert is in `stored` those
-    weights, freeing its stacked float32 ones; the names held (which the caller then does not
-    read as float32)."""
-    moe = model.config.moe
+    """Give each float32 mixture-of-experts layer of `layers` ((checkpoint index, decoder
+    layer) pairs) whose every expert is in `stored` those weights, freeing its stacked float32
+    ones; the names held (which the caller then does not read as float32)."""
+    moe = config.moe
     held: set[str] = set()
     if moe is None:
         return held
-    layers = 0
-    hidden, features = model.config.hidden_size, moe.expert_intermediate_size
-    for layer, decoder_layer in zip(model.layer_range, model.layers):
+    holding = 0
+    hidden, features = config.hidden_size, moe.expert_intermediate_size
+    for layer, decoder_layer in layers:
         block = decoder_layer.mlp
         if not isinstance(block, SparseMoE) or block.experts_gate_up.dtype != torch.float32:
             continue
@@ -51,7 +55,7 @@ def hold_stored_experts(
             continue  # (not this block's experts: it keeps its float32 ones)
         block.hold_stored_experts(ExpertMatrices(gate, up, down, native.avx512), native)
         held.update(name for triple in names for name in triple)
-        layers += 1
-    if layers:
-        logger.info("%d mixture-of-experts layers multiply their experts as stored", layers)
+        holding += 1
+    if holding:
+        logger.info("%d mixture-of-experts layers multiply their experts as stored", holding)
     return held

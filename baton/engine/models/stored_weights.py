@@ -19,7 +19,6 @@ from baton.checkpoint.load import Checkpoint
 from baton.checkpoint.model_config import CheckpointError
 from baton.engine.models.causal_lm import CausalLM
 from baton.engine.models.layers import Linear
-from baton.engine.models.stored_experts import hold_stored_experts
 from baton.engine.native.formats import FORMATS, CompactWeight
 from baton.engine.native.library import NativeKernels
 from baton.engine.weights.checkpoint_tensors import iter_compact_weights, iter_weights
@@ -58,7 +57,6 @@ def hold_stored_weights(
     # blocks is refused (CausalLM.local_compact_weights).
     stored = dict(model.local_compact_weights(weights, whole_blocks=True))
     held = model.attach_compact_weights(stored.items(), native)
-    held |= hold_stored_experts(model, stored, native)
     embedding = stored.get(EMBEDDING)
     shape = tuple(model.embed_tokens.shape)  # this rank's rows of the vocabulary
     if embedding is not None and (embedding.out_features, embedding.in_features) == shape:
