@@ -1,6 +1,6 @@
-"""Write a Llama, Qwen2 or Qwen3 checkpoint, or a Qwen2-MoE, Qwen3-MoE or Mixtral (a benchmark
-shape, a test model) as GGUF, so llama.cpp serves the very same weights and Baton's GGUF loader
-can be checked against them.
+"""Write a Llama, Qwen2, Qwen3, Gemma 2 or Gemma 3 checkpoint, or a Qwen2-MoE, Qwen3-MoE or
+Mixtral (a benchmark shape, a test model) as GGUF, so llama.cpp serves the very same weights and
+Baton's GGUF loader can be checked against them.
 
 llama.cpp's own `convert_hf_to_gguf.py` refuses tokenizers whose pre-tokenizer it does not know,
 and the shapes carry Baton's byte-level BPE tokenizer (256 byte tokens, three special tokens,
@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from baton.checkpoint.gguf_metadata import (
+from baton.checkpoint.gemma_config import GEMMA_NORM_SHIFT
+from baton.checkpoint.gguf_config import (
+    GEMMA_GGUF_DEFAULTS,
     GGUF_ARCHITECTURES,
     GGUF_EXPERTS_OF_LLAMA,
     ROPE_FREQS_TENSOR,
@@ -120,7 +122,7 @@ def export_gguf(
     add_bos = tokenizer.encode("a")[:1] == [tokenizer.bos_token_id]
     writer = gguf_writer(target, model_dir.name, config, quant_name, tokenizer_json, add_bos)
     quant = getattr(gguf.GGMLQuantizationType, quant_name)
-    if config.rope_scaling is not None:  # llama3 scaling, as llama.cpp's converter stores it
+    if (config.rope_scaling or {}).get("rope_type") == "llama3":  # as llama.cpp's converter
         writer.add_tensor(ROPE_FREQS_TENSOR, llama3_rope_freq_factors(config))
     experts = StackedExperts(config.moe)
     for name, tensor in iter_weights(checkpoint):
@@ -128,10 +130,12 @@ def export_gguf(
         heads = permuted_heads(name, config.num_heads, config.num_kv_heads)
         if arch == "llama" and heads:
             values = permute_rows(values, heads)  # llama.cpp's converter does the same
+        if config.gemma is not None and name.endswith("norm.weight"):
+            values = values + GEMMA_NORM_SHIFT  # (stored as 1 + w, as llama.cpp's converter)
         stacked = experts.add(name, values)
         if stacked is None and experts.holds(name):
             continue  # (an expert's weight, written with its layer's stack)
-        gguf_name, values = stacked or (gguf_tensor_name(name, config.moe), values)
+        gguf_name, values = stacked or (gguf_tensor_name(name, config), values)
         # Norm weights and biases stay float32, as llama.cpp's converter keeps 1-D tensors, and
         # so do a mixture of experts' routers (its converter's exception).
         if values.ndim == 1 or quant == gguf.GGMLQuantizationType.F32 or _router(gguf_name):
@@ -173,6 +177,33 @@ def _add_experts_metadata(writer: Any, moe: MoEConfig) -> None:
     writer.add_expert_feed_forward_length(moe.expert_intermediate_size)
     if moe.shared_intermediate_size:
         writer.add_expert_shared_feed_forward_length(moe.shared_intermediate_size)
+
+
+def _add_gemma_metadata(writer: Any, config: ModelConfig) -> None:
+    """A Gemma's settings as llama.cpp's converter writes them, and which layers are windowed
+    (one flag each, which llama.cpp reads before its every-second / every-sixth default);
+    ValueError for what llama.cpp cannot express: it derives the attention's scale from the
+    shape (gguf_config.GEMMA_GGUF_DEFAULTS) and soft-caps every Gemma 2."""
+    gemma, arch = config.gemma, _gguf_architecture(config)
+    assert gemma is not None
+    defaults = GEMMA_GGUF_DEFAULTS[arch]
+    big = config.num_layers == defaults["layers_27b"]
+    scalar = config.hidden_size // config.num_heads if big else config.head_dim
+    if gemma.query_pre_attn_scalar != scalar:
+        raise ValueError(f"llama.cpp scales this Gemma's attention by {scalar}^-1/2")
+    caps = (gemma.attn_logit_softcapping, gemma.final_logit_softcapping)
+    if arch == "gemma2" and None in caps:
+        raise ValueError("llama.cpp soft-caps a Gemma 2's attention and final logits")
+    if caps[0] is not None:
+        writer.add_attn_logit_softcapping(caps[0])
+    if caps[1] is not None:
+        writer.add_final_logit_softcapping(caps[1])
+    windows = [window for window in config.layer_windows if window is not None]
+    if windows:
+        writer.add_sliding_window(windows[0])
+        writer.add_sliding_window_pattern([window is not None for window in config.layer_windows])
+    if gemma.rope_local_base_freq is not None:
+        writer.add_rope_freq_base_swa(gemma.rope_local_base_freq)
 
 
 def _router(gguf_name: str) -> bool:
@@ -236,6 +267,11 @@ def gguf_writer(
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     if config.moe is not None:
         _add_experts_metadata(writer, config.moe)
+    if config.gemma is not None:
+        _add_gemma_metadata(writer, config)
+    if (config.rope_scaling or {}).get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(config.rope_scaling["factor"])  # type: ignore[index]
     file_type = "ALL_F32" if quant_name == "F32" else f"MOSTLY_{quant_name}"
     # (The k-quant file types are mixes: "Q4_K" files are llama.cpp's Q4_K_M.)
     file_types = gguf.LlamaFileType.__members__

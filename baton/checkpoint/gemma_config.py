@@ -20,6 +20,10 @@ _GEMMA_DEFAULTS = {
     "Gemma3ForCausalLM": {"softcaps": (None, None), "pattern": 6},
 }
 GELU_TANH = "gelu_pytorch_tanh"
+# Gemma's norms scale by 1 + w: its checkpoints' norm weights are loaded plus this, into float32
+# weights (engine/models/weight_targets.py), so every norm kernel multiplies by the weight alone.
+# (llama.cpp's converter stores them plus it already: a GGUF's are read minus it.)
+GEMMA_NORM_SHIFT = 1.0
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""GGUF checkpoints (llama.cpp's single-file format): architecture and tokenizer from the file
-alone, as vLLM and llama.cpp load them; the weights are the engine's
+"""GGUF checkpoints (llama.cpp's single-file format): architecture (gguf_config.py) and
+tokenizer from the file alone, as vLLM and llama.cpp load them; the weights are the engine's
 (engine/weights/gguf_weights.py).
 
 Parsing a GGUF's metadata takes seconds (a 49K-token vocabulary is read entry by entry), and every
@@ -24,34 +24,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from baton.checkpoint.model_config import FREQ_FACTORS_ROPE, CheckpointError
+from baton.checkpoint.gguf_config import hf_config
+from baton.checkpoint.model_config import CheckpointError
 
 logger = logging.getLogger(__name__)
 
-GGUF_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "qwen2moe": "Qwen2MoeForCausalLM",
-    "qwen3moe": "Qwen3MoeForCausalLM",
-}
-# llama.cpp writes a Mixtral as a "llama" with experts (`llama.expert_count`).
-GGUF_EXPERTS_OF_LLAMA = "MixtralForCausalLM"
-# transformers' model types where llama.cpp's architecture names differ.
-_HF_MODEL_TYPES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
 # Written into the converted folder: one whose files are all present is complete.
 CONVERTED_MARKER = "gguf_source.json"
 # Part of the cache key: a change to the conversion (here, or in transformers' tokenizer
 # converter) must not reuse folders an older one wrote.
-CONVERSION_VERSION = 2
-# Metadata keys (after "<architecture>.") without which no config can be built.
-REQUIRED_KEYS = (
-    "block_count",
-    "context_length",
-    "embedding_length",
-    "feed_forward_length",
-    "attention.head_count",
-)
+CONVERSION_VERSION = 3
 
 
 def gguf_cache_root() -> Path:
@@ -134,104 +116,6 @@ def _open(gguf_file: Path) -> Any:
         return gguf.GGUFReader(gguf_file)
     except Exception as error:  # truncated or not GGUF: the reader raises several types
         raise CheckpointError(f"{gguf_file}: not a readable GGUF file: {error}") from error
-
-
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
-# llama.cpp's tensor of RoPE frequency factors (the config's FREQ_FACTORS_ROPE scaling).
-ROPE_FREQS_TENSOR = "rope_freqs.weight"
-
-
-def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
-    """A Hugging Face config.json for the GGUF's model; CheckpointError for an architecture
-    Baton does not run."""
-    arch = _field(reader, "general.architecture")
-    if arch not in GGUF_ARCHITECTURES:
-        raise CheckpointError(
-            f"{gguf_file}: GGUF architecture {arch!r} is not supported "
-            f"(supported: {', '.join(GGUF_ARCHITECTURES)})"
-        )
-    scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
-    if scaling != "none":
-        raise CheckpointError(f"{gguf_file}: RoPE scaling {scaling!r} is not supported")
-    missing = [f"{arch}.{key}" for key in REQUIRED_KEYS if _field(reader, f"{arch}.{key}") is None]
-    if missing:
-        raise CheckpointError(f"{gguf_file}: GGUF metadata lacks {', '.join(missing)}")
-    names = {tensor.name for tensor in reader.tensors}
-    num_heads = _field(reader, f"{arch}.attention.head_count")
-    hidden_size = _field(reader, f"{arch}.embedding_length")
-    eos_ids = [_field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    experts = _field(reader, f"{arch}.expert_count") or 0
-    mixtral = arch == "llama" and experts > 0
-    return {
-        "architectures": [GGUF_EXPERTS_OF_LLAMA if mixtral else GGUF_ARCHITECTURES[arch]],
-        "model_type": "mixtral" if mixtral else _HF_MODEL_TYPES.get(arch, arch),
-        "vocab_size": _field(reader, f"{arch}.vocab_size") or len(tokens),
-        "hidden_size": hidden_size,
-        "intermediate_size": _field(reader, f"{arch}.feed_forward_length"),
-        "num_hidden_layers": _field(reader, f"{arch}.block_count"),
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": _field(reader, f"{arch}.attention.head_count_kv", num_heads),
-        "head_dim": _field(reader, f"{arch}.attention.key_length", hidden_size // num_heads),
-        "max_position_embeddings": _field(reader, f"{arch}.context_length"),
-        "rms_norm_eps": _decimal(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": _decimal(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        "rope_scaling": _rope_freq_factors(reader),
-        "tie_word_embeddings": "output.weight" not in names,
-        "attention_bias": "blk.0.attn_output.bias" in names or "blk.0.attn_q.bias" in names,
-        "mlp_bias": "blk.0.ffn_up.bias" in names,
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": list(dict.fromkeys(i for i in eos_ids if i is not None)),
-        # llama.cpp and transformers compute a GGUF in float32, whatever its storage types.
-        "torch_dtype": "float32",
-        **(_experts_config(reader, arch) if experts else {}),
-    }
-
-
-def _experts_config(reader: Any, arch: str) -> dict[str, Any]:
-    """A mixture of experts' config.json fields (moe_config.py reads them) from its GGUF:
-    every layer routes (llama.cpp has no dense layers among sparse ones for these), and the
-    top-k weights are renormalised as llama.cpp does for each architecture (Qwen3-MoE and
-    Mixtral: yes, Qwen2-MoE: no; it reads no setting of the file's for it)."""
-    fields: dict[str, Any] = {
-        "num_experts_per_tok": _field(reader, f"{arch}.expert_used_count"),
-        "norm_topk_prob": arch != "qwen2moe",
-    }
-    if arch == "llama":
-        return {**fields, "num_local_experts": _field(reader, f"{arch}.expert_count")}
-    return {
-        **fields,
-        "num_experts": _field(reader, f"{arch}.expert_count"),
-        "moe_intermediate_size": _field(reader, f"{arch}.expert_feed_forward_length"),
-        "shared_expert_intermediate_size": _field(
-            reader, f"{arch}.expert_shared_feed_forward_length", 0
-        ),
-        "decoder_sparse_step": 1,
-    }
-
-
-def _rope_freq_factors(reader: Any) -> dict[str, Any] | None:
-    """The GGUF's RoPE frequency factors as the converted config's rope scaling, None without
-    them: llama.cpp's converter stores a Llama 3.1+ model's llama3 scaling as `rope_freqs`, one
-    factor per rotary frequency that divides it (1 for short wavelengths, the scaling factor for
-    long ones, a blend between). Kept as the file's float32 values, so the frequencies are
-    computed as llama.cpp computes them."""
-    import gguf
-
-    tensor = next((t for t in reader.tensors if t.name == ROPE_FREQS_TENSOR), None)
-    if tensor is None:
-        return None
-    factors = gguf.quants.dequantize(tensor.data, tensor.tensor_type).reshape(-1)
-    return {"rope_type": FREQ_FACTORS_ROPE, "factors": [float(value) for value in factors]}
-
-
-def _decimal(value: float) -> float:
-    """The decimal a float32 field was written from (1e-05, not 9.99999974737875e-06)."""
-    return float(f"{value:.7g}")
 
 
 def _check_tensor_types(reader: Any, gguf_file: Path) -> None:

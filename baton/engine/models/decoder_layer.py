@@ -132,7 +132,7 @@ class Attention(nn.Module):
 
 def norm_dtype(config: ModelConfig, dtype: torch.dtype) -> torch.dtype:
     """The norms' weights' dtype: the activations', but Gemma's 1 + w, held in float32
-    (layers.GEMMA_NORM_SHIFT)."""
+    (gemma_config.GEMMA_NORM_SHIFT)."""
     return dtype if config.gemma is None else torch.float32
 
 

@@ -1,7 +1,7 @@
 """Gemma 2 and Gemma 3's decoder layer: Llama's with a norm after attention and after the MLP
 as well as before each, and GeGLU (`gelu_tanh(gate) * up`) for SwiGLU (docs/design.md,
 "Architectures"). Their norms scale by 1 + w, which loading folds into the weights
-(layers.GEMMA_NORM_SHIFT); their windows, soft caps and local RoPE are the attention's and the
+(gemma_config.GEMMA_NORM_SHIFT); their windows, soft caps and local RoPE are the attention's and the
 model's (decoder_layer.py, causal_lm.py)."""
 
 from __future__ import annotations

@@ -144,8 +144,8 @@ class Linear(nn.Module):
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF's RMSNorm: normalise in float32, cast back to x's dtype, then scale by `weight`; a
-    float32 `weight` of a narrower x (Gemma's 1 + w, see GEMMA_NORM_SHIFT) scales first, in
-    float32, and the product is cast, as transformers' Gemma norms compute.
+    float32 `weight` of a narrower x (Gemma's 1 + w, see gemma_config.GEMMA_NORM_SHIFT) scales
+    first, in float32, and the product is cast, as transformers' Gemma norms compute.
 
     `weight` may have more than one dimension (broadcast over x's leading dims), which lets
     Qwen3's separate q- and k-norms run as one call over the q and k heads together.
@@ -158,11 +158,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return (normed * weight).to(x.dtype)
     # Cast-then-scale order matters in bf16: HF multiplies the already-rounded value.
     return normed.to(x.dtype) * weight
-
-
-# Gemma's norms scale by 1 + w: its checkpoints' norm weights are loaded plus this, into float32
-# weights (weight_targets.py), so every norm kernel multiplies by the weight alone.
-GEMMA_NORM_SHIFT = 1.0
 
 
 class RMSNorm(nn.Module):

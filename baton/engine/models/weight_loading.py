@@ -1,6 +1,6 @@
 """Loading a checkpoint's tensors into a `CausalLM`'s parameters: each HF name's place
 (weight_targets.py), the fused projections' rows, a pipeline stage's share, Gemma's norms
-shifted to 1 + w (layers.GEMMA_NORM_SHIFT)."""
+shifted to 1 + w (gemma_config.GEMMA_NORM_SHIFT)."""
 
 from __future__ import annotations
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
+from baton.checkpoint.gemma_config import GEMMA_NORM_SHIFT
 from baton.checkpoint.model_config import ModelConfig
 from baton.config import ConfigurationError
 from baton.engine.models.decoder_layer import DecoderLayer
 from baton.engine.models.gemma import GemmaDecoderLayer
-from baton.engine.models.layers import GEMMA_NORM_SHIFT
 from baton.engine.models.moe import SparseMoE
 from baton.engine.models.parallel_layers import WHOLE, ModelShards, Shard
 from baton.engine.native.formats import CompactWeight
@@ -21,7 +21,7 @@ from baton.engine.native.formats import CompactWeight
 @dataclass(frozen=True)
 class WeightTarget:
     """Where one HF tensor of `shape` (the checkpoint's) goes: this rank's `shard` of it, into
-    `rows` of `param`, plus `shift` (Gemma's norms, layers.GEMMA_NORM_SHIFT)."""
+    `rows` of `param`, plus `shift` (Gemma's norms, gemma_config.GEMMA_NORM_SHIFT)."""
 
     param: torch.Tensor
     rows: slice

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from baton.checkpoint.moe_config import MoEConfig
+from baton.checkpoint.model_config import ModelConfig
 
 # HF tensor name (after "model.layers.N.") -> llama.cpp's (after "blk.N.").
 _LAYER_TENSORS = {
@@ -29,6 +29,14 @@ _LAYER_TENSORS = {
     "mlp.up_proj.bias": "ffn_up.bias",
     "mlp.down_proj.bias": "ffn_down.bias",
 }
+# Gemma's layers norm attention's output and the MLP's input and output: its
+# `post_attention_layernorm` is not Llama's (the MLP's input, llama.cpp's `ffn_norm`).
+_GEMMA_LAYER_TENSORS = {
+    **_LAYER_TENSORS,
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
 # llama.cpp stores these of a llama (and of a Mixtral, its "llama" with experts) in
 # `permute_rows` order (weights and biases alike).
 LLAMA_CPP_PERMUTED = ("LlamaForCausalLM", "MixtralForCausalLM")
@@ -50,37 +58,46 @@ _MOE_TENSORS = {
 # llama.cpp stacks each projection of a layer's experts into one 3-D tensor ([experts, out, in]
 # in numpy's order): these hold MoEConfig.expert_names' gate, up and down.
 STACKED_EXPERTS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
-_HF_LAYER_TENSORS = {gguf: hf for hf, gguf in _LAYER_TENSORS.items()}
+_HF_LAYERS = {gguf: hf for hf, gguf in _LAYER_TENSORS.items()}
+_HF_GEMMA_LAYERS = {gguf: hf for hf, gguf in _GEMMA_LAYER_TENSORS.items()}
 _HF_GLOBAL_TENSORS = {gguf: hf for hf, gguf in _GLOBAL_TENSORS.items()}
 _HF_MOE_TENSORS = {gguf: hf for hf, gguf in _MOE_TENSORS.items()}
 
 
-def gguf_tensor_name(hf_name: str, moe: MoEConfig | None = None) -> str:
-    """llama.cpp's name for an HF tensor (of a mixture of experts' `moe`: its router and
-    shared expert; each expert's weights go into `STACKED_EXPERTS`); KeyError for one it has no
-    place for."""
+def gguf_tensor_name(hf_name: str, config: ModelConfig | None = None) -> str:
+    """llama.cpp's name for an HF tensor of a model of `config` (None: a dense Llama's; a
+    mixture of experts' router and shared expert have their own, each expert's weights go into
+    `STACKED_EXPERTS`); KeyError for one it has no place for."""
     if hf_name in _GLOBAL_TENSORS:
         return _GLOBAL_TENSORS[hf_name]
     model, layers, layer, rest = hf_name.split(".", 3)
     if (model, layers) != ("model", "layers"):
         raise KeyError(hf_name)
+    moe = None if config is None else config.moe
     block = f"{moe.prefix}." if moe is not None else None
     if block is not None and rest.startswith(block) and rest[len(block) :] in _MOE_TENSORS:
         return f"blk.{layer}.{_MOE_TENSORS[rest[len(block) :]]}"
-    return f"blk.{layer}.{_LAYER_TENSORS[rest]}"
+    return f"blk.{layer}.{(_GEMMA_LAYER_TENSORS if _gemma(config) else _LAYER_TENSORS)[rest]}"
 
 
-def hf_tensor_names(gguf_name: str, moe: MoEConfig | None = None) -> list[str]:
-    """The HF names of a llama.cpp tensor: its one, or each expert's for a stacked tensor of
-    a mixture of experts' `moe`; KeyError for one Baton's models have no place for."""
+def _gemma(config: ModelConfig | None) -> bool:
+    return config is not None and config.gemma is not None
+
+
+def hf_tensor_names(gguf_name: str, config: ModelConfig | None = None) -> list[str]:
+    """The HF names of a llama.cpp tensor of a model of `config` (None: a dense Llama's): its
+    one, or each expert's for a stacked tensor of a mixture of experts; KeyError for one
+    Baton's models have no place for."""
     if gguf_name in _HF_GLOBAL_TENSORS:
         return [_HF_GLOBAL_TENSORS[gguf_name]]
     parts = gguf_name.split(".", 2)
     if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
         raise KeyError(gguf_name)
     _, layer, rest = parts
+    moe = None if config is None else config.moe
     if moe is None or (rest not in _HF_MOE_TENSORS and rest not in STACKED_EXPERTS):
-        return [f"model.layers.{layer}.{_HF_LAYER_TENSORS[rest]}"]
+        names = _HF_GEMMA_LAYERS if _gemma(config) else _HF_LAYERS
+        return [f"model.layers.{layer}.{names[rest]}"]
     block = f"model.layers.{layer}.{moe.prefix}."
     if rest in _HF_MOE_TENSORS:
         return [block + _HF_MOE_TENSORS[rest]]

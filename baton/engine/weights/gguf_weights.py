@@ -1,6 +1,7 @@
 """The weights of a GGUF checkpoint (its config and tokenizer are checkpoint/gguf_metadata.py's):
 dequantized in bulk (numpy, one call per tensor) by the `gguf` package into float32, or kept as
-stored for the compact kernels, with llama.cpp's q/k row permutation undone for llama.
+stored for the compact kernels, with llama.cpp's q/k row permutation undone for llama and
+Gemma's norms as its checkpoints store them.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from baton.checkpoint.gguf_metadata import ROPE_FREQS_TENSOR
+from baton.checkpoint.gemma_config import GEMMA_NORM_SHIFT
+from baton.checkpoint.gguf_config import ROPE_FREQS_TENSOR
 from baton.checkpoint.model_config import CheckpointError, ModelConfig
 from baton.engine.native.formats import FORMATS, CompactWeight
 from baton.engine.native.library import NativeKernels
@@ -97,6 +99,12 @@ def iter_gguf_weights(
             weight = _unpermute(weight, name, config)
             if name.endswith("shared_expert_gate.weight"):
                 weight = weight.reshape(1, -1)  # HF's [1, hidden], which llama.cpp may flatten
+            if config.gemma is not None and name.endswith("norm.weight"):
+                # llama.cpp's converter stored Gemma's 1 + w, and loading adds the 1 back:
+                # the file's value exactly where it is at least 0.5 (float32 subtracts 1 from
+                # those exactly), below within a rounding of w, as transformers' GGUF loader
+                # computes it.
+                weight = weight - GEMMA_NORM_SHIFT
             # Copied only where numpy must: an F32 tensor is a read-only view of the file.
             yield (
                 name,
@@ -118,7 +126,7 @@ def iter_gguf_compact_weights(
 def _hf_names(gguf_file: Path, tensor: GGUFTensor, config: ModelConfig) -> list[str]:
     """The HF names of a tensor of the file (each expert's for a stacked one)."""
     try:
-        return hf_tensor_names(tensor.name, config.moe)
+        return hf_tensor_names(tensor.name, config)
     except KeyError:
         raise CheckpointError(f"{gguf_file}: unexpected tensor {tensor.name!r}") from None
 
@@ -144,7 +152,7 @@ def _with_progress(
 
 def _hf_names_or_none(gguf_name: str, config: ModelConfig) -> list[str | None]:
     try:
-        return list(hf_tensor_names(gguf_name, config.moe))
+        return list(hf_tensor_names(gguf_name, config))
     except KeyError:
         return [None]  # (the loaders name it in their error)
 

@@ -11,16 +11,14 @@ from pathlib import Path
 
 import pytest
 from helpers import assert_greedy_matches_hf
+from helpers.gguf_twins import dequantized_twin
 from helpers.native_cache import use_private_cache
-from safetensors.torch import save_file
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
-from baton.checkpoint.gguf_metadata import converted_folder
 from baton.checkpoint.load import load_checkpoint
 from baton.engine.cpu.capabilities import detect_cpu_capabilities
 from baton.engine.models.moe import SparseMoE
-from baton.engine.weights.checkpoint_tensors import iter_weights
 from baton.hardware import isa_rank
 
 NATIVE = isa_rank(detect_cpu_capabilities().isa) >= isa_rank("avx2") and shutil.which("cc")
@@ -50,16 +48,6 @@ def private_cache(
 def tiny_moe(factory: Callable[..., Path], variant: str) -> Path:
     # A few unused ids past the tokenizer's 259 give the GGUF's one merge a place (gguf_export).
     return factory(variant, vocab_size=300, **VARIANTS[variant])
-
-
-def dequantized_twin(gguf_file: Path, target: Path) -> Path:
-    """An HF folder holding the weights `gguf_file` holds, dequantized by the `gguf` package
-    (each expert's under its HF name), with the config and tokenizer converted from its
-    metadata: transformers' float32 reference for the file."""
-    shutil.copytree(converted_folder(gguf_file), target)
-    weights = dict(iter_weights(load_checkpoint(str(gguf_file))))  # (no native: gguf's numpy)
-    save_file(weights, str(target / "model.safetensors"), metadata={"format": "pt"})
-    return target
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
