@@ -16,6 +16,7 @@ from baton.checkpoint.gemma_config import (
     global_rope_parameters,
     layer_windows,
 )
+from baton.checkpoint.longrope import LONGROPE_NAMES, longrope_scaling
 from baton.checkpoint.moe_config import MOE_ARCHITECTURES, MoEConfig, moe_config
 
 SUPPORTED_ARCHITECTURES = (
@@ -84,8 +85,8 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     # None for plain RoPE; for "llama3" the dict holds factor, low_freq_factor, high_freq_factor
-    # and original_max_position_embeddings, for "linear" the factor. Excluded from hashing
-    # because dicts are unhashable.
+    # and original_max_position_embeddings, for "linear" the factor, for "longrope" both factor
+    # lists (longrope.py). Excluded from hashing because dicts are unhashable.
     rope_scaling: dict[str, Any] | None = field(hash=False)
     max_position_embeddings: int
     tie_word_embeddings: bool
@@ -249,7 +250,7 @@ def _reject_sliding_window(config: dict[str, Any]) -> None:
 
 
 def _rope(config: dict[str, Any], head_dim: int) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, llama3 scaling, frequency factors or None) from either config style."""
+    """(rope_theta, the scaling or None) from either config style."""
     parameters = global_rope_parameters(config)
     theta = parameters.get("rope_theta", config.get("rope_theta", 10000.0))
     rope_type = parameters.get("rope_type", parameters.get("type", "default"))
@@ -265,9 +266,15 @@ def _rope(config: dict[str, Any], head_dim: int) -> tuple[float, dict[str, Any] 
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor <= 0:
             raise CheckpointError("config.json: linear rope scaling needs a factor > 0")
         return float(theta), {"rope_type": "linear", "factor": float(factor)}
+    if rope_type in LONGROPE_NAMES:  # Phi-3's 128k checkpoints
+        try:
+            return float(theta), longrope_scaling(parameters, config, head_dim)
+        except ValueError as error:
+            raise CheckpointError(f"config.json: {error}") from None
     if rope_type != "llama3":
         raise CheckpointError(
-            f"config.json: unsupported rope_type {rope_type!r} (supported: default, linear, llama3)"
+            f"config.json: unsupported rope_type {rope_type!r} (supported: default, linear, "
+            "llama3, longrope)"
         )
     missing = [key for key in _LLAMA3_ROPE_KEYS if key not in parameters]
     if missing:

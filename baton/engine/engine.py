@@ -160,7 +160,13 @@ class Engine(BatchRunner):
             check_fits(-(-weight_bytes // share), kv_bytes, available_memory_bytes())
         memory_before_weights = memory_in_use(self.device)
         self.model = CausalLM(
-            model_config, self.dtype, self.device, self.gemm_dtype, self.tp, self.pp
+            model_config,
+            self.dtype,
+            self.device,
+            self.gemm_dtype,
+            self.tp,
+            self.pp,
+            context_length=self.max_model_len,
         )
         if compact and held_as_stored:
             layers = load_as_stored(self.model, self.checkpoint, native)

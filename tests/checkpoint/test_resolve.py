@@ -113,9 +113,9 @@ def test_defaults_list_eos_and_dtype_key() -> None:
     ("change", "message"),
     [
         ({"architectures": ["GemmaForCausalLM"]}, "GemmaForCausalLM"),
-        (  # Phi-3's 128k variants
+        (  # Phi-3's 128k variants without their factors (tests/engine/models/test_phi3.py)
             {"architectures": ["Phi3ForCausalLM"], "rope_parameters": {"rope_type": "longrope"}},
-            "unsupported rope_type 'longrope'",
+            "longrope short_factor must be a list of 12 numbers > 0",
         ),
         (
             {"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 5},

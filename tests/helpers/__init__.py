@@ -24,6 +24,7 @@ _HOMES = {
     "CORE_VARIANTS": "tiny_models",
     "EOS_ID": "tiny_models",
     "EXTRA_EOS_ID": "tiny_models",
+    "LONGROPE_FACTORS": "tiny_models",
     "PAD_ID": "tiny_models",
     "TINY_VARIANTS": "tiny_models",
     "VOCAB_SIZE": "tiny_models",

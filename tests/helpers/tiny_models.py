@@ -7,6 +7,7 @@ with HF's default 0.02 init, the top logits of a random model tie to within 1e-6
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,6 +74,14 @@ _COMMON: dict[str, Any] = {
     "bos_token_id": BOS_ID,
     "eos_token_id": EOS_ID,
     "pad_token_id": PAD_ID,
+}
+
+# The phi3_longrope variant's factor sets, one per rotary frequency (head_dim 16): seeded, the
+# short ones in [1, 1.5), the long ones in [1, 16), so rotating by the wrong set changes tokens.
+_FACTORS = torch.Generator().manual_seed(7)
+LONGROPE_FACTORS = {
+    "short_factor": [round(1 + 0.5 * float(x), 4) for x in torch.rand(8, generator=_FACTORS)],
+    "long_factor": [round(1 + 15 * float(x), 4) for x in torch.rand(8, generator=_FACTORS)],
 }
 
 TINY_VARIANTS: dict[str, TinyVariant] = {
@@ -150,6 +159,18 @@ TINY_VARIANTS: dict[str, TinyVariant] = {
     ),
     # Phi-3: Llama's layers with q/k/v and gate/up fused in the checkpoint, no biases.
     "phi3": TinyVariant(Phi3Config, Phi3ForCausalLM, {**_COMMON, "tie_word_embeddings": False}),
+    # Phi-3's 128k checkpoints, scaled down: LongRoPE over 32 original positions of 256.
+    "phi3_longrope": TinyVariant(
+        Phi3Config,
+        Phi3ForCausalLM,
+        {
+            **_COMMON,
+            "tie_word_embeddings": False,
+            "max_position_embeddings": 256,
+            "original_max_position_embeddings": 32,
+            "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, **LONGROPE_FACTORS},
+        },
+    ),
     # Mixtures of experts, three layers each: Qwen3-MoE with q/k norms, 6 experts of which 2
     # a token, renormalised, layer 1 a dense MLP (mlp_only_layers); Qwen2-MoE with q/k/v biases,
     # 3 of 6 experts unnormalised and a gated shared expert, every second layer sparse
@@ -195,7 +216,8 @@ CORE_VARIANTS = ("llama", "qwen2", "qwen3")
 def tiny_hf_model(variant: str, seed: int = 0, **config_overrides: Any) -> PreTrainedModel:
     """A float32 transformers model of `variant` with seeded, well-separated random weights."""
     spec = TINY_VARIANTS[variant]
-    config = spec.config_class(**{**spec.config_kwargs, **config_overrides})
+    # (A copy: transformers' configs fill nested RoPE dicts in place.)
+    config = spec.config_class(**copy.deepcopy({**spec.config_kwargs, **config_overrides}))
     model = spec.model_class(config).eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

@@ -8,10 +8,13 @@ are sampled from get the final norm and the LM head.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from baton.checkpoint.longrope import LONGROPE, describe_longrope_choice
 from baton.checkpoint.model_config import ModelConfig
 from baton.distributed.pipeline_parallel import PipelineParallel
 from baton.distributed.stage_layers import stage_layers
@@ -37,6 +40,8 @@ from baton.engine.native.formats import (
 )
 from baton.engine.native.library import NativeKernels
 
+logger = logging.getLogger(__name__)
+
 _CPU_DTYPES = (torch.float32, torch.bfloat16)
 _CUDA_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -47,7 +52,9 @@ class CausalLM(CompactWeights, WeightLoading, nn.Module):
     `dtype` is the activations', the KV cache's and every weight's but, where given, the decoder
     layers' linear weights, held in `gemm_dtype` (`ComputePlan.gemm_dtype`). With several
     tensor-parallel ranks (`tp`), it holds this rank's shard of every layer
-    (models/parallel_layers.py) and computes the whole model's logits with the others."""
+    (models/parallel_layers.py) and computes the whole model's logits with the others.
+    `context_length` is the served context (--max-model-len; None: the model's positions), by
+    which LongRoPE chooses its factor set (checkpoint/longrope.py)."""
 
     def __init__(
         self,
@@ -57,6 +64,7 @@ class CausalLM(CompactWeights, WeightLoading, nn.Module):
         gemm_dtype: torch.dtype | None = None,
         tp: TensorParallel | None = None,
         pp: PipelineParallel | None = None,
+        context_length: int | None = None,
     ) -> None:
         super().__init__()
         allowed = _CUDA_DTYPES if torch.device(device).type == "cuda" else _CPU_DTYPES
@@ -120,9 +128,12 @@ class CausalLM(CompactWeights, WeightLoading, nn.Module):
         if tied and last and dtype == torch.float32:
             self.lm_head.weight = self.embed_tokens
         positions = config.max_position_embeddings
+        scaling, context_length = config.rope_scaling, context_length or positions
         self.rotary = RotaryEmbedding(
-            config.head_dim, positions, config.rope_theta, config.rope_scaling, dtype, device
+            config.head_dim, positions, config.rope_theta, scaling, dtype, device, context_length
         )
+        if scaling is not None and scaling["rope_type"] == LONGROPE:
+            logger.info(describe_longrope_choice(scaling, context_length))
         # Gemma 3's windowed layers rotate by their own base, unscaled; None: as the others.
         local_base = None if config.gemma is None else config.gemma.rope_local_base_freq
         self.local_rotary = (

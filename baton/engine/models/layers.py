@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from baton.checkpoint.longrope import LONGROPE, longrope_factor_set
 from baton.checkpoint.model_config import FREQ_FACTORS_ROPE
 from baton.engine.native.formats import COMPACT_MAX_ROWS, CompactWeight
 from baton.engine.native.library import NativeKernels
@@ -179,10 +180,23 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Inverse frequencies of RoPE (float32, [head_dim / 2]), llama3-rescaled when asked, or
-    divided by a GGUF's frequency factors (as llama.cpp divides them)."""
+def rope_inv_freq(
+    head_dim: int,
+    theta: float,
+    scaling: dict[str, Any] | None,
+    context_length: int | None = None,
+) -> torch.Tensor:
+    """Inverse frequencies of RoPE (float32, [head_dim / 2]), llama3-rescaled when asked,
+    divided by a GGUF's frequency factors (as llama.cpp divides them), or by LongRoPE's factor
+    set for a served context of `context_length` tokens (longrope.longrope_factor_set)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    if scaling is not None and scaling["rope_type"] == LONGROPE:
+        if context_length is None:
+            raise ValueError("LongRoPE chooses its factors by the served context: give its length")
+        _, factors = longrope_factor_set(scaling, context_length)
+        # transformers' _compute_longrope_parameters, in its float32 order: the factors
+        # multiply theta ** exponents before the reciprocal (not inv_freq / factors).
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32) * theta**exponents)
     inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
@@ -207,7 +221,11 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotate-half (GPT-NeoX style) RoPE with cos/sin precomputed for every position."""
+    """Rotate-half (GPT-NeoX style) RoPE with cos/sin precomputed for every position.
+
+    Every path rotates by these tables (apply_rope, the native rope_and_store and the one-call
+    decode step), never by angles of its own: LongRoPE's attention factor, which scales cos and
+    sin, is in them once for all."""
 
     def __init__(
         self,
@@ -217,13 +235,20 @@ class RotaryEmbedding(nn.Module):
         scaling: dict[str, Any] | None,
         dtype: torch.dtype,
         device: torch.device | str,
+        context_length: int | None = None,
     ) -> None:
+        """`context_length`: the served context (LongRoPE chooses its factors by it); None:
+        `max_positions`."""
         super().__init__()
-        inv_freq = rope_inv_freq(head_dim, theta, scaling)
+        inv_freq = rope_inv_freq(head_dim, theta, scaling, context_length or max_positions)
         angles = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        cos, sin = angles.cos(), angles.sin()
+        if scaling is not None and scaling["rope_type"] == LONGROPE:
+            # In float32, before the cast, as transformers scales them (attention_scaling).
+            cos, sin = cos * scaling["attention_factor"], sin * scaling["attention_factor"]
         # Stored in the model dtype, as HF casts cos/sin before rotating.
-        self.register_buffer("cos", angles.cos().to(dtype=dtype, device=device), persistent=False)
-        self.register_buffer("sin", angles.sin().to(dtype=dtype, device=device), persistent=False)
+        self.register_buffer("cos", cos.to(dtype=dtype, device=device), persistent=False)
+        self.register_buffer("sin", sin.to(dtype=dtype, device=device), persistent=False)
 
     def angles(self, positions: torch.Tensor) -> TokenAngles:
         """The rotary angles of a batch's tokens at `positions`."""

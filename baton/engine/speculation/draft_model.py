@@ -59,7 +59,10 @@ class DraftModel:
             )
         self.device = torch.device(config.device)
         self.page_size = config.page_size
-        self.model = CausalLM(model_config, dtype, self.device, gemm_dtype)
+        # (Served with the target's context: a LongRoPE draft chooses its factors by it.)
+        self.model = CausalLM(
+            model_config, dtype, self.device, gemm_dtype, context_length=config.max_model_len
+        )
         self.model.load_weights(iter_weights(checkpoint))
         self.kv_pool = KVPool.for_model(
             model_config, num_pages, config.page_size, kv_dtype, self.device
