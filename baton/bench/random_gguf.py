@@ -7,8 +7,8 @@
 
 Each block's scale is fixed up to its sign and its 4-bit quants uniform, so the weights have a
 mean of 0 and a spread of about 0.02 (HF's initialisation); norms are ones, routers normal. The
-tokenizer is Baton's byte-level one padded to the vocabulary (gguf_export.gguf_vocabulary): the
-benchmarks send token ids.
+tokenizer is Baton's byte-level one padded to the vocabulary
+(gguf_metadata_writer.gguf_vocabulary): the benchmarks send token ids.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from baton.bench.gguf_export import gguf_writer
+from baton.bench.gguf_metadata_writer import gguf_writer
 from baton.checkpoint.byte_tokenizer import build_byte_tokenizer
 from baton.checkpoint.model_config import ModelConfig
-from baton.engine.weights.gguf_names import STACKED_EXPERTS
+from baton.engine.weights.gguf_names import STACKED_EXPERTS, gguf_tensor_name
 
 # config.json fields of each shape (the byte tokenizer's BOS/EOS ids: 256, 257).
 SHAPES: dict[str, dict[str, Any]] = {
@@ -65,6 +65,44 @@ SHAPES: dict[str, dict[str, Any]] = {
         "bos_token_id": 256,
         "eos_token_id": 257,
     },
+    # Gemma 2 2B and Gemma 3 4B (text): windowed layers among global ones, soft caps (2),
+    # linearly scaled global RoPE (3); tied heads of 256K tokens.
+    "gemma-2-2b": {
+        "architectures": ["Gemma2ForCausalLM"],
+        "vocab_size": 256000,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "max_position_embeddings": 8192,
+        "sliding_window": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "bos_token_id": 256,
+        "eos_token_id": 257,
+    },
+    "gemma-3-4b": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "vocab_size": 262144,
+        "hidden_size": 2560,
+        "intermediate_size": 10240,
+        "num_hidden_layers": 34,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "max_position_embeddings": 131072,
+        "sliding_window": 1024,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "rope_local_base_freq": 10000.0,
+        "bos_token_id": 256,
+        "eos_token_id": 257,
+    },
 }
 _BLOCK, _BLOCK_BYTES = 32, 18  # Q4_0: an f16 scale, then 32 4-bit quants
 _SCALE = 0.0043  # uniform quants of 16 levels have a spread of about 4.6 of them: 0.02
@@ -77,10 +115,13 @@ def tensors(config: ModelConfig) -> Iterator[tuple[str, tuple[int, ...], str]]:
     yield "output_norm.weight", (hidden,), "norm"
     if not config.tie_word_embeddings:
         yield "output.weight", (config.vocab_size, hidden), "q4_0"
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if config.gemma is not None:
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
     for layer in range(config.num_layers):
         block = f"blk.{layer}."
-        yield block + "attn_norm.weight", (hidden,), "norm"
-        yield block + "ffn_norm.weight", (hidden,), "norm"
+        for norm in norms:
+            yield gguf_tensor_name(f"model.layers.{layer}.{norm}.weight", config), (hidden,), "norm"
         yield block + "attn_q.weight", (config.q_size, hidden), "q4_0"
         yield block + "attn_k.weight", (config.kv_size, hidden), "q4_0"
         yield block + "attn_v.weight", (config.kv_size, hidden), "q4_0"

@@ -17,6 +17,7 @@ GGUF_ARCHITECTURES = {
     "qwen3moe": "Qwen3MoeForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 # llama.cpp writes a Mixtral as a "llama" with experts (`llama.expert_count`).
 GGUF_EXPERTS_OF_LLAMA = "MixtralForCausalLM"
@@ -30,8 +31,14 @@ REQUIRED_KEYS = (
     "feed_forward_length",
     "attention.head_count",
 )
-# llama.cpp's tensor of RoPE frequency factors (the config's FREQ_FACTORS_ROPE scaling).
+# llama.cpp's tensor of RoPE frequency factors (the config's FREQ_FACTORS_ROPE scaling), and
+# Phi-3's LongRoPE factors (longrope.py): the config's, not weights.
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
+LONGROPE_TENSORS = {
+    "long_factor": "rope_factors_long.weight",
+    "short_factor": "rope_factors_short.weight",
+}
+ROPE_TENSORS = (ROPE_FREQS_TENSOR, *LONGROPE_TENSORS.values())
 # What llama.cpp assumes of a Gemma file that does not say (src/models/gemma2.cpp, gemma3.cpp,
 # llama-hparams.h): every how many layers one attends to all positions, Gemma 2's window, soft
 # caps and local RoPE base, and the layer count of the 27B models, whose attention scales by
@@ -86,13 +93,23 @@ def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
         "attention_bias": "blk.0.attn_output.bias" in names or "blk.0.attn_q.bias" in names,
         "mlp_bias": "blk.0.ffn_up.bias" in names,
         "bos_token_id": field(reader, "tokenizer.ggml.bos_token_id"),
+        # (Explicitly null where the file has none: Phi-3's config class defaults to 32000.)
+        "pad_token_id": field(reader, "tokenizer.ggml.padding_token_id"),
         "eos_token_id": list(dict.fromkeys(i for i in eos_ids if i is not None)),
         # llama.cpp and transformers compute a GGUF in float32, whatever its storage types.
         "torch_dtype": "float32",
         **(_experts_config(reader, arch) if experts else {}),
     }
+    rotary = field(reader, f"{arch}.rope.dimension_count", config["head_dim"])
+    if rotary != config["head_dim"]:
+        raise CheckpointError(
+            f"{gguf_file}: partial rotary embeddings ({rotary} of {config['head_dim']} "
+            "dimensions) are not supported"
+        )
     if arch in GEMMA_GGUF_DEFAULTS:
         config.update(_gemma_config(reader, arch, config, gguf_file))
+    if arch == "phi3":
+        config.update(_phi3_config(reader, config))
     return config
 
 
@@ -105,6 +122,8 @@ def _rope_scaling(reader: Any, arch: str, gguf_file: Path) -> dict[str, Any] | N
         if not isinstance(factor, (int, float)) or factor <= 0:
             raise CheckpointError(f"{gguf_file}: linear RoPE scaling needs a factor > 0")
         return {"rope_type": "linear", "factor": _decimal(factor)}
+    if kind == "longrope" and arch == "phi3":
+        return None  # (its factors are tensors: _phi3_config)
     if kind != "none":
         raise CheckpointError(f"{gguf_file}: RoPE scaling {kind!r} is not supported")
     return _rope_freq_factors(reader)
@@ -192,6 +211,28 @@ def _gemma_config(
     full["rope_theta"] = config["rope_theta"]
     local = {"rope_type": "default", "rope_theta": _decimal(local_base or GEMMA3_LOCAL_ROPE_BASE)}
     return {**fields, "rope_scaling": None, "rope_parameters": {FULL: full, SLIDING: local}}
+
+
+def _phi3_config(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """What a Phi-3 config.json adds: the pretrained context and, for the 128k models, the
+    LongRoPE factors, which llama.cpp's converter stores as tensors, and their attention
+    factor. Its `sliding_window` is left out, as llama.cpp and transformers' GGUF loader
+    leave it (llama.cpp disabled Phi-3's window): a GGUF is computed as they compute it."""
+    original = field(reader, "phi3.rope.scaling.original_context_length")
+    fields = {"original_max_position_embeddings": original or config["max_position_embeddings"]}
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    if not all(name in tensors for name in LONGROPE_TENSORS.values()):
+        return fields
+    import gguf
+
+    scaling: dict[str, Any] = {"rope_type": "longrope"}
+    for key, name in LONGROPE_TENSORS.items():
+        values = gguf.quants.dequantize(tensors[name].data, tensors[name].tensor_type)
+        scaling[key] = [float(value) for value in values.reshape(-1)]
+    attention_factor = field(reader, "phi3.rope.scaling.attn_factor")
+    if attention_factor is not None:
+        scaling["attention_factor"] = float(attention_factor)  # (as float32 rounds it)
+    return {**fields, "rope_scaling": scaling}
 
 
 def _decimal(value: float) -> float:

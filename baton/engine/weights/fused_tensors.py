@@ -18,15 +18,9 @@ FUSED_ARCHITECTURES = ("Phi3ForCausalLM",)
 Stored = TypeVar("Stored", torch.Tensor, CompactWeight)
 
 
-def unfused(
-    config: ModelConfig, tensors: Iterable[tuple[str, Stored]]
-) -> Iterator[tuple[str, Stored]]:
-    """`tensors` with each fused projection cut into its parts (views of a tensor, copies of a
-    stored weight's rows); anything else, and every tensor of other architectures, as it is."""
-    if config.architecture not in FUSED_ARCHITECTURES:
-        yield from tensors
-        return
-    parts = {
+def _parts(config: ModelConfig) -> dict[str, tuple[tuple[str, int], ...]]:
+    """A fused tensor's name (after "model.layers.N.") -> its parts' names and rows, in order."""
+    return {
         "self_attn.qkv_proj.weight": (
             ("self_attn.q_proj.weight", config.q_size),
             ("self_attn.k_proj.weight", config.kv_size),
@@ -37,16 +31,69 @@ def unfused(
             ("mlp.up_proj.weight", config.intermediate_size),
         ),
     }
+
+
+def part_names(config: ModelConfig, name: str) -> list[str]:
+    """The names of a fused tensor's parts, or `name` alone for any other."""
+    if config.architecture not in FUSED_ARCHITECTURES:
+        return [name]
+    head, layer, tail = _split(name)
+    parts = _parts(config).get(tail)
+    return [name] if parts is None else [f"{head}{layer}.{part}" for part, _ in parts]
+
+
+def unfused(
+    config: ModelConfig, tensors: Iterable[tuple[str, Stored]]
+) -> Iterator[tuple[str, Stored]]:
+    """`tensors` with each fused projection cut into its parts (views of a tensor, copies of a
+    stored weight's rows); anything else, and every tensor of other architectures, as it is."""
+    if config.architecture not in FUSED_ARCHITECTURES:
+        yield from tensors
+        return
+    fused = _parts(config)
     for name, value in tensors:
-        prefix, _, suffix = name.partition(".layers.")
-        layer, _, tail = suffix.partition(".")
-        if tail not in parts:
+        head, layer, tail = _split(name)
+        if tail not in fused:
             yield name, value
             continue
         start = 0
-        for part, rows in parts[tail]:
-            yield f"{prefix}.layers.{layer}.{part}", _rows(value, start, start + rows)
+        for part, rows in fused[tail]:
+            yield f"{head}{layer}.{part}", _rows(value, start, start + rows)
             start += rows
+
+
+def fused(
+    config: ModelConfig, tensors: Iterable[tuple[str, torch.Tensor]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The inverse of `unfused`: each fused projection's parts, wherever they come, put back
+    together (as the checkpoint and llama.cpp's converter store them) once all are there."""
+    if config.architecture not in FUSED_ARCHITECTURES:
+        yield from tensors
+        return
+    fused_parts = _parts(config)
+    whole_of = {part: tail for tail, parts in fused_parts.items() for part, _ in parts}
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, value in tensors:
+        head, layer, tail = _split(name)
+        if tail not in whole_of:
+            yield name, value
+            continue
+        whole = f"{head}{layer}.{whole_of[tail]}"
+        gathered = pending.setdefault(whole, {})
+        gathered[tail] = value
+        parts = [part for part, _ in fused_parts[whole_of[tail]]]
+        if gathered.keys() == set(parts):
+            del pending[whole]
+            yield whole, torch.cat([gathered[part] for part in parts])
+
+
+def _split(name: str) -> tuple[str, str, str]:
+    """("model.layers.", "N", rest) of a layer's tensor name; (name, "", "") of another."""
+    prefix, found, suffix = name.partition(".layers.")
+    if not found:
+        return name, "", ""
+    layer, _, tail = suffix.partition(".")
+    return f"{prefix}.layers.", layer, tail
 
 
 def _rows(value: Stored, start: int, end: int) -> Stored:

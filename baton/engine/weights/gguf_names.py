@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from baton.checkpoint.model_config import ModelConfig
+from baton.engine.weights.fused_tensors import FUSED_ARCHITECTURES
 
 # HF tensor name (after "model.layers.N.") -> llama.cpp's (after "blk.N.").
 _LAYER_TENSORS = {
@@ -37,6 +38,14 @@ _GEMMA_LAYER_TENSORS = {
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
+_PHI3_FUSED = ("attn_q.", "attn_k.", "attn_v.", "ffn_gate.", "ffn_up.")
+# Phi-3's checkpoints fuse q/k/v and gate/up, and llama.cpp keeps them fused
+# (weights/fused_tensors.py cuts them).
+_PHI3_LAYER_TENSORS = {
+    **{hf: gguf for hf, gguf in _LAYER_TENSORS.items() if not gguf.startswith(_PHI3_FUSED)},
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
+}
 # llama.cpp stores these of a llama (and of a Mixtral, its "llama" with experts) in
 # `permute_rows` order (weights and biases alike).
 LLAMA_CPP_PERMUTED = ("LlamaForCausalLM", "MixtralForCausalLM")
@@ -58,8 +67,11 @@ _MOE_TENSORS = {
 # llama.cpp stacks each projection of a layer's experts into one 3-D tensor ([experts, out, in]
 # in numpy's order): these hold MoEConfig.expert_names' gate, up and down.
 STACKED_EXPERTS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
-_HF_LAYERS = {gguf: hf for hf, gguf in _LAYER_TENSORS.items()}
-_HF_GEMMA_LAYERS = {gguf: hf for hf, gguf in _GEMMA_LAYER_TENSORS.items()}
+# Each kind of layer's names (see `_layer_kind`), and the other way round.
+_LAYER_NAMES = {"llama": _LAYER_TENSORS, "gemma": _GEMMA_LAYER_TENSORS, "phi3": _PHI3_LAYER_TENSORS}
+_HF_LAYER_NAMES = {
+    kind: {gguf: hf for hf, gguf in names.items()} for kind, names in _LAYER_NAMES.items()
+}
 _HF_GLOBAL_TENSORS = {gguf: hf for hf, gguf in _GLOBAL_TENSORS.items()}
 _HF_MOE_TENSORS = {gguf: hf for hf, gguf in _MOE_TENSORS.items()}
 
@@ -77,11 +89,16 @@ def gguf_tensor_name(hf_name: str, config: ModelConfig | None = None) -> str:
     block = f"{moe.prefix}." if moe is not None else None
     if block is not None and rest.startswith(block) and rest[len(block) :] in _MOE_TENSORS:
         return f"blk.{layer}.{_MOE_TENSORS[rest[len(block) :]]}"
-    return f"blk.{layer}.{(_GEMMA_LAYER_TENSORS if _gemma(config) else _LAYER_TENSORS)[rest]}"
+    return f"blk.{layer}.{_LAYER_NAMES[_layer_kind(config)][rest]}"
 
 
-def _gemma(config: ModelConfig | None) -> bool:
-    return config is not None and config.gemma is not None
+def _layer_kind(config: ModelConfig | None) -> str:
+    """Whose layer names `config`'s architecture has: Gemma's, Phi-3's or Llama's (the rest)."""
+    if config is not None and config.gemma is not None:
+        return "gemma"
+    if config is not None and config.architecture in FUSED_ARCHITECTURES:
+        return "phi3"
+    return "llama"
 
 
 def hf_tensor_names(gguf_name: str, config: ModelConfig | None = None) -> list[str]:
@@ -96,8 +113,7 @@ def hf_tensor_names(gguf_name: str, config: ModelConfig | None = None) -> list[s
     _, layer, rest = parts
     moe = None if config is None else config.moe
     if moe is None or (rest not in _HF_MOE_TENSORS and rest not in STACKED_EXPERTS):
-        names = _HF_GEMMA_LAYERS if _gemma(config) else _HF_LAYERS
-        return [f"model.layers.{layer}.{names[rest]}"]
+        return [f"model.layers.{layer}.{_HF_LAYER_NAMES[_layer_kind(config)][rest]}"]
     block = f"model.layers.{layer}.{moe.prefix}."
     if rest in _HF_MOE_TENSORS:
         return [block + _HF_MOE_TENSORS[rest]]

@@ -14,10 +14,11 @@ import numpy as np
 import torch
 
 from baton.checkpoint.gemma_config import GEMMA_NORM_SHIFT
-from baton.checkpoint.gguf_config import ROPE_FREQS_TENSOR
+from baton.checkpoint.gguf_config import ROPE_TENSORS
 from baton.checkpoint.model_config import CheckpointError, ModelConfig
 from baton.engine.native.formats import FORMATS, CompactWeight
 from baton.engine.native.library import NativeKernels
+from baton.engine.weights.fused_tensors import part_names, unfused
 from baton.engine.weights.gguf_file import GGUFTensor, read_gguf_tensors
 from baton.engine.weights.gguf_names import (
     LLAMA_CPP_PERMUTED,
@@ -77,8 +78,17 @@ def iter_gguf_weights(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of `gguf_file` under its HF name but those in `skip`, dequantized to
     float32, in HF's row order (see `_unpermute`); a stacked tensor of experts as each
-    expert's. With `native`, the formats the compact kernels read are dequantized there (the
-    same exact values, 4.1 s -> a few hundred ms for SmolLM2's 135M weights)."""
+    expert's, a fused one (Phi-3's) cut into its parts. With `native`, the formats the compact
+    kernels read are dequantized there (the same exact values, 4.1 s -> a few hundred ms for
+    SmolLM2's 135M weights)."""
+    for name, weight in unfused(config, _dequantized(gguf_file, config, native, skip)):
+        if name not in skip:
+            yield name, weight
+
+
+def _dequantized(
+    gguf_file: Path, config: ModelConfig, native: NativeKernels | None, skip: frozenset[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
     import gguf
 
     for tensor in _with_progress(gguf_file, config, skip):
@@ -117,10 +127,10 @@ def iter_gguf_compact_weights(
 ) -> Iterator[tuple[str, CompactWeight]]:
     """The matrices stored in a format the compact kernel reads (native/formats.py), as
     stored: the blocks of each row, rows in HF order (see `_unpermute`); a stacked tensor of
-    experts as each expert's."""
+    experts as each expert's, a fused one cut into its parts."""
     for tensor in _with_progress(gguf_file, config):
         names = _hf_names(gguf_file, tensor, config)
-        yield from zip(names, _compact(gguf_file, tensor, names, config) or ())
+        yield from unfused(config, zip(names, _compact(gguf_file, tensor, names, config) or ()))
 
 
 def _hf_names(gguf_file: Path, tensor: GGUFTensor, config: ModelConfig) -> list[str]:
@@ -140,7 +150,7 @@ def _with_progress(
     tensors = [
         tensor
         for tensor in _tensors(gguf_file)
-        if tensor.name != ROPE_FREQS_TENSOR
+        if tensor.name not in ROPE_TENSORS
         and not set(_hf_names_or_none(tensor.name, config)) <= skip
     ]
     return with_progress(
@@ -151,10 +161,12 @@ def _with_progress(
 
 
 def _hf_names_or_none(gguf_name: str, config: ModelConfig) -> list[str | None]:
+    """The HF names of a tensor's weights (a fused tensor's parts')."""
     try:
-        return list(hf_tensor_names(gguf_name, config))
+        names = hf_tensor_names(gguf_name, config)
     except KeyError:
         return [None]  # (the loaders name it in their error)
+    return [part for name in names for part in part_names(config, name)]
 
 
 def _compact(

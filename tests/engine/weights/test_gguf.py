@@ -185,7 +185,7 @@ def _gguf_with(target: Path, arch: str, tensor_type: gguf.GGMLQuantizationType) 
             "gpt2",
             gguf.GGMLQuantizationType.Q8_0,
             "GGUF architecture 'gpt2' is not supported (supported: llama, qwen2, qwen3, qwen2moe, "
-            "qwen3moe, gemma2, gemma3)",
+            "qwen3moe, gemma2, gemma3, phi3)",
         ),
         (
             "llama",
