@@ -48,6 +48,20 @@ GEMMA_GGUF_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3": {"pattern": 6, "window": None, "softcaps": (None, None), "layers_27b": 62},
 }
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
+# Tokens llama.cpp ends a generation at by their text (llama-vocab.cpp), whatever the file's
+# eos/eot ids say: a Gemma file names <eos> only, not the <end_of_turn> its chats end with, and a
+# Phi-3 one <|endoftext|>, not <|end|>.
+END_OF_GENERATION_TEXTS = (
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "</s>",
+)
 
 
 def field(reader: Any, key: str, default: Any = None) -> Any:
@@ -71,8 +85,9 @@ def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
     names = {tensor.name for tensor in reader.tensors}
     num_heads = field(reader, f"{arch}.attention.head_count")
     hidden_size = field(reader, f"{arch}.embedding_length")
-    eos_ids = [field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
     tokens = field(reader, "tokenizer.ggml.tokens") or []
+    eos_ids = [field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
+    eos_ids += [index for index, text in enumerate(tokens) if text in END_OF_GENERATION_TEXTS]
     experts = field(reader, f"{arch}.expert_count") or 0
     mixtral = arch == "llama" and experts > 0
     config = {

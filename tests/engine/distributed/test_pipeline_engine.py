@@ -1,11 +1,11 @@
 """Pipeline parallelism end to end: two stages, each rank a scheduler driving its stage's engine,
 give a single process's tokens, logprobs and prompt logprobs (Llama; Qwen2's tied head from bf16
-weights; Qwen3's q/k norms; a GGUF held as stored, a mixture of experts' too; an uneven split; a
-pool small enough to preempt), with prompts in chunks; every rank's pool is whole again at the
-end; each stage holds only its layers, the first the embedding, the last the norm and head (and a
-tied head's embedding). Three stages of an uneven split (a middle stage receiving and sending),
-and two stages of two tensor-parallel ranks, give the same too; the same four processes serve
-the three topologies in turn."""
+weights; Qwen3's q/k norms; a GGUF held as stored, a mixture of experts' too; Gemma 2's windowed
+and global layers; an uneven split; a pool small enough to preempt), with prompts in chunks;
+every rank's pool is whole again at the end; each stage holds only its layers, the first the
+embedding, the last the norm and head (and a tied head's embedding). Three stages of an uneven
+split (a middle stage receiving and sending), and two stages of two tensor-parallel ranks, give
+the same too; the same four processes serve the three topologies in turn."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ NAMES = [
     "qwen3",
     "gguf_q8_0",
     "gguf_moe",
+    "gemma2",
     "uneven",
     "kv_pressure",
     "decode_first",
@@ -167,6 +168,9 @@ def cases(tiny_model_factory: Callable[..., Path], tmp_path_factory: pytest.Temp
         Case("gguf_q8_0", str(gguf)),
         # A mixture of experts held as stored: each stage holds its layers' experts.
         Case("gguf_moe", str(moe)),
+        # A windowed layer, then a global one on the last stage (each stage windows its layers
+        # by their place in the model), soft caps, scaled embeddings on the first stage.
+        Case("gemma2", str(tiny_model_factory("gemma2")), tied=True),
         # Two layers on the first stage, one on the last.
         Case("uneven", str(tiny_model_factory("llama", num_hidden_layers=3)), num_layers=3),
         # 16 pages of 4 tokens for requests of 51, 19, 19 and 33 tokens: some are preempted,

@@ -100,9 +100,15 @@ def test_greedy_tokens_are_transformers_on_the_files_weights(
     assert_greedy_matches_hf(reference, again, output.token_ids)
 
 
-def minimal_gemma(target: Path, arch: str, layers: int, **metadata: object) -> Path:
-    """A GGUF holding only `arch`'s metadata (hidden 256, 8 heads of 64): `metadata`'s keys
-    after "<arch>.", the rest llama.cpp's defaults."""
+def minimal_gemma(
+    target: Path,
+    arch: str,
+    layers: int,
+    tokens: tuple[str, ...] = ("a", "<eos>"),
+    **metadata: object,
+) -> Path:
+    """A GGUF holding only `arch`'s metadata (hidden 256, 8 heads of 64) and vocabulary:
+    `metadata`'s keys after "<arch>.", the rest llama.cpp's defaults; token 1 its eos."""
     writer = gguf.GGUFWriter(str(target), arch)
     writer.add_block_count(layers)
     writer.add_context_length(128)
@@ -110,11 +116,12 @@ def minimal_gemma(target: Path, arch: str, layers: int, **metadata: object) -> P
     writer.add_feed_forward_length(512)
     writer.add_head_count(8)
     writer.add_key_length(64)
-    writer.add_token_list(["a", "b"])
+    writer.add_token_list(list(tokens))
+    writer.add_eos_token_id(1)
     for key, value in metadata.items():
         add = {list: writer.add_array, str: writer.add_string, float: writer.add_float32}
         add.get(type(value), writer.add_uint32)(f"{arch}.{key}", value)
-    writer.add_tensor("token_embd.weight", np.zeros((2, 256), dtype=np.float32))
+    writer.add_tensor("token_embd.weight", np.zeros((len(tokens), 256), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -184,3 +191,12 @@ def test_a_gemma2_with_its_own_local_rope_base_is_refused(tmp_path: Path) -> Non
     path = minimal_gemma(tmp_path / "g2.gguf", "gemma2", 2, **{"rope.freq_base_swa": 500.0})
     with pytest.raises(CheckpointError, match="Gemma 2 with its own local RoPE base"):
         _config(path)
+
+
+def test_a_chat_ends_at_end_of_turn_though_the_file_names_eos_only(tmp_path: Path) -> None:
+    """As llama.cpp: a token it ends generations at by its text (<end_of_turn>) stops one here
+    too, beside the file's own eos id."""
+    tokens = ("<pad>", "<eos>", "<bos>", "a", "<start_of_turn>", "<end_of_turn>")
+    path = minimal_gemma(tmp_path / "g2.gguf", "gemma2", 2, tokens)
+    config = hf_config(gguf.GGUFReader(path), path)
+    assert config["eos_token_id"] == [1, 5]
