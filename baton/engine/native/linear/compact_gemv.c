@@ -7,7 +7,8 @@
  * single rounding as gguf's `d * q + m`), so the result differs from a float32 GEMM only in the
  * order of the sum. A decode step reads every weight once per step: reading 2-6x fewer bytes
  * than float32 is the whole point. From STAGED_MIN_ROWS rows (without AVX-512's wide sweeps)
- * the staged kernel takes the product instead (staged_gemm.c), with these row dequantizers.
+ * the staged kernel takes the product instead (staged_gemm.c), with these row dequantizers; one
+ * row of most GGUF block formats goes to factored_row.c, which factors the sum by block.
  *
  * Rows of W are split into chunks that the engine's threads claim (thread_pool.c). Loading a
  * checkpoint dequantizes with OpenMP: the library is loaded after torch, so its libgomp is
@@ -19,6 +20,7 @@
 
 #include "block_formats.h"
 #include "linear.h"
+#include "row_sweeps.h"
 #include "runtime/thread_buffer.h"
 #include "runtime/thread_pool.h"
 #include "runtime/vector_math.h"
@@ -33,14 +35,6 @@
  * at 4, 0.9-1.2x at 6, 0.80-0.99x at 8 (Q6_K the last), 0.67-0.78x at 16, 0.60-0.66x at 32. */
 #define STAGED_MIN_ROWS 8
 
-/* Bytes ahead of the block being read that each block asks the cache for: the hardware
- * prefetcher alone leaves one core reading a matrix at about 9 GB/s; asking 1 KB ahead
- * measured 5-10 % faster at one row on Zen 3 (a request past the matrix's end is harmless).
- * A second request 4 KB ahead, into L2, keeps more lines in flight: one row of the 0.5B
- * shape's layers read at 18 GB/s with the first alone and 24 GB/s with both on the AMX Xeon
- * (8 and 16 KB: the same). */
-#define PREFETCH_AHEAD 1024
-#define PREFETCH_FAR 4096
 
 static inline float f16_scalar(const uint8_t *p) { return _cvtsh_ss(*(const uint16_t *)p); }
 
@@ -68,26 +62,6 @@ static inline void dq_q8_0(const uint8_t *b, int sub, const SuperScales *ss, __m
         __m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * j));
         w[j] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
     }
-}
-
-/* Q4_0 / Q4_1: byte j holds weight j in its low nibble and weight j + 16 in its high one. The
- * block's 16 bytes go to both 128-bit lanes, and one in-lane byte shuffle per 8 weights moves
- * byte j to the low byte of 32-bit lane j: the low nibbles (and 0x0F) and high ones (shift by 4)
- * are then whole int32 weights. Measured on Zen 3 at 1 row: 1.3x faster than widening with
- * vpmovzxbd, which crosses lanes, and the same values. */
-static inline void nibbles_to_int32(const uint8_t *qs, __m256i *q) {
-    const __m256i packed = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
-    const __m256i first = _mm256_setr_epi8(0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1, -1,
-                                           -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1,
-                                           -1, -1);
-    const __m256i second = _mm256_add_epi32(first, _mm256_set1_epi32(8));
-    const __m256i mask = _mm256_set1_epi32(0x0F);
-    const __m256i bytes_0_7 = _mm256_shuffle_epi8(packed, first);
-    const __m256i bytes_8_15 = _mm256_shuffle_epi8(packed, second);
-    q[0] = _mm256_and_si256(bytes_0_7, mask);
-    q[1] = _mm256_and_si256(bytes_8_15, mask);
-    q[2] = _mm256_srli_epi32(bytes_0_7, 4);
-    q[3] = _mm256_srli_epi32(bytes_8_15, 4);
 }
 
 static inline void dq_q4_0(const uint8_t *b, int sub, const SuperScales *ss, __m256 *w) {
@@ -120,10 +94,6 @@ typedef struct {
     int64_t rows_per_pass; /* rows of x each sweep over the chunk's weight rows takes */
 } GemvLoop;
 
-/* Chunks a thread gets on average: enough that a thread descheduled while it holds one delays
- * the product by a small part of it, few enough that claiming them costs nothing measurable. */
-#define CHUNKS_PER_THREAD 8
-#define MIN_ROWS_PER_CHUNK 16
 
 /* The sweep for `rows` rows of x (a compile-time constant in each case, so that SWEEP's loops
  * over rows unroll into registers). */
@@ -424,10 +394,11 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
         {gemv16_chunk_bf16, gemv16_chunk_f16, gemv16_chunk_q8_0, gemv16_chunk_q4_0,
          gemv16_chunk_q4_1}};
     if (fmt < 0 || fmt >= FMT_COUNT) return -1;
-    const int64_t chunks_wanted = CHUNKS_PER_THREAD * (int64_t)omp_get_max_threads();
-    int64_t rows_per_chunk = (n_dim + chunks_wanted - 1) / chunks_wanted;
-    rows_per_chunk = rows_per_chunk > MIN_ROWS_PER_CHUNK ? rows_per_chunk : MIN_ROWS_PER_CHUNK;
     const int wide = avx512 && m_dim >= 2 && fmt <= FMT_Q4_1;
+    if (m_dim == 1) { /* (one row of blocks: its sum factored, factored_row.c) */
+        const int factored = baton_factored_row(fmt, x, k_dim, w, n_dim, row_bytes, bias, y);
+        if (factored <= 0) return factored;
+    }
     if (!wide && m_dim >= STAGED_MIN_ROWS) {
         baton_staged_gemm(row_dequantizers(fmt), x, m_dim, k_dim, w, n_dim, row_bytes, bias, y);
         return 0;
@@ -443,8 +414,9 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
         pack_rows(x, m_dim, k_dim, rows_per_pass, packed);
         x = packed;
     }
-    const GemvLoop loop = {x, bias, y, w, m_dim, k_dim, n_dim, row_bytes, rows_per_chunk, rows_per_pass};
-    baton_parallel(chunk_fns[wide][fmt], &loop, (n_dim + rows_per_chunk - 1) / rows_per_chunk);
+    const int64_t chunk_rows = rows_per_chunk(n_dim);
+    const GemvLoop loop = {x, bias, y, w, m_dim, k_dim, n_dim, row_bytes, chunk_rows, rows_per_pass};
+    baton_parallel(chunk_fns[wide][fmt], &loop, (n_dim + chunk_rows - 1) / chunk_rows);
     return 0;
 }
 
