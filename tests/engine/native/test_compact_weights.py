@@ -134,18 +134,19 @@ def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
 # tile as 3 + 3 + 3, rows of x take more than one pass (40, 70), and 37 outputs are not whole
 # stages.
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
-def test_one_row_sums_by_block_as_a_float32_matmul_does(
-    native: NativeKernels, compact_format: str
+@pytest.mark.parametrize("rows", [1, 2, 3])
+def test_a_few_rows_sum_by_block_as_a_float32_matmul_does(
+    native: NativeKernels, compact_format: str, rows: int
 ) -> None:
-    """One row (a decode step of one sequence), where most block formats' sums are factored by
-    block (d * (x . q) + m * sum(x): native/linear/factored_row.c): over several super-blocks,
-    with activations of a large common offset, so that the blocks' minima and offsets weigh
-    as much as their quants do."""
+    """One to three rows (decode steps of a few sequences), where block formats' sums are
+    factored by block (d * (x . q) + m * sum(x): native/linear/factored_row.c): over several
+    super-blocks, with activations of a large common offset, so that the blocks' minima and
+    offsets weigh as much as their quants do."""
     width = whole_blocks(1024, compact_format)
     rng = np.random.default_rng(5)
     weight = (rng.normal(size=(37, width)) + 0.5).astype(np.float32)
     compact, values = stored_weight(weight, compact_format)
-    x = torch.from_numpy((rng.normal(size=(1, width)) + 4.0).astype(np.float32))
+    x = torch.from_numpy((rng.normal(size=(rows, width)) + 4.0).astype(np.float32))
     bias = torch.from_numpy(rng.normal(size=37).astype(np.float32))
     expected = x.double() @ values.double().T + bias.double()
     assert_float32_sums(native.gemv(x, compact, bias), expected, x, values)

@@ -7,8 +7,9 @@
  * single rounding as gguf's `d * q + m`), so the result differs from a float32 GEMM only in the
  * order of the sum. A decode step reads every weight once per step: reading 2-6x fewer bytes
  * than float32 is the whole point. From STAGED_MIN_ROWS rows (without AVX-512's wide sweeps)
- * the staged kernel takes the product instead (staged_gemm.c), with these row dequantizers; one
- * row of most GGUF block formats goes to factored_row.c, which factors the sum by block.
+ * the staged kernel takes the product instead (staged_gemm.c), with these row dequantizers; up to
+ * three rows of the common GGUF block formats go to factored_row.c, which factors the sums by
+ * block.
  *
  * Rows of W are split into chunks that the engine's threads claim (thread_pool.c). Loading a
  * checkpoint dequantizes with OpenMP: the library is loaded after torch, so its libgomp is
@@ -395,8 +396,8 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
          gemv16_chunk_q4_1}};
     if (fmt < 0 || fmt >= FMT_COUNT) return -1;
     const int wide = avx512 && m_dim >= 2 && fmt <= FMT_Q4_1;
-    if (m_dim == 1) { /* (one row of blocks: its sum factored, factored_row.c) */
-        const int factored = baton_factored_row(fmt, x, k_dim, w, n_dim, row_bytes, bias, y);
+    if (m_dim <= 3) { /* (a few rows of blocks: sums factored, factored_row.c) */
+        const int factored = baton_factored_row(fmt, x, m_dim, k_dim, w, n_dim, row_bytes, bias, y);
         if (factored <= 0) return factored;
     }
     if (!wide && m_dim >= STAGED_MIN_ROWS) {

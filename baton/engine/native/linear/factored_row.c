@@ -1,14 +1,15 @@
-/* One row of x against a matrix of GGUF blocks, the sum factored by block: y[n] = sum over
- * blocks s of d_s * (x_s . q_s) + m_s * sum(x_s), where w = d_s * q + m_s is the stored weight
- * (Q4_K, Q5_K: m_s = -dmin * min; Q4_1: its m; Q6_K, Q4_0, Q8_0: none; Q6_K has a d for each
- * half of a sub-block). The small integers q are exact in float32 and so are d_s and m_s (gguf's
- * own values, block_formats.h): only the order in which float32 rounds the sum differs from
- * multiplying the dequantized weights (tests/engine/native/test_compact_weights.py bounds it as
- * any float32 sum's). A decode step of one sequence is these products, and on AMD EPYC Zen 3
- * (2 threads) the dequantize-then-multiply sweep (compact_gemv.c) spent its time scaling each
- * weight: Gemma 2 2B's Q4_K gate/up, 16.6 -> 27 G weights/s (1.6x), its Q6_K down 13.8 -> 16.8,
- * the same in L3 or not. From two rows, the rows share each dequantized weight and the sweep
- * is as fast.
+/* One to three rows of x against a matrix of GGUF blocks, the sums factored by block: y[n] =
+ * sum over blocks s of d_s * (x_s . q_s) + m_s * sum(x_s), where w = d_s * q + m_s is the stored
+ * weight (Q4_K, Q5_K: m_s = -dmin * min; Q4_1: its m; Q4_0: -8 d; Q6_K: -32 d, and a d for each
+ * half of a sub-block; Q8_0: none). The small integers q are exact in float32 and so are d_s
+ * and m_s (gguf's own values, block_formats.h): only the order in which float32 rounds the sum
+ * differs from multiplying the dequantized weights (tests/engine/native/test_compact_weights.py
+ * bounds it as any float32 sum's). Decode steps of a few sequences are these products, and on
+ * AMD EPYC Zen 3 (2 threads) the dequantize-then-multiply sweep (compact_gemv.c) spent its time
+ * scaling each weight: at one row, Gemma 2 2B's Q4_K gate/up 16.6 -> 27 G weights/s (1.6x), a
+ * 1B Llama's Q5_K 15 -> 19 and Q6_K 16 -> 20, the same in L3 or not; 1.15x at two rows and
+ * 1.1x at three (Q4_K, Q5_K and Q6_K; the 32-weight blocks at one row only); from four rows,
+ * where the rows share each dequantized weight, the sweep is as fast.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -20,11 +21,13 @@
 #include "runtime/thread_pool.h"
 #include "runtime/vector_math.h"
 
+#define MAX_ROWS 3
+
 typedef struct {
-    const float *x, *block_sums, *half_sums, *bias; /* sums of x by 32 and by 16 */
+    const float *x, *block_sums, *half_sums, *bias; /* sums of x by 32 and by 16, each row's */
     float *y;
     const uint8_t *w;
-    int64_t k_dim, n_dim, row_bytes, rows_per_chunk;
+    int64_t m_dim, k_dim, n_dim, row_bytes, rows_per_chunk;
 } RowLoop;
 
 /* A sub-block's 32 quants as four vectors of 8 exact floats: Q4_K's 0..15 (w = d * q - m). */
@@ -76,15 +79,14 @@ static inline void ints_q6_k(const uint8_t *b, int sub, __m256 *q) {
  * (Q4_K, Q5_K); 2, 32 d * sum(x) by 16 (Q6_K). Two accumulators, a half sub-block each, so that
  * no FMA waits on the last one. */
 #define DEFINE_ROW_CHUNK(FMT, INTS, SUPER_BYTES, PREPARE, SCALE, MINS)                           \
-    static void row_chunk_##FMT(const void *arg, int64_t chunk) {                               \
-        const RowLoop *g = arg;                                                                 \
-        const int64_t n_begin = chunk * g->rows_per_chunk;                                      \
-        const int64_t n_end = n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim; \
+    static inline __attribute__((always_inline)) void row_sweep_##FMT(                          \
+        const RowLoop *g, int64_t n_begin, int64_t n_end, int rows) {                           \
         const int64_t supers = g->k_dim / 256;                                                  \
         for (int64_t n = n_begin; n < n_end; n++) {                                             \
             const uint8_t *row = g->w + n * g->row_bytes;                                       \
-            __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                         \
-            __m256 mins = _mm256_setzero_ps();                                                  \
+            __m256 acc[MAX_ROWS][2], mins[MAX_ROWS];                                            \
+            for (int r = 0; r < rows; r++)                                                      \
+                acc[r][0] = acc[r][1] = mins[r] = _mm256_setzero_ps();                          \
             for (int64_t super = 0; super < supers; super++) {                                  \
                 const uint8_t *block = row + super * (SUPER_BYTES);                             \
                 _mm_prefetch((const char *)block + PREFETCH_AHEAD, _MM_HINT_T0);                \
@@ -93,27 +95,44 @@ static inline void ints_q6_k(const uint8_t *b, int sub, __m256 *q) {
                 _mm_prefetch((const char *)block + 128 + PREFETCH_AHEAD, _MM_HINT_T0);          \
                 SuperScales scales;                                                             \
                 PREPARE(block, &scales);                                                        \
-                if ((MINS) == 1)                                                                \
-                    mins = _mm256_fmadd_ps(_mm256_loadu_ps(scales.ml),                          \
-                                           _mm256_loadu_ps(g->block_sums + super * 8), mins);   \
-                if ((MINS) == 2)                                                                \
-                    for (int j = 0; j < 2; j++)                                                 \
-                        mins = _mm256_fmadd_ps(_mm256_loadu_ps(scales.dl + 8 * j),              \
-                                               _mm256_loadu_ps(g->half_sums + super * 16 + 8 * j), mins); \
+                for (int r = 0; r < rows; r++) {                                                \
+                    if ((MINS) == 1)                                                            \
+                        mins[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scales.ml),                   \
+                            _mm256_loadu_ps(g->block_sums + r * (g->k_dim / 32) + super * 8), mins[r]); \
+                    if ((MINS) == 2)                                                            \
+                        for (int j = 0; j < 2; j++)                                             \
+                            mins[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scales.dl + 8 * j),       \
+                                _mm256_loadu_ps(g->half_sums + r * (g->k_dim / 16) + super * 16 + 8 * j), mins[r]); \
+                }                                                                               \
                 _Pragma("GCC unroll 8") for (int sub = 0; sub < 8; sub++) {                     \
-                    const float *xs = g->x + (super * 8 + sub) * 32;                            \
                     __m256 q[4];                                                                \
                     INTS(block, sub, q);                                                        \
                     for (int half = 0; half < 2; half++) {                                      \
-                        __m256 dot = _mm256_mul_ps(_mm256_loadu_ps(xs + 16 * half), q[2 * half]); \
-                        dot = _mm256_fmadd_ps(_mm256_loadu_ps(xs + 16 * half + 8), q[2 * half + 1], dot); \
-                        acc[half] = _mm256_fmadd_ps(_mm256_broadcast_ss(scales.dl + SCALE(sub, half)), dot, acc[half]); \
+                        const __m256 d = _mm256_broadcast_ss(scales.dl + SCALE(sub, half));     \
+                        for (int r = 0; r < rows; r++) {                                        \
+                            const float *xs = g->x + r * g->k_dim + (super * 8 + sub) * 32 + 16 * half; \
+                            __m256 dot = _mm256_mul_ps(_mm256_loadu_ps(xs), q[2 * half]);       \
+                            dot = _mm256_fmadd_ps(_mm256_loadu_ps(xs + 8), q[2 * half + 1], dot); \
+                            acc[r][half] = _mm256_fmadd_ps(d, dot, acc[r][half]);               \
+                        }                                                                       \
                     }                                                                           \
                 }                                                                               \
             }                                                                                   \
             const float add = g->bias ? g->bias[n] : 0.0f;                                      \
-            const float offset = (MINS) == 2 ? 32.0f * hsum8(mins) : hsum8(mins);               \
-            g->y[n] = hsum8(_mm256_add_ps(acc[0], acc[1])) - offset + add;                      \
+            for (int r = 0; r < rows; r++) {                                                    \
+                const float offset = (MINS) == 2 ? 32.0f * hsum8(mins[r]) : hsum8(mins[r]);     \
+                g->y[r * g->n_dim + n] = hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) - offset + add; \
+            }                                                                                   \
+        }                                                                                       \
+    }                                                                                           \
+    static void row_chunk_##FMT(const void *arg, int64_t chunk) {                               \
+        const RowLoop *g = arg;                                                                 \
+        const int64_t n_begin = chunk * g->rows_per_chunk;                                      \
+        const int64_t n_end = n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim; \
+        switch (g->m_dim) {                                                                     \
+        case 1: row_sweep_##FMT(g, n_begin, n_end, 1); break;                                   \
+        case 2: row_sweep_##FMT(g, n_begin, n_end, 2); break;                                   \
+        default: row_sweep_##FMT(g, n_begin, n_end, 3); break;                                  \
         }                                                                                       \
     }
 
@@ -181,11 +200,14 @@ DEFINE_ROW_CHUNK(q4_k, ints_q4_k, 144, k_super_scales, ONE_SCALE, 1)
 DEFINE_ROW_CHUNK(q5_k, ints_q5_k, 176, k_super_scales, ONE_SCALE, 1)
 DEFINE_ROW_CHUNK(q6_k, ints_q6_k, 210, q6_k_super_scales, HALF_SCALES, 2)
 
-/* y [n_dim] = x [k_dim] @ W^T (+ bias) for W in `fmt`. Returns 0, 1 for a format this file
- * does not cover (the caller sweeps it), or -2 if the block sums could not be allocated. */
-int baton_factored_row(int fmt, const float *x, int64_t k_dim, const uint8_t *w, int64_t n_dim,
+/* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias) for W in `fmt`. Returns 0, 1 for rows or
+ * a format this file does not cover (the caller sweeps them), or -2 if the sums of x could not
+ * be allocated. */
+int baton_factored_row(int fmt, const float *x, int64_t m_dim, int64_t k_dim, const uint8_t *w, int64_t n_dim,
                      int64_t row_bytes, const float *bias, float *y) {
     chunk_fn fn;
+    if (m_dim < 1 || m_dim > MAX_ROWS || (m_dim > 1 && fmt != FMT_Q4_K && fmt != FMT_Q5_K && fmt != FMT_Q6_K))
+        return 1;
     switch (fmt) {
     case FMT_Q8_0: fn = row_chunk_q8_0; break;
     case FMT_Q4_0: fn = row_chunk_q4_0; break;
@@ -198,14 +220,15 @@ int baton_factored_row(int fmt, const float *x, int64_t k_dim, const uint8_t *w,
     /* Each 16 and each 32 of x summed once, for every weight row's m_s * sum(x_s). The engine
      * thread calls this for every layer of every step: its buffer stays. */
     static __thread ThreadBuffer sums_buffer;
-    float *sums = thread_buffer(&sums_buffer, (k_dim / 32 + k_dim / 16) * (int64_t)sizeof(float));
+    const int64_t per_row = k_dim / 32 + k_dim / 16;
+    float *sums = thread_buffer(&sums_buffer, m_dim * per_row * (int64_t)sizeof(float));
     if (!sums) return -2;
-    float *half_sums = sums + k_dim / 32;
-    for (int64_t b = 0; b < k_dim / 16; b++)
+    float *half_sums = sums + m_dim * (k_dim / 32);
+    for (int64_t b = 0; b < m_dim * (k_dim / 16); b++)
         half_sums[b] = hsum8(_mm256_add_ps(_mm256_loadu_ps(x + 16 * b), _mm256_loadu_ps(x + 16 * b + 8)));
-    for (int64_t b = 0; b < k_dim / 32; b++) sums[b] = half_sums[2 * b] + half_sums[2 * b + 1];
+    for (int64_t b = 0; b < m_dim * (k_dim / 32); b++) sums[b] = half_sums[2 * b] + half_sums[2 * b + 1];
     const int64_t chunk_rows = rows_per_chunk(n_dim);
-    const RowLoop loop = {x, sums, half_sums, bias, y, w, k_dim, n_dim, row_bytes, chunk_rows};
+    const RowLoop loop = {x, sums, half_sums, bias, y, w, m_dim, k_dim, n_dim, row_bytes, chunk_rows};
     baton_parallel(fn, &loop, (n_dim + chunk_rows - 1) / chunk_rows);
     return 0;
 }
