@@ -139,7 +139,8 @@ def _add_gemma_metadata(writer: Any, config: ModelConfig) -> None:
     """A Gemma's settings as llama.cpp's converter writes them, and which layers are windowed
     (one flag each, which llama.cpp reads before its every-second / every-sixth default);
     ValueError for what llama.cpp cannot express: it derives the attention's scale from the
-    shape (gguf_config.GEMMA_GGUF_DEFAULTS) and soft-caps every Gemma 2."""
+    shape (gguf_config.GEMMA_GGUF_DEFAULTS), soft-caps every Gemma 2 and no Gemma 3's
+    attention."""
     gemma, arch = config.gemma, gguf_architecture(config)
     assert gemma is not None
     defaults = GEMMA_GGUF_DEFAULTS[arch]
@@ -150,6 +151,8 @@ def _add_gemma_metadata(writer: Any, config: ModelConfig) -> None:
     caps = (gemma.attn_logit_softcapping, gemma.final_logit_softcapping)
     if arch == "gemma2" and None in caps:
         raise ValueError("llama.cpp soft-caps a Gemma 2's attention and final logits")
+    if arch == "gemma3" and caps[0] is not None:
+        raise ValueError("llama.cpp never soft-caps a Gemma 3's attention")
     if caps[0] is not None:
         writer.add_attn_logit_softcapping(caps[0])
     if caps[1] is not None:

@@ -50,18 +50,27 @@ GEMMA_GGUF_DEFAULTS: dict[str, dict[str, Any]] = {
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 # Tokens llama.cpp ends a generation at by their text (llama-vocab.cpp), whatever the file's
 # eos/eot ids say: a Gemma file names <eos> only, not the <end_of_turn> its chats end with, and a
-# Phi-3 one <|endoftext|>, not <|end|>.
-END_OF_GENERATION_TEXTS = (
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<EOT>",
-    "</s>",
+# Phi-3 one <|endoftext|>, not <|end|>; Qwen's fill-in-the-middle pad and separators. Only where
+# the file marks them control or user-defined tokens: one of ordinary text is a word.
+END_OF_GENERATION_TEXTS = frozenset(
+    {
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|end_of_text|>",
+        "<EOT>",
+        "</s>",
+        "<|fim_pad|>",
+        "<|fim_repo|>",
+        "<|repo_name|>",
+        "<|file_sep|>",
+    }
 )
+# llama.cpp's token types (gguf.TokenType) that END_OF_GENERATION_TEXTS are taken from.
+_SPECIAL_TOKEN_TYPES = (3, 4)  # CONTROL, USER_DEFINED
 
 
 def field(reader: Any, key: str, default: Any = None) -> Any:
@@ -87,9 +96,10 @@ def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
     hidden_size = field(reader, f"{arch}.embedding_length")
     tokens = field(reader, "tokenizer.ggml.tokens") or []
     eos_ids = [field(reader, f"tokenizer.ggml.{key}_token_id") for key in ("eos", "eot", "eom")]
-    eos_ids += [index for index, text in enumerate(tokens) if text in END_OF_GENERATION_TEXTS]
+    eos_ids += _end_of_generation_ids(tokens, field(reader, "tokenizer.ggml.token_type"))
     experts = field(reader, f"{arch}.expert_count") or 0
     mixtral = arch == "llama" and experts > 0
+    pad = field(reader, "tokenizer.ggml.padding_token_id")
     config = {
         "architectures": [GGUF_EXPERTS_OF_LLAMA if mixtral else GGUF_ARCHITECTURES[arch]],
         "model_type": "mixtral" if mixtral else _HF_MODEL_TYPES.get(arch, arch),
@@ -108,8 +118,9 @@ def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
         "attention_bias": "blk.0.attn_output.bias" in names or "blk.0.attn_q.bias" in names,
         "mlp_bias": "blk.0.ffn_up.bias" in names,
         "bos_token_id": field(reader, "tokenizer.ggml.bos_token_id"),
-        # (Explicitly null where the file has none: Phi-3's config class defaults to 32000.)
-        "pad_token_id": field(reader, "tokenizer.ggml.padding_token_id"),
+        # (Explicitly null where the file has none or one outside the vocabulary: Phi-3's config
+        # class defaults to 32000.)
+        "pad_token_id": pad if isinstance(pad, int) and 0 <= pad < len(tokens) else None,
         "eos_token_id": list(dict.fromkeys(i for i in eos_ids if i is not None)),
         # llama.cpp and transformers compute a GGUF in float32, whatever its storage types.
         "torch_dtype": "float32",
@@ -128,15 +139,32 @@ def hf_config(reader: Any, gguf_file: Path) -> dict[str, Any]:
     return config
 
 
+def _end_of_generation_ids(tokens: list[str], types: list[int] | None) -> list[int]:
+    """The ids of END_OF_GENERATION_TEXTS' tokens that the file marks special (every one, where
+    it gives no types)."""
+    return [
+        index
+        for index, text in enumerate(tokens)
+        if text in END_OF_GENERATION_TEXTS
+        and (types is None or types[index] in _SPECIAL_TOKEN_TYPES)
+    ]
+
+
 def _rope_scaling(reader: Any, arch: str, gguf_file: Path) -> dict[str, Any] | None:
     """The file's RoPE scaling as config.json's: llama.cpp's frequency factors (Llama 3.1+)
-    or linear scaling (positions divided by the factor); CheckpointError for another kind."""
+    or linear scaling (positions divided by the factor, which llama.cpp applies whenever the
+    file gives one, under `rope.scaling.factor` or the older `rope.scale_linear`, unless the
+    type says another kind); CheckpointError for another kind."""
     kind = field(reader, f"{arch}.rope.scaling.type", "none")
-    if kind == "linear":
-        factor = field(reader, f"{arch}.rope.scaling.factor")
+    factor = field(reader, f"{arch}.rope.scaling.factor")
+    if factor is None:
+        factor = field(reader, f"{arch}.rope.scale_linear")
+    if kind in ("none", "linear") and factor not in (None, 0, 1):
         if not isinstance(factor, (int, float)) or factor <= 0:
             raise CheckpointError(f"{gguf_file}: linear RoPE scaling needs a factor > 0")
         return {"rope_type": "linear", "factor": _decimal(factor)}
+    if kind == "linear":
+        return None  # (a factor of 1, or none)
     if kind == "longrope" and arch == "phi3":
         return None  # (its factors are tensors: _phi3_config)
     if kind != "none":
@@ -207,6 +235,8 @@ def _gemma_config(
             ("attn_logit_softcapping", "final_logit_softcapping"), defaults["softcaps"]
         )
     )
+    if arch == "gemma3":
+        attn_cap = None  # (llama.cpp never soft-caps a Gemma 3's attention, whatever the file)
     big = layers == defaults["layers_27b"]
     scalar = config["hidden_size"] // config["num_attention_heads"] if big else config["head_dim"]
     local_base = field(reader, f"{arch}.rope.freq_base_swa")
@@ -244,9 +274,9 @@ def _phi3_config(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
     for key, name in LONGROPE_TENSORS.items():
         values = gguf.quants.dequantize(tensors[name].data, tensors[name].tensor_type)
         scaling[key] = [float(value) for value in values.reshape(-1)]
-    attention_factor = field(reader, "phi3.rope.scaling.attn_factor")
-    if attention_factor is not None:
-        scaling["attention_factor"] = float(attention_factor)  # (as float32 rounds it)
+    # (llama.cpp's default where the file has none is 1, not LongRoPE's own formula.)
+    attention_factor = field(reader, "phi3.rope.scaling.attn_factor", 1.0)
+    scaling["attention_factor"] = float(attention_factor)  # (as float32 rounds it)
     return {**fields, "rope_scaling": scaling}
 
 

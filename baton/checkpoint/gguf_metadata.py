@@ -13,6 +13,7 @@ hold) unless this process has imported transformers already.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -24,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from baton.checkpoint import gguf_config
 from baton.checkpoint.gguf_config import hf_config
 from baton.checkpoint.model_config import CheckpointError
 
@@ -32,8 +34,9 @@ logger = logging.getLogger(__name__)
 # Written into the converted folder: one whose files are all present is complete.
 CONVERTED_MARKER = "gguf_source.json"
 # Part of the cache key: a change to the conversion (here, or in transformers' tokenizer
-# converter) must not reuse folders an older one wrote.
-CONVERSION_VERSION = 3
+# converter) must not reuse folders an older one wrote. The config's conversion is keyed by its
+# module's source (`_config_source_digest`): no version to forget to bump.
+CONVERSION_VERSION = 4
 
 
 def gguf_cache_root() -> Path:
@@ -54,6 +57,7 @@ def converted_folder(gguf_file: Path) -> Path:
         stat.st_size,
         stat.st_mtime_ns,
         CONVERSION_VERSION,
+        _config_source_digest(),
         importlib.metadata.version("transformers"),
     )
     key = ":".join(map(str, source))
@@ -79,6 +83,12 @@ def converted_folder(gguf_file: Path) -> Path:
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return folder
+
+
+@functools.cache
+def _config_source_digest() -> str:
+    """A digest of gguf_config.py, which builds the converted config.json."""
+    return hashlib.sha256(Path(gguf_config.__file__).read_bytes()).hexdigest()[:16]
 
 
 def _convert(gguf_file: Path, target: Path) -> None:

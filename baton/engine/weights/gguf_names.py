@@ -38,11 +38,15 @@ _GEMMA_LAYER_TENSORS = {
     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
     "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
 }
-_PHI3_FUSED = ("attn_q.", "attn_k.", "attn_v.", "ffn_gate.", "ffn_up.")
-# Phi-3's checkpoints fuse q/k/v and gate/up, and llama.cpp keeps them fused
-# (weights/fused_tensors.py cuts them).
+# Phi-3's checkpoints fuse q/k/v and gate/up, and llama.cpp's converter keeps them fused
+# (weights/fused_tensors.py cuts them): gate/up always, as its `ffn_up`; q/k/v as `attn_qkv`,
+# though llama.cpp reads them apart too.
 _PHI3_LAYER_TENSORS = {
-    **{hf: gguf for hf, gguf in _LAYER_TENSORS.items() if not gguf.startswith(_PHI3_FUSED)},
+    **{
+        hf: gguf
+        for hf, gguf in _LAYER_TENSORS.items()
+        if not gguf.startswith(("ffn_gate.", "ffn_up."))
+    },
     "self_attn.qkv_proj.weight": "attn_qkv.weight",
     "mlp.gate_up_proj.weight": "ffn_up.weight",
 }

@@ -105,10 +105,12 @@ def minimal_gemma(
     arch: str,
     layers: int,
     tokens: tuple[str, ...] = ("a", "<eos>"),
+    types: tuple[int, ...] | None = None,
     **metadata: object,
 ) -> Path:
     """A GGUF holding only `arch`'s metadata (hidden 256, 8 heads of 64) and vocabulary:
-    `metadata`'s keys after "<arch>.", the rest llama.cpp's defaults; token 1 its eos."""
+    `metadata`'s keys after "<arch>.", the rest llama.cpp's defaults; token 1 its eos; `types`
+    the tokens' llama.cpp types, if given."""
     writer = gguf.GGUFWriter(str(target), arch)
     writer.add_block_count(layers)
     writer.add_context_length(128)
@@ -117,6 +119,8 @@ def minimal_gemma(
     writer.add_head_count(8)
     writer.add_key_length(64)
     writer.add_token_list(list(tokens))
+    if types is not None:
+        writer.add_token_types(list(types))
     writer.add_eos_token_id(1)
     for key, value in metadata.items():
         add = {list: writer.add_array, str: writer.add_string, float: writer.add_float32}
@@ -195,8 +199,26 @@ def test_a_gemma2_with_its_own_local_rope_base_is_refused(tmp_path: Path) -> Non
 
 def test_a_chat_ends_at_end_of_turn_though_the_file_names_eos_only(tmp_path: Path) -> None:
     """As llama.cpp: a token it ends generations at by its text (<end_of_turn>) stops one here
-    too, beside the file's own eos id."""
-    tokens = ("<pad>", "<eos>", "<bos>", "a", "<start_of_turn>", "<end_of_turn>")
-    path = minimal_gemma(tmp_path / "g2.gguf", "gemma2", 2, tokens)
+    too, beside the file's own eos id; but not a word of ordinary text that reads the same."""
+    tokens = ("<pad>", "<eos>", "<bos>", "a", "<start_of_turn>", "<end_of_turn>", "</s>")
+    control, normal = int(gguf.TokenType.CONTROL), int(gguf.TokenType.NORMAL)
+    types = (control, control, control, normal, control, control, normal)
+    path = minimal_gemma(tmp_path / "g2.gguf", "gemma2", 2, tokens, types)
     config = hf_config(gguf.GGUFReader(path), path)
     assert config["eos_token_id"] == [1, 5]
+
+
+def test_what_llama_cpp_reads_differently_is_read_as_it_reads_it(tmp_path: Path) -> None:
+    """A linear factor without a scaling type (or under the older key) scales, and a Gemma 3's
+    attention soft cap is never applied: llama.cpp computes them so."""
+    config = _config(
+        minimal_gemma(
+            tmp_path / "g3.gguf",
+            "gemma3",
+            2,
+            **{"rope.scale_linear": 4.0, "attn_logit_softcapping": 20.0},
+        )
+    )
+    assert config["rope_parameters"][FULL]["rope_type"] == "linear"
+    assert config["rope_parameters"][FULL]["factor"] == 4.0
+    assert config["attn_logit_softcapping"] is None

@@ -17,8 +17,10 @@ from helpers.native_cache import use_private_cache
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
+from baton.checkpoint.gguf_config import hf_config
 from baton.checkpoint.load import load_checkpoint
 from baton.engine.weights.checkpoint_tensors import iter_compact_weights, iter_weights
+from baton.engine.weights.gguf_names import hf_tensor_names
 
 # A few unused ids past the tokenizer's 259 give the GGUF's one merge a place (gguf_export).
 VOCAB = {"vocab_size": 300}
@@ -104,3 +106,34 @@ def test_longrope_factors_come_from_the_files_tensors(
         [short_prompt], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     )
     assert_greedy_matches_hf(reference, short_prompt, output.token_ids)
+
+
+def test_a_file_of_older_conventions_is_read_as_llama_cpp_reads_it(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """q, k and v apart (llama.cpp reads them so too), and LongRoPE factors without an attention
+    factor, which llama.cpp takes as 1."""
+    config = load_checkpoint(str(tiny_model_factory("phi3", **VOCAB))).config
+    assert hf_tensor_names("blk.0.attn_q.weight", config) == [
+        "model.layers.0.self_attn.q_proj.weight"
+    ]
+    assert hf_tensor_names("blk.0.ffn_up.weight", config) == [
+        "model.layers.0.mlp.gate_up_proj.weight"
+    ]
+    path = tmp_path / "phi3.gguf"
+    writer = gguf.GGUFWriter(str(path), "phi3")
+    writer.add_block_count(1)
+    writer.add_context_length(256)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_rope_scaling_orig_ctx_len(32)
+    writer.add_token_list(["a", "b"])
+    for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+        writer.add_tensor(name, np.full(8, 2.0, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    scaling = hf_config(gguf.GGUFReader(path), path)["rope_scaling"]
+    assert scaling["attention_factor"] == 1.0 and scaling["long_factor"] == [2.0] * 8
