@@ -22,9 +22,11 @@ from collections.abc import Sequence
 
 import torch
 
+from baton.checkpoint.model_config import ModelConfig
 from baton.engine.attention.metadata import page_lists
 from baton.engine.kv.pool import KVPool
 from baton.engine.models.causal_lm import CausalLM
+from baton.engine.models.gemma import GemmaDecoderLayer
 from baton.engine.models.layers import Linear
 from baton.engine.models.mlp import GatedMLP
 from baton.engine.models.moe import SparseMoE
@@ -82,6 +84,7 @@ class NativeDecodeStep:
             self._hidden[1].data_ptr(),
             self._logits.data_ptr(),
             model.norm.eps,
+            *_gemma_model_factors(config),
         )
         self._batch_rows = (ctypes.c_int32 * NATIVE_STEP_MAX_ROWS)(*range(NATIVE_STEP_MAX_ROWS))
         self._cos_table = model.rotary.cos.data_ptr()
@@ -91,11 +94,8 @@ class NativeDecodeStep:
     @staticmethod
     def supports(model: CausalLM) -> bool:
         """Every linear layer reads compact weights, every attention runs natively and every
-        MLP is a dense gated one or routed experts held as stored (Qwen2-MoE's shared expert
-        and its gate too), of Llama's layers (not Gemma's: the step has no
-        norms after attention and the MLP, no GeGLU, soft caps or local RoPE)."""
-        if model.config.gemma is not None:
-            return False
+        MLP is a dense gated one (Gemma's GeGLU too) or routed experts held as stored
+        (Qwen2-MoE's shared expert and its gate too)."""
         linears = [module for module in model.modules() if isinstance(module, Linear)]
         return all(linear.compact is not None for linear in linears) and all(
             layer.self_attn.native is not None
@@ -148,6 +148,17 @@ class NativeDecodeStep:
             attn.eps,
             attn.scale,
         )
+        if isinstance(layer, GemmaDecoderLayer):
+            # Gemma's post_attention_layernorm normalises attention's output; the MLP's input
+            # is its pre_feedforward_layernorm's (the step's post_norm).
+            args.post_norm = layer.pre_feedforward_layernorm.weight.data_ptr()
+            args.attn_out_norm = layer.post_attention_layernorm.weight.data_ptr()
+            args.mlp_out_norm = layer.post_feedforward_layernorm.weight.data_ptr()
+            args.gelu = 1
+            args.softcap = attn.softcap or 0.0
+            local = self.model.local_rotary
+            if local is not None and attn.window is not None:  # (Gemma 3's local layers)
+                args.cos_table, args.sin_table = local.cos.data_ptr(), local.sin.data_ptr()
         if sparse:  # (the experts' arrays are the block's, which the model keeps alive)
             experts = mlp.stored
             args.router = mlp.router.data_ptr()
@@ -210,3 +221,11 @@ class NativeDecodeStep:
         if status != 0:
             raise MemoryError("the native decode step ran out of memory")
         return self._logits[:rows], None if tokens is None else list(tokens)
+
+
+def _gemma_model_factors(config: ModelConfig) -> tuple[float, float]:
+    """(the embeddings' factor, the final logits' soft cap or 0): Gemma's sqrt(hidden_size) as
+    float32 rounds it (gemma.scale_embeddings) and Gemma 2's cap; 1 and 0 elsewhere."""
+    if config.gemma is None:
+        return 1.0, 0.0
+    return float(config.hidden_size**0.5), config.gemma.final_logit_softcapping or 0.0

@@ -21,11 +21,15 @@ from baton.engine.models.mlp import GatedMLP
 
 class GeluGatedMLP(GatedMLP):
     """`down(gelu_tanh(gate(x)) * up(x))` (transformers' gelu_pytorch_tanh), gate and up fused
-    into one product; in torch alone (the native activations are SwiGLU's)."""
+    into one product; float32 rows activated by the native kernel, as the native decode step
+    activates them."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """[tokens, hidden] -> [tokens, hidden]."""
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.native is not None:  # (set on float32 models only, so float32 rows)
+            return self.down_proj(self.native.gelu_tanh_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.gelu(gate, approximate="tanh").mul_(up))
 
     def add_to(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

@@ -56,6 +56,7 @@ class NativeKernels(LinearKernels):
         )
         self._silu_mul = declare(library.baton_silu_mul, None, [PTR, I64, I64, PTR, I64])
         self._silu_mul_bf16 = declare(library.baton_silu_mul_bf16, None, [PTR, I64, I64, PTR, I64])
+        self._gelu_tanh_mul = declare(library.baton_gelu_tanh_mul, None, [PTR, I64, I64, PTR])
         self._rms_norm = declare(
             library.baton_rms_norm, None, [PTR, I64, I64, PTR, ctypes.c_float, PTR]
         )
@@ -138,6 +139,15 @@ class NativeKernels(LinearKernels):
         rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
         out = torch.empty(rows, inter, dtype=torch.float32)
         self._silu_mul(gate_up.data_ptr(), rows, inter, out.data_ptr(), self.avx512)
+        return out
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """float32 [rows, 2 * inter] (gate, then up) -> gelu_tanh(gate) * up [rows, inter]
+        (Gemma's GeGLU), as the native decode step computes it."""
+        gate_up = gate_up.contiguous()
+        rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(rows, inter, dtype=torch.float32)
+        self._gelu_tanh_mul(gate_up.data_ptr(), rows, inter, out.data_ptr())
         return out
 
     def silu_mul_bf16(self, gate_up: torch.Tensor) -> torch.Tensor:

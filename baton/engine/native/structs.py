@@ -129,6 +129,15 @@ class DecoderLayerArgs(ctypes.Structure):
         ("top_k", _i64),
         ("normalize_top_k", _i64),
         ("shared_gate", _ptr),  # (its shared expert's, in gate_up and down, or NULL)
+        # A Gemma's layer (else NULL, 0): the norms of attention's and the MLP's outputs
+        # (post_norm is then the MLP input's), GeGLU for SwiGLU, the attention logits' soft cap,
+        # and this layer's RoPE tables (NULL: the step's).
+        ("attn_out_norm", _ptr),
+        ("mlp_out_norm", _ptr),
+        ("gelu", _i64),
+        ("softcap", ctypes.c_float),
+        ("cos_table", _ptr),
+        ("sin_table", _ptr),
     )
 
 
@@ -145,6 +154,9 @@ class DecodeModelArgs(ctypes.Structure):
         ("normed", _ptr),
         ("logits", _ptr),
         ("eps", ctypes.c_float),
+        # Gemma's embeddings' factor (1 elsewhere) and final logits' soft cap (0: none).
+        ("embed_scale", ctypes.c_float),
+        ("final_softcap", ctypes.c_float),
     )
 
 

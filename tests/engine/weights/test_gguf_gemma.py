@@ -5,6 +5,7 @@ holds, past the window, in chunks, with prefix hits."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,9 +22,12 @@ from baton.checkpoint.gemma_config import FULL, SLIDING
 from baton.checkpoint.gguf_config import hf_config
 from baton.checkpoint.load import load_checkpoint
 from baton.checkpoint.model_config import CheckpointError
+from baton.engine.cpu.capabilities import detect_cpu_capabilities
 from baton.engine.weights.checkpoint_tensors import iter_weights
+from baton.hardware import isa_rank
 
 VARIANTS = ("gemma2", "gemma3")
+NATIVE = isa_rank(detect_cpu_capabilities().isa) >= isa_rank("avx2") and shutil.which("cc")
 # llama.cpp scales a Gemma's attention by head_dim^-1/2 (but the 27B's): the tiny variants'
 # query_pre_attn_scalar made to fit. A few unused ids past the tokenizer's 259 give the GGUF's
 # one merge a place (gguf_export).
@@ -91,6 +95,8 @@ def test_greedy_tokens_are_transformers_on_the_files_weights(
     # F32 holds the folder's very weights; else the values the file's blocks stand for.
     reference = model_dir if tensor_type == "F32" else dequantized_twin(path, tmp_path / "twin")
     llm = LLM(str(path), dtype="float32", chunk_size=8, page_size=4)
+    if NATIVE and tensor_type != "F32":  # (decode steps whole in C: norms, GeGLU, soft caps)
+        assert llm.engine.decode_step is not None
     for prompt, output in zip(PROMPTS, llm.generate(PROMPTS, GREEDY)):
         assert len(output.token_ids) == GREEDY.max_tokens
         assert_greedy_matches_hf(reference, prompt, output.token_ids)
@@ -222,3 +228,30 @@ def test_what_llama_cpp_reads_differently_is_read_as_it_reads_it(tmp_path: Path)
     assert config["rope_parameters"][FULL]["rope_type"] == "linear"
     assert config["rope_parameters"][FULL]["factor"] == 4.0
     assert config["attn_logit_softcapping"] is None
+
+
+@pytest.mark.skipif(not NATIVE, reason="the native decode step: an AVX2 CPU and a compiler")
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_native_step_gives_the_forwards_logprobs_and_samples(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path, variant: str
+) -> None:
+    """The one-call step (post-norms, GeGLU, soft caps, Gemma 3's local RoPE, in C) against the
+    model's forward op by op (--enforce-eager): the same greedy tokens, logprobs of the
+    soft-capped logits to 1e-5, and the same seeded samples."""
+    model_dir = tiny_gemma(tiny_model_factory, variant)
+    path = export_gguf(model_dir, "float32", tmp_path / "tiny.gguf", "Q8_0")
+    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=3)
+    sampled = SamplingParams(temperature=0.9, top_p=0.9, seed=3, max_tokens=10, ignore_eos=True)
+    outputs = {}
+    for eager in (False, True):
+        llm = LLM(str(path), dtype="float32", enforce_eager=eager)
+        assert (llm.engine.decode_step is None) == eager
+        outputs[eager] = llm.generate([PROMPTS[0], PROMPTS[1]], greedy) + llm.generate(
+            [PROMPTS[1]], sampled
+        )
+    native, eager = outputs[False], outputs[True]
+    assert [o.token_ids for o in native] == [o.token_ids for o in eager]
+    for ours, theirs in zip(native[:2], eager[:2]):
+        for a, b in zip(ours.logprobs, theirs.logprobs):
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-5)
+            assert [token for token, _ in a.top] == [token for token, _ in b.top]

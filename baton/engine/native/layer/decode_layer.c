@@ -18,6 +18,7 @@
 
 void baton_silu_mul(const float *gate_up, int64_t rows, int64_t inter, float *out,
                     int64_t avx512);
+void baton_gelu_tanh_mul(const float *gate_up, int64_t rows, int64_t inter, float *out);
 void baton_rms_norm(const float *x, int64_t rows, int64_t dim, const float *weight, float eps,
                     float *out);
 
@@ -36,6 +37,13 @@ typedef struct {
     const Matrix *experts_gate, *experts_up, *experts_down;
     int64_t num_experts, top_k, normalize_top_k;
     const float *shared_gate;
+    /* A Gemma's layer (else NULL, 0): the norms of attention's output and of the MLP's (its
+     * post_norm is then the MLP input's), GeGLU for SwiGLU, the attention logits' soft cap, and
+     * this layer's RoPE tables (Gemma 3's local layers; NULL: the step's). */
+    const float *attn_out_norm, *mlp_out_norm;
+    int64_t gelu;
+    float softcap;
+    const float *cos_table, *sin_table;
 } DecoderLayer;
 
 int baton_moe_experts(const Matrix *gate, const Matrix *up, const Matrix *down,
@@ -118,6 +126,8 @@ typedef struct {
     float *hidden, *normed; /* [rows, hidden_size] each */
     float *logits;          /* [rows, vocab_size] */
     float eps;
+    float embed_scale;   /* the embeddings' factor: Gemma's sqrt(hidden_size), 1 elsewhere */
+    float final_softcap; /* Gemma 2's logits' soft cap, c tanh(logits / c); 0: none */
 } DecodeModel;
 
 typedef struct {
@@ -130,6 +140,17 @@ typedef struct {
     const float *cos_table, *sin_table;
     float *scratch; /* rows * (2 * hidden + qkv + q_size + 3 * intermediate) floats */
 } DecodeStep;
+
+/* hidden [rows, out] += m x, normalised first by `norm` where given (Gemma's norms of attention's
+ * and the MLP's outputs); scratch: [rows, out]. Returns 0, or -1 if memory ran out. */
+static int add_normed(const Matrix *m, const float *norm, float eps, const float *x, int64_t rows,
+                      float *hidden, float *scratch) {
+    if (!norm) return baton_linear_add(m, x, rows, hidden, scratch);
+    if (baton_linear(m, x, rows, scratch)) return -1;
+    baton_rms_norm(scratch, rows, m->out_features, norm, eps, scratch);
+    for (int64_t i = 0; i < rows * m->out_features; i++) hidden[i] += scratch[i];
+    return 0;
+}
 
 /* hidden [rows, hidden_size] += attention(norm(hidden)); hidden += mlp(norm(hidden)).
  * Returns 0, or -1 if memory ran out. */
@@ -153,15 +174,20 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
     }
     const int64_t v_offset = (layer->q_heads + layer->kv_heads) * head_dim;
     baton_rope_and_store(qkv, qkv_size, qkv + v_offset, qkv_size, rows, layer->q_heads,
-                         layer->kv_heads, head_dim, step->cos_table, step->sin_table,
+                         layer->kv_heads, head_dim,
+                         layer->cos_table ? layer->cos_table : step->cos_table,
+                         layer->sin_table ? layer->sin_table : step->sin_table,
                          step->positions, step->slots, layer->k_cache, layer->v_cache,
                          layer->kv_type);
     if (baton_decode_attention(qkv, qkv_size, step->batch_rows, rows, layer->k_cache,
                                layer->v_cache, step->kv_indptr, step->kv_indices, step->kv_lens,
                                layer->q_heads, layer->kv_heads, head_dim, layer->page_size,
-                               layer->scale, 0.0f, layer->window, layer->kv_type, attended))
+                               layer->scale, layer->softcap, layer->window, layer->kv_type,
+                               attended))
         return -1;
-    if (baton_linear_add(&layer->o, attended, rows, hidden, projected)) return -1;
+    if (add_normed(&layer->o, layer->attn_out_norm, layer->eps, attended, rows, hidden,
+                   projected))
+        return -1;
 
     baton_rms_norm(hidden, rows, hidden_size, layer->post_norm, layer->eps, normed);
     if (layer->router) {
@@ -172,9 +198,21 @@ static int decode_layer(const DecoderLayer *layer, const DecodeStep *step, float
         return 0;
     }
     if (baton_linear(&layer->gate_up, normed, rows, gate_up)) return -1;
-    baton_silu_mul(gate_up, rows, inter, activated, layer->gate_up.avx512);
-    if (baton_linear_add(&layer->down, activated, rows, hidden, projected)) return -1;
-    return 0;
+    if (layer->gelu)
+        baton_gelu_tanh_mul(gate_up, rows, inter, activated);
+    else
+        baton_silu_mul(gate_up, rows, inter, activated, layer->gate_up.avx512);
+    return add_normed(&layer->down, layer->mlp_out_norm, layer->eps, activated, rows, hidden,
+                      projected);
+}
+
+/* x = cap * tanh(x / cap), in place (Gemma 2's final logits, as CausalLM.logits caps them). */
+static void soft_cap(float *x, int64_t count, float cap) {
+    const __m256 scale = _mm256_set1_ps(cap);
+    int64_t i = 0;
+    for (; i + 8 <= count; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(scale, tanh8(_mm256_div_ps(_mm256_loadu_ps(x + i), scale))));
+    for (; i < count; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 
 typedef struct {
@@ -211,11 +249,14 @@ int baton_decode_step(const DecoderLayer *layers, int64_t num_layers, const Deco
                    model->embeddings + step->input_ids[r] * hidden_size,
                    sizeof(float) * hidden_size);
     }
+    if (model->embed_scale != 1.0f)
+        for (int64_t i = 0; i < rows * hidden_size; i++) model->hidden[i] *= model->embed_scale;
     for (int64_t i = 0; i < num_layers; i++)
         if (decode_layer(&layers[i], step, model->hidden)) return -2;
     baton_rms_norm(model->hidden, rows, hidden_size, model->final_norm, model->eps,
                    model->normed);
     if (baton_linear(&model->lm_head, model->normed, rows, model->logits)) return -2;
+    if (model->final_softcap > 0.0f) soft_cap(model->logits, rows * vocab_size, model->final_softcap);
     if (step->tokens && step->sampling) {
         baton_sample_rows(model->logits, rows, vocab_size, step->sampling, step->tokens);
     } else if (step->tokens) {

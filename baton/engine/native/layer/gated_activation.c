@@ -1,4 +1,5 @@
-/* The gated MLP's activation, silu(gate) * up, over rows of [gate | up] (AVX2 + FMA).
+/* The gated MLP's activation, silu(gate) * up (gelu_tanh(gate) * up for Gemma's GeGLU), over
+ * rows of [gate | up] (AVX2 + FMA).
  *
  * One float32 formula for every path: the native decode step's float32 rows, and a prefill's
  * bf16 GEMM rows (ComputePlan.gemm_dtype), which stay bf16 from the gate/up product to the
@@ -114,4 +115,29 @@ void baton_silu_mul_bf16(const uint16_t *gate_up, int64_t rows, int64_t inter, u
     const ActivationLoop loop = {gate_up, out, inter, (inter + SLICE - 1) / SLICE};
     baton_parallel(avx512 ? silu_mul16_bf16_task : silu_mul_bf16_task, &loop,
                    rows * loop.slices);
+}
+
+static inline float gelu_tanh_mul_scalar(float gate, float up) {
+    const float t = 1.5957691216f * (gate + 0.044715f * gate * gate * gate);
+    return gate / (1.0f + expf(-t)) * up;
+}
+
+static void gelu_tanh_mul_task(const void *arg, int64_t task) {
+    const ActivationLoop *a = arg;
+    int64_t begin, end;
+    const int64_t r = slice_of(a, task, &begin, &end);
+    const float *gate = (const float *)a->gate_up + r * 2 * a->inter, *up = gate + a->inter;
+    float *act = (float *)a->out + r * a->inter;
+    int64_t i = begin;
+    for (; i + 8 <= end; i += 8)
+        _mm256_storeu_ps(act + i, _mm256_mul_ps(gelu_tanh8(_mm256_loadu_ps(gate + i)),
+                                                _mm256_loadu_ps(up + i)));
+    for (; i < end; i++) act[i] = gelu_tanh_mul_scalar(gate[i], up[i]);
+}
+
+/* out [rows, inter] = gelu_tanh(gate) * up, gate_up [rows, 2 * inter] float32 (Gemma's GeGLU:
+ * the model's forward and the native decode step alike). */
+void baton_gelu_tanh_mul(const float *gate_up, int64_t rows, int64_t inter, float *out) {
+    const ActivationLoop loop = {gate_up, out, inter, (inter + SLICE - 1) / SLICE};
+    baton_parallel(gelu_tanh_mul_task, &loop, rows * loop.slices);
 }

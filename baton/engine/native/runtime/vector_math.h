@@ -54,14 +54,31 @@ static inline __m256 exp_nonpositive(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
 }
 
-/* silu(x) = x / (1 + e^-x) for 8 floats, through e^-|x| (never overflows). */
-static inline __m256 silu8(__m256 x) {
-    __m256 abs_x = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
-    __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_setzero_ps(), abs_x));
-    __m256 one = _mm256_set1_ps(1.0f);
-    /* sigmoid(x) = 1 / (1 + e) for x >= 0, e / (1 + e) below. */
-    __m256 numerator = _mm256_blendv_ps(one, e, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
-    return _mm256_mul_ps(x, _mm256_div_ps(numerator, _mm256_add_ps(one, e)));
+/* sigmoid(t) for 8 floats, through e^-|t|: 1 / (1 + e) for t >= 0, e / (1 + e) below. */
+static inline __m256 sigmoid8(__m256 t) {
+    const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_setzero_ps(),
+                                                   _mm256_andnot_ps(_mm256_set1_ps(-0.0f), t)));
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 numerator =
+        _mm256_blendv_ps(one, e, _mm256_cmp_ps(t, _mm256_setzero_ps(), _CMP_LT_OQ));
+    return _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+}
+
+/* silu(x) = x / (1 + e^-x) = x sigmoid(x) for 8 floats (never overflows). */
+static inline __m256 silu8(__m256 x) { return _mm256_mul_ps(x, sigmoid8(x)); }
+
+/* gelu with tanh's approximation (transformers' gelu_pytorch_tanh, Gemma's) for 8 floats:
+ * 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2 / pi) (x + 0.044715 x^3). */
+static inline __m256 gelu_tanh8(__m256 x) {
+    const __m256 cubic = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    const __m256 inner = _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), cubic, x);
+    return _mm256_mul_ps(x, sigmoid8(_mm256_mul_ps(_mm256_set1_ps(1.5957691216f), inner)));
+}
+
+/* tanh for 8 floats: 2 sigmoid(2x) - 1 (within about 1e-7 absolute, where tanh is near 0). */
+static inline __m256 tanh8(__m256 x) {
+    const __m256 s = sigmoid8(_mm256_add_ps(x, x));
+    return _mm256_fmsub_ps(_mm256_set1_ps(2.0f), s, _mm256_set1_ps(1.0f));
 }
 
 /* bf16 <-> float32, rounding as torch rounds: to nearest even, a NaN to the quiet NaN. */
