@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 from helpers import hf_greedy_generate
-from helpers.native_cache import use_private_cache
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
@@ -27,14 +26,6 @@ from baton.engine.weights.gguf_names import (
     permuted_heads,
     unpermute_rows,
 )
-
-
-@pytest.fixture(autouse=True)
-def private_cache(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Converted metadata goes to a cache of the test's own, not the user's."""
-    use_private_cache(tmp_path_factory, monkeypatch)
 
 
 def _tiny(factory: Callable[..., Path], variant: str) -> Path:

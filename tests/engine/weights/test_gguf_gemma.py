@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from helpers import assert_greedy_matches_hf
 from helpers.gguf_twins import dequantized_twin
-from helpers.native_cache import use_private_cache
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
@@ -35,14 +34,6 @@ FITS_LLAMA_CPP = {"query_pre_attn_scalar": 32, "vocab_size": 300}
 # Past the windows (16 and 8), the second within one chunk.
 PROMPTS = [[(7 * j + 3) % 250 for j in range(45)], [(5 * j + 1) % 250 for j in range(11)]]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-
-
-@pytest.fixture(autouse=True)
-def private_cache(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Converted GGUF metadata goes to a cache of the tests' own (helpers.native_cache)."""
-    use_private_cache(tmp_path_factory, monkeypatch)
 
 
 def tiny_gemma(factory: Callable[..., Path], variant: str) -> Path:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from helpers import assert_greedy_matches_hf
 from helpers.gguf_twins import dequantized_twin
-from helpers.native_cache import use_private_cache
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
@@ -35,14 +34,6 @@ VARIANTS = {
     "mixtral": {"intermediate_size": 64},
 }
 PROMPTS = [[(7 * j + 3) % 250 for j in range(30)], [(5 * j + 1) % 250 for j in range(9)]]
-
-
-@pytest.fixture(autouse=True)
-def private_cache(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Converted GGUF metadata goes to a cache of the tests' own (helpers.native_cache)."""
-    use_private_cache(tmp_path_factory, monkeypatch)
 
 
 def tiny_moe(factory: Callable[..., Path], variant: str) -> Path:

@@ -13,7 +13,6 @@ import pytest
 import torch
 from helpers import assert_greedy_matches_hf
 from helpers.gguf_twins import dequantized_twin
-from helpers.native_cache import use_private_cache
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
@@ -26,14 +25,6 @@ from baton.engine.weights.gguf_names import hf_tensor_names
 VOCAB = {"vocab_size": 300}
 PROMPTS = [[(7 * j + 3) % 250 for j in range(30)], [(5 * j + 1) % 250 for j in range(9)]]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-
-
-@pytest.fixture(autouse=True)
-def private_cache(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Converted GGUF metadata goes to a cache of the tests' own (helpers.native_cache)."""
-    use_private_cache(tmp_path_factory, monkeypatch)
 
 
 def test_the_fused_tensors_are_stored_fused_and_loaded_cut(

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.native_cache import use_private_cache
 
 from baton import LLM, SamplingParams
 from baton.bench.gguf_export import export_gguf
@@ -38,14 +37,6 @@ pytestmark = pytest.mark.skipif(
     isa_rank(detect_cpu_capabilities().isa) < isa_rank("avx2") or shutil.which("cc") is None,
     reason="a GGUF is held as stored by the native kernels: an AVX2 CPU and a C compiler",
 )
-
-
-@pytest.fixture(autouse=True)
-def private_cache(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Converted GGUF metadata goes to a cache of the tests' own (helpers.native_cache)."""
-    use_private_cache(tmp_path_factory, monkeypatch)
 
 
 def stored_formats(linear: Linear) -> list[str]:
