@@ -86,6 +86,11 @@ class ComputePlan(msgspec.Struct, frozen=True, kw_only=True):
     # GGUF's blocks' integers, scaled per block, from 5-9 rows, prefill chunks included, in float32
     # precision (native/linear/amx_blocks.c).
     amx_tiles: bool = False
+    # On AVX512_BF16 CPUs without AMX (AMD Zen 4 and Zen 5), a bf16 checkpoint's compact weights
+    # are held once more in the same tile order, and batches of 2 rows or more multiply them
+    # with VDPBF16PS (native/linear/bf16_dot_gemm.c), prefill chunks included, in place of
+    # oneDNN's bf16 GEMMs: the rows rounded to bf16 as those GEMMs round them.
+    bf16_dot_tiles: bool = False
 
     def summary(self) -> str:
         """One line for logs and reports."""
@@ -93,4 +98,5 @@ class ComputePlan(msgspec.Struct, frozen=True, kw_only=True):
         packed = ", packed weights" if self.pack_weights else ""
         compact = ", small batches read the stored weights" if self.compact_small_batches else ""
         amx = " (batches of several rows in AMX tiles)" if self.amx_tiles else ""
-        return f"{self.dtype}{gemms}{packed}{compact}{amx}, because {self.reason}"
+        dot = " (batches of several rows in bf16 dot products)" if self.bf16_dot_tiles else ""
+        return f"{self.dtype}{gemms}{packed}{compact}{amx}{dot}, because {self.reason}"

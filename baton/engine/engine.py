@@ -194,6 +194,13 @@ class Engine(BatchRunner):
             elif self.plan.amx_tiles:
                 tiled = self.model.tile_compact_weights(native)
                 logger.info("%d linear layers multiply batches of several rows in AMX tiles", tiled)
+            elif self.plan.bf16_dot_tiles and native.bf16_dot:
+                tiled = self.model.tile_compact_weights(native)
+                logger.info(
+                    "%d linear layers multiply batches of several rows in bf16 dot products "
+                    "(AVX512_BF16)",
+                    tiled,
+                )
             if native.avx512:
                 panelled = self.model.panel_compact_weights(native)
                 logger.info("%d linear layers multiply small batches in panels", panelled)
@@ -220,7 +227,7 @@ class Engine(BatchRunner):
             self.device,
             native=attention_kernels,
             prefill_dtype=self.gemm_dtype,
-            amx_prefill=tiled > 0,
+            amx_prefill=tiled > 0 and native.amx,
         )
         # Neither a CUDA graph nor the native step (one C call from the embedding to the logits)
         # can stop mid-layer for the ranks' sums or at a stage's end: with several ranks every
@@ -258,8 +265,8 @@ class Engine(BatchRunner):
         if single and self.plan.gemm_dtype is not None and not tiled:  # (only native plans)
             # bf16 GEMMs in hardware overtake the compact weights at a number of rows that
             # depends on the machine and the model's shapes: measured (native step or op by op,
-            # whichever serves), not assumed. (On AMX the tiles take every batch of 2 rows or
-            # more, and no GEMM weights are left to time.)
+            # whichever serves), not assumed. (With bf16 tiles, on AMX or AVX512_BF16, the
+            # tiles take every batch of 2 rows or more, and no GEMM weights are left to time.)
             logger.info("timing decode steps from the stored weights against bf16 GEMMs")
             largest = min(
                 config.max_running_requests, self.num_pages * self.page_size, COMPACT_MAX_ROWS

@@ -56,6 +56,7 @@ def choose_compute_plan(
                 pack_weights=True,
                 compact_small_batches=True,
                 amx_tiles=caps.isa == "amx",
+                bf16_dot_tiles=caps.isa == "avx512_bf16",
                 reason=(
                     f"{checkpoint_dtype} checkpoint, native bf16 ({caps.isa}): decode steps of a "
                     "few rows read the stored weights in the native step, larger batches "

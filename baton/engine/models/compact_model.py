@@ -104,9 +104,11 @@ class CompactWeights:
 
     def tile_compact_weights(self, native: NativeKernels) -> int:
         """Give linear layers' compact weights their tile-ordered copy, which every batch of
-        several rows multiplies on AMX (`native.amx`); returns how many got one. Where the GEMMs
-        round their rows to bf16 (`gemm_dtype`), bf16 weights get tiles, whose products round
-        the rows the same way; else only block formats, whose tiles keep float32 precision.
+        several rows multiplies on the bf16 hardware (AMX, or AVX512_BF16's dot products for
+        bf16 weights: `native.bf16_tiles`); returns how many got one. Where the GEMMs round
+        their rows to bf16 (`gemm_dtype`), bf16 weights get tiles, whose products round the
+        rows the same way; else only block formats (AMX only), whose tiles keep float32
+        precision.
         The tiled layers' GEMM weights are freed: no batch reaches their GEMMs."""
         tiled = 0
         tileable = ("bf16",) if self.gemm_dtype == torch.bfloat16 else BLOCK_FORMATS

@@ -61,7 +61,7 @@ FORMATS = {
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
 # The format of a fused weight whose parts are stored in different formats (CompactWeight.parts).
 PARTS = "parts"
-# The fewest rows a bf16 weight's tiles multiply (linear.c's AMX_MIN_ROWS): one row keeps
+# The fewest rows a bf16 weight's tiles multiply (linear.c's TILES_MIN_ROWS): one row keeps
 # the compact kernel's exact float32 products at the same bytes read.
 TILES_MIN_ROWS = 2
 _TORCH_FORMATS = {torch.bfloat16: "bf16", torch.float16: "f16"}

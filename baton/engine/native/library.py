@@ -49,8 +49,10 @@ class NativeKernels(LinearKernels):
     attention's and sampling's. `avx512`: the compact kernel and the MLP activation compute 16
     floats a vector (the CPU has AVX-512 and the plan allows it)."""
 
-    def __init__(self, library: ctypes.CDLL, avx512: bool) -> None:
-        super().__init__(library, avx512)
+    def __init__(
+        self, library: ctypes.CDLL, avx512: bool, amx: bool = True, bf16_dot: bool = True
+    ) -> None:
+        super().__init__(library, avx512, amx, bf16_dot)
         self._rope = declare(
             library.baton_rope_and_store, None, [PTR, I64, PTR, I64, *[I64] * 4, *[PTR] * 6, I64]
         )
@@ -299,13 +301,17 @@ class NativeKernels(LinearKernels):
         return out
 
 
-def load_native_kernels(cache_root: Path | None = None, avx512: bool = False) -> NativeKernels:
+def load_native_kernels(
+    cache_root: Path | None = None, avx512: bool = False, amx: bool = True, bf16_dot: bool = True
+) -> NativeKernels:
     """The kernels, compiled on first use; NativeBuildError where that is impossible here.
     `avx512`: the compact kernel may use AVX-512 (the engine says so where its plan's ISA has
-    it); else it keeps 8 floats a vector, which every AVX2 CPU runs."""
+    it); else it keeps 8 floats a vector, which every AVX2 CPU runs. `amx`, `bf16_dot`: AMX's
+    tiles and AVX512_BF16's dot products may multiply bf16 tiles where the CPU has them (the
+    engine allows each where its plan's ISA reaches it)."""
     library = build_library(cache_root or native_cache_root())
     try:
-        return NativeKernels(ctypes.CDLL(str(library)), avx512)
+        return NativeKernels(ctypes.CDLL(str(library)), avx512, amx, bf16_dot)
     except OSError as error:
         raise NativeBuildError(f"cannot load {library}: {error}") from error
 
@@ -316,7 +322,11 @@ def native_kernels_for(isa: str) -> NativeKernels | None:
     if isa_rank(isa) < isa_rank("avx2"):
         return None
     try:
-        return load_native_kernels(avx512=isa_rank(isa) >= isa_rank("avx512"))
+        return load_native_kernels(
+            avx512=isa_rank(isa) >= isa_rank("avx512"),
+            amx=isa == "amx",
+            bf16_dot=isa_rank(isa) >= isa_rank("avx512_bf16"),
+        )
     except NativeBuildError as error:
         logger.warning("computing with torch alone: no native kernels here: %s", error)
         return None

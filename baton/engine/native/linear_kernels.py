@@ -1,6 +1,7 @@
 """The native kernels that multiply linear layers' weights (compact_gemv.c, amx_gemm.c,
-amx_blocks.c) as torch-facing functions: the products, the tile-ordered copies they read on AMX,
-and dequantization. `library.NativeKernels` extends them with the rest of the library."""
+bf16_dot_gemm.c, amx_blocks.c) as torch-facing functions: the products, the tile-ordered copies
+they read on the bf16 hardware, and dequantization. `library.NativeKernels` extends them with
+the rest of the library."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ I64, PTR = ctypes.c_int64, ctypes.c_void_p
 # layers; with 4 MB slabs its 1024-token prefill ran 20-30 % slower than from float32 weights).
 SLAB_BYTES = 16 << 20
 SLAB_MIN_FEATURES = 64
-# linear.h's epilogues of baton_amx_gemm.
+# linear.h's epilogues of a bf16 tiles product.
 _EPILOGUE_STORE, _EPILOGUE_SILU_MUL, _EPILOGUE_ADD = 0, 1, 2
 
 
@@ -34,10 +35,14 @@ def declare(function: Any, restype: Any, argtypes: list[Any]) -> Any:
 
 
 class LinearKernels:
-    """Linear layers' products from their compact weights (and, on AMX, tiles). `avx512`: the
-    compact kernel computes 16 floats a vector (the CPU has AVX-512 and the plan allows it)."""
+    """Linear layers' products from their compact weights (and, on the bf16 hardware, tiles).
+    `avx512`: the compact kernel computes 16 floats a vector (the CPU has AVX-512 and the plan
+    allows it); `amx`, `bf16_dot`: the plan allows AMX's tiles, AVX512_BF16's dot products,
+    each used where the CPU has it."""
 
-    def __init__(self, library: ctypes.CDLL, avx512: bool) -> None:
+    def __init__(
+        self, library: ctypes.CDLL, avx512: bool, amx: bool = True, bf16_dot: bool = True
+    ) -> None:
         self.avx512 = avx512
         # Argument types as the C signatures declare them (see the .c files).
         self._dequantize = declare(
@@ -55,10 +60,10 @@ class LinearKernels:
             library.baton_linear_add, ctypes.c_int, [ctypes.POINTER(Matrix), PTR, I64, PTR, PTR]
         )
         self._tiles_bytes = declare(library.baton_bf16_tiles_bytes, I64, [I64, I64])
-        self._amx_gemm = declare(
-            library.baton_amx_gemm,
+        self._tiles_gemm = declare(
+            library.baton_bf16_tiles_gemm,
             ctypes.c_int,
-            [PTR, PTR, I64, I64, PTR, I64, PTR, I64, PTR],
+            [I64, PTR, PTR, I64, I64, PTR, I64, PTR, I64, PTR],
         )
         self._pack_tiles = declare(library.baton_pack_bf16_tiles, None, [PTR, I64, I64, I64, PTR])
         self._block_tiles_bytes = declare(
@@ -77,7 +82,16 @@ class LinearKernels:
         )
         # Whether this CPU multiplies tiles (AMX-BF16) and Linux let this process use them:
         # asked once, before any thread runs a tile instruction.
-        self.amx = bool(declare(library.baton_amx_enable, ctypes.c_int, [])())
+        self.amx = amx and bool(declare(library.baton_amx_enable, ctypes.c_int, [])())
+        # Whether bf16 tiles can be multiplied with AVX512_BF16's dot products (bf16_dot_gemm.c):
+        # every AMX CPU can too, and AMD's Zen 4 and Zen 5, which have no AMX.
+        supported = declare(library.baton_bf16_dot_supported, ctypes.c_int, [])
+        self.bf16_dot = bf16_dot and bool(supported())
+
+    @property
+    def bf16_tiles(self) -> bool:
+        """A bf16 weight's tiles can be multiplied here: on AMX, else with AVX512_BF16."""
+        return self.amx or self.bf16_dot
 
     def gemv(
         self, x: torch.Tensor, weight: CompactWeight, bias: torch.Tensor | None
@@ -134,7 +148,8 @@ class LinearKernels:
         gated: bool = False,
         into: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`x @ W^T (+ bias)` from a bf16 weight's tiles (amx_gemm.c), float32 [rows,
+        """`x @ W^T (+ bias)` from a bf16 weight's tiles (on AMX, amx_gemm.c, else with
+        AVX512_BF16, bf16_dot_gemm.c), float32 [rows,
         out_features]; x float32 (rounded to bf16 there) or bf16 (in_features then a multiple
         of 32). `gated`: W is a gated MLP's [gate | up] (out_features a multiple of 32), and the
         result its activation, bf16(silu(gate) * up) [rows, out_features / 2]. `into`: the
@@ -158,7 +173,8 @@ class LinearKernels:
         x_float, x_bf16 = (
             (None, x.data_ptr()) if x.dtype == torch.bfloat16 else (x.data_ptr(), None)
         )
-        status = self._amx_gemm(
+        status = self._tiles_gemm(
+            int(self.amx),
             x_float,
             x_bf16,
             rows,
@@ -170,7 +186,7 @@ class LinearKernels:
             y.data_ptr(),
         )
         if status == -2:
-            raise MemoryError("the AMX product could not allocate its bf16 rows")
+            raise MemoryError("the tiles product could not allocate its bf16 rows")
         if status:
             raise ValueError(
                 f"no tile product of {x.dtype} rows [{rows}, {x.shape[1]}] by {n} features"
@@ -179,12 +195,15 @@ class LinearKernels:
 
     def matrix(self, weight: CompactWeight, bias: torch.Tensor | None) -> Matrix:
         """`weight` and `bias` as the C kernels read them (the caller keeps both alive)."""
-        return Matrix.of(weight, bias, self.avx512)
+        return Matrix.of(weight, bias, self.avx512, self.amx)
 
     def with_tiles(self, weight: CompactWeight) -> CompactWeight:
-        """The weight with its tile-ordered copy, for AMX CPUs (`self.amx`): a bf16 weight's
-        (amx_gemm.c) or a block format's integers and scales as records (amx_block_records.h)."""
+        """The weight with its tile-ordered copy: a bf16 weight's (bf16_tiles.c), where
+        `self.bf16_tiles`, or on AMX (`self.amx`) a block format's integers and scales as
+        records (amx_block_records.h)."""
         if weight.format == "bf16":
+            if not self.bf16_tiles:
+                raise ValueError("bf16 tiles are multiplied on AMX or with AVX512_BF16 only")
             n, k = weight.out_features, weight.in_features
             data = weight.data.contiguous()
             tiles = torch.empty(self._tiles_bytes(n, k) // 2, dtype=torch.int16)
@@ -192,6 +211,8 @@ class LinearKernels:
             return replace(weight, tiles=tiles)
         if weight.format not in BLOCK_FORMATS:
             raise ValueError(f"{weight.format} weights are not multiplied in tiles")
+        if not self.amx:
+            raise ValueError("block tiles are multiplied on AMX only")
         tiles = self._repack_blocks(weight, self._block_tiles_bytes, self._pack_block_tiles)
         return replace(weight, tiles=tiles)
 

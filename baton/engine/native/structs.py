@@ -16,8 +16,8 @@ PARTS_KERNEL_ID = 100
 
 
 class Matrix(ctypes.Structure):
-    """A compact weight, its bias, its tile-ordered copy and its panels, and the compact
-    kernel's vector width, as linear.h declares them."""
+    """A compact weight, its bias, its tile-ordered copy and its panels, the compact kernel's
+    vector width and the unit that multiplies bf16 tiles, as linear.h declares them."""
 
     _fields_ = (
         ("format", _i64),
@@ -29,20 +29,22 @@ class Matrix(ctypes.Structure):
         ("tiles", _ptr),
         ("panels", _ptr),
         ("avx512", _i64),
+        ("amx", _i64),
         ("parts", _ptr),
         ("num_parts", _i64),
     )
 
     @staticmethod
-    def of(weight: CompactWeight, bias: torch.Tensor | None, avx512: bool) -> Matrix:
+    def of(weight: CompactWeight, bias: torch.Tensor | None, avx512: bool, amx: bool) -> Matrix:
         """Pointers into `weight` and `bias`: the caller keeps both alive. `avx512`: the compact
-        kernel may use AVX-512 (NativeKernels.avx512). A PARTS weight's parts are an array
-        this Matrix keeps alive, each with its rows of the bias."""
+        kernel may use AVX-512 (NativeKernels.avx512); `amx`: bf16 tiles are multiplied on AMX,
+        else with AVX512_BF16 (NativeKernels.amx). A PARTS weight's parts are an array this
+        Matrix keeps alive, each with its rows of the bias."""
         if weight.parts:
             parts, first = [], 0
             for part in weight.parts:
                 rows = None if bias is None else bias[first : first + part.out_features]
-                parts.append(Matrix.of(part, rows, avx512))
+                parts.append(Matrix.of(part, rows, avx512, amx))
                 first += part.out_features
             array = (Matrix * len(parts))(*parts)
             matrix = Matrix(
@@ -55,6 +57,7 @@ class Matrix(ctypes.Structure):
                 None,
                 None,
                 int(avx512),
+                int(amx),
                 ctypes.addressof(array),
                 len(parts),
             )
@@ -70,6 +73,7 @@ class Matrix(ctypes.Structure):
             None if weight.tiles is None else weight.tiles.data_ptr(),
             None if weight.panels is None else weight.panels.data_ptr(),
             int(avx512),
+            int(amx),
             None,
             0,
         )
@@ -93,7 +97,8 @@ class ExpertMatrices:
         self.weights = (tuple(gate), tuple(up), tuple(down))
         # (The Matrix objects too: a PARTS one keeps its parts' array alive, which the arrays'
         # copies of its fields point to.)
-        self.matrices = [[Matrix.of(w, None, avx512) for w in ws] for ws in self.weights]
+        # (Experts hold no tiles: which unit would multiply them does not arise.)
+        self.matrices = [[Matrix.of(w, None, avx512, False) for w in ws] for ws in self.weights]
         self.gate, self.up, self.down = (
             (Matrix * self.num_experts)(*matrices) for matrices in self.matrices
         )

@@ -257,12 +257,18 @@ def test_native_bf16_with_the_native_kernels_computes_float32_with_bf16_gemms(
     assert plan.pack_weights and plan.compact_small_batches
     assert caps.isa in plan.reason and checkpoint_dtype in plan.reason
     assert plan.summary().startswith("float32 with bfloat16 GEMMs, packed weights")
-    # Only AMX multiplies decode batches of 2+ rows in tiles; capped below it, none does.
+    # Batches of 2+ rows multiply tiles: on AMX in the tile unit, on AVX512_BF16 without AMX
+    # (Zen 4 and 5, or a cap below AMX) with its dot products; below AVX512_BF16, none.
     assert plan.amx_tiles == (caps.isa == "amx")
+    assert plan.bf16_dot_tiles == (caps.isa == "avx512_bf16")
     assert ("AMX tiles" in plan.summary()) == plan.amx_tiles
+    assert ("bf16 dot products" in plan.summary()) == plan.bf16_dot_tiles
     capped = replace(caps, isa="avx512_bf16", limited_by="--max-cpu-isa")
     plan = choose_compute_plan("auto", checkpoint_dtype, "cpu", capped, stored_compactly=True)
-    assert plan.compact_small_batches and not plan.amx_tiles
+    assert plan.compact_small_batches and not plan.amx_tiles and plan.bf16_dot_tiles
+    below = replace(caps, isa="avx512", limited_by="--max-cpu-isa")
+    plan = choose_compute_plan("auto", checkpoint_dtype, "cpu", below, stored_compactly=True)
+    assert not plan.amx_tiles and not plan.bf16_dot_tiles
     # Without the native kernels (no C compiler) the whole model computes in bf16, as it did.
     alone = choose_compute_plan("auto", checkpoint_dtype, "cpu", caps)
     assert (alone.dtype, alone.gemm_dtype) == ("bfloat16", None)

@@ -17,18 +17,17 @@
  * product's epilogue writes float32 with its bias, or for the gated MLP the activation itself
  * (silu(gate) * up in bf16: the down product's rows), from the tile registers.
  *
- * Tile order: the weight [n, k] is cut into 16 x 32 blocks (n padded with zero rows to a
- * multiple of 32, k with zero columns to a multiple of 32); the blocks of 16 output features
- * lie together, k-blocks in order, each block as the tile unit's B operand wants it: 16 rows of
- * pairs, row p holding (w[n][2p], w[n][2p + 1]) for n = 0..15.
+ * The weights are in tile order (bf16_tiles.c), each 16 x 32 block as the tile unit's B operand
+ * wants it.
  */
 #include <immintrin.h>
 #include <stdint.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "runtime/amx_tiles.h"
 #include "linear.h"
+#include "runtime/amx_tiles.h"
+#include "runtime/bf16_rows.h"
 #include "runtime/thread_buffer.h"
 #include "runtime/thread_pool.h"
 #include "runtime/vector_math512.h"
@@ -48,45 +47,6 @@ int baton_amx_enable(void) {
     __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(1));
     if (!((eax >> 5) & 1)) return 0; /* AVX512_BF16 */
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-}
-
-/* Bytes of `baton_pack_bf16_tiles`' output for an [n_dim, k_dim] weight. */
-int64_t baton_bf16_tiles_bytes(int64_t n_dim, int64_t k_dim) {
-    return round_up(n_dim, 2 * TILE_N) * round_up(k_dim, TILE_K) * 2;
-}
-
-/* out = the bf16 weight w [n_dim, k_dim] (rows `row_bytes` apart) in tile order (above). */
-void baton_pack_bf16_tiles(const uint8_t *w, int64_t n_dim, int64_t k_dim, int64_t row_bytes,
-                           uint16_t *out) {
-    const int64_t n_pad = round_up(n_dim, 2 * TILE_N), k_blocks = round_up(k_dim, TILE_K) / TILE_K;
-#pragma omp parallel for schedule(static)
-    for (int64_t nb = 0; nb < n_pad / TILE_N; nb++)
-        for (int64_t kb = 0; kb < k_blocks; kb++) {
-            uint16_t *tile = out + (nb * k_blocks + kb) * (TILE_BYTES / 2);
-            for (int64_t i = 0; i < TILE_N; i++)
-                for (int64_t j = 0; j < TILE_K; j++) {
-                    const int64_t n = nb * TILE_N + i, k = kb * TILE_K + j;
-                    tile[tile_offset(i, j)] =
-                        n < n_dim && k < k_dim ? ((const uint16_t *)(w + n * row_bytes))[k] : 0;
-                }
-        }
-}
-
-/* Float32 rows to bf16, into `k_pad`-wide rows whose tail past k_dim is zero. AMX CPUs round in
- * one instruction (AVX512_BF16, which baton_amx_enable requires): to nearest even, as torch
- * rounds, subnormals flushed to zero, as the tile unit takes its inputs anyway. */
-AMX_TARGET static void rows_to_bf16(const float *x, int64_t rows, int64_t k_dim, int64_t k_pad,
-                                    uint16_t *out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *src = x + r * k_dim;
-        uint16_t *dst = out + r * k_pad;
-        for (int64_t i = 0; i < k_pad; i += 16) {
-            const int64_t left = k_dim - i;
-            const __mmask16 mask = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-            _mm256_storeu_si256((__m256i *)(dst + i),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, src + i)));
-        }
-    }
 }
 
 /* Rows of A one chunk multiplies, in bf16 bytes: a group stays in the core's 2 MB L2 while
@@ -228,19 +188,6 @@ AMX_TARGET static void amx_chunk(const void *arg, int64_t chunk) {
     _tile_release();
 }
 
-typedef struct {
-    const float *x;
-    uint16_t *out;
-    int64_t rows, k_dim, k_pad;
-} NarrowLoop;
-
-AMX_TARGET static void narrow_rows_task(const void *arg, int64_t task) {
-    const NarrowLoop *n = arg;
-    const int64_t first = task * AMX_BLOCK_ROWS;
-    const int64_t rows = n->rows - first < AMX_BLOCK_ROWS ? n->rows - first : AMX_BLOCK_ROWS;
-    rows_to_bf16(n->x + first * n->k_dim, rows, n->k_dim, n->k_pad, n->out + first * n->k_pad);
-}
-
 /* y = x @ W^T (+ bias) through `epilogue` (amx_chunk), W in tile order; rows >= 1, AMX enabled
  * (baton_amx_enable). x: float32 rows [rows, k_dim], rounded to bf16 here; or x_bf16 (x NULL):
  * bf16 rows already, k_dim a multiple of TILE_K. Returns 0, -2 if memory ran out, -3 for what
@@ -256,11 +203,8 @@ AMX_TARGET int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t ro
     if (!x_bf16) {
         /* The rows in bf16, in a buffer each calling thread keeps (and grows) from call to call. */
         static __thread ThreadBuffer rows_buffer;
-        uint16_t *buffer = thread_buffer(&rows_buffer, rows * k_pad * 2);
-        if (!buffer) return -2;
-        const NarrowLoop narrow = {x, buffer, rows, k_dim, k_pad};
-        baton_parallel(narrow_rows_task, &narrow, (rows + AMX_BLOCK_ROWS - 1) / AMX_BLOCK_ROWS);
-        x_bf16 = buffer;
+        x_bf16 = bf16_rows_parallel(&rows_buffer, x, rows, k_dim, k_pad);
+        if (!x_bf16) return -2;
     }
     const int64_t fitting = GROUP_BYTES / (k_pad * 2) / AMX_BLOCK_ROWS * AMX_BLOCK_ROWS;
     const int64_t group_rows = fitting > AMX_BLOCK_ROWS ? fitting : AMX_BLOCK_ROWS;

@@ -1,6 +1,7 @@
-/* Which kernel multiplies a linear layer's batch (linear.h's baton_linear): AMX tiles, block
- * panels or the compact kernel, by the weight's copies and the batch's rows. The native decode
- * step and Linear.forward both come here, so both multiply a batch the same way.
+/* Which kernel multiplies a linear layer's batch (linear.h's baton_linear): bf16 tiles (AMX or
+ * AVX512_BF16), AMX block tiles, block panels or the compact kernel, by the weight's copies and
+ * the batch's rows. The native decode step and Linear.forward both come here, so both multiply
+ * a batch the same way.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -9,15 +10,15 @@
 #include "linear.h"
 #include "runtime/thread_buffer.h"
 
-/* Rows from which a layer with tile-ordered weights multiplies them on AMX rather than reading
- * its compact weights. bf16 tiles: from 2 rows, at any number (prefill chunks too); one row
- * stays on the compact kernel, which keeps exact float32 arithmetic, as transformers'
- * float32 reference computes it, at the same bytes read. Block formats' tiles widen their
- * integers to bf16 in the kernel, at the same cost for 1 or 16 rows of a group, so they pay
- * from a few rows, and then at any number. On the AMX Xeon (2 threads), compact against tiles:
+/* Rows from which a layer with tile-ordered weights multiplies them on the bf16 hardware rather
+ * than reading its compact weights. bf16 tiles (AMX or AVX512_BF16): from 2 rows, at any number
+ * (prefill chunks too); one row stays on the compact kernel, which keeps exact float32
+ * arithmetic, as transformers' float32 reference computes it, at the same bytes read. AMX's
+ * block formats' tiles widen their integers to bf16 in the kernel, at the same cost for 1 or 16
+ * rows of a group, so they pay from a few rows, and then at any number. On the AMX Xeon (2 threads), compact against tiles:
  * SmolLM2's Q4_1 layers at 8 rows 10.4-11.5 / 10.6 ms, 10 rows 18.8 / 12.9, 16 rows 19.0-21.3 /
  * 11.5-12.3; its Q8_0 head at 4 rows 1.42 / 1.45, 6 rows 2.05 / -, 8 rows 2.18 / 1.47. */
-#define AMX_MIN_ROWS 2
+#define TILES_MIN_ROWS 2
 
 /* Rows from which a block weight's panels (block_panels.c) take a batch rather than the compact
  * kernel: at 2 rows the compact kernel's sweep was faster, at 3 the panels or level. SmolLM2's
@@ -53,9 +54,9 @@ int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
                                     m->out_features, m->bias, y)
                    ? -1
                    : 0;
-    if (m->tiles && m->format == FMT_BF16 && rows >= AMX_MIN_ROWS)
-        return baton_amx_gemm(x, NULL, rows, m->in_features, m->tiles, m->out_features, m->bias,
-                              EPILOGUE_STORE, y)
+    if (m->tiles && m->format == FMT_BF16 && rows >= TILES_MIN_ROWS)
+        return baton_bf16_tiles_gemm(m->amx, x, NULL, rows, m->in_features, m->tiles,
+                                     m->out_features, m->bias, EPILOGUE_STORE, y)
                    ? -1
                    : 0;
     if (m->panels && rows >= PANEL_MIN_ROWS) {
@@ -68,9 +69,9 @@ int baton_linear(const Matrix *m, const float *x, int64_t rows, float *y) {
 }
 
 int baton_linear_add(const Matrix *m, const float *x, int64_t rows, float *y, float *scratch) {
-    if (!m->num_parts && m->tiles && m->format == FMT_BF16 && rows >= AMX_MIN_ROWS && !m->bias)
-        return baton_amx_gemm(x, NULL, rows, m->in_features, m->tiles, m->out_features, NULL,
-                              EPILOGUE_ADD, y)
+    if (!m->num_parts && m->tiles && m->format == FMT_BF16 && rows >= TILES_MIN_ROWS && !m->bias)
+        return baton_bf16_tiles_gemm(m->amx, x, NULL, rows, m->in_features, m->tiles,
+                                     m->out_features, NULL, EPILOGUE_ADD, y)
                    ? -1
                    : 0;
     float *product = scratch ? scratch : malloc(sizeof(float) * rows * m->out_features);

@@ -11,19 +11,20 @@ enum {
     FMT_PARTS = 100 /* formats.py's PARTS */
 };
 
-/* A linear layer's compact weight (formats.py's CompactWeight), its bias (or NULL) and, on
- * AMX CPUs, the same weight in tile order (NULL where there is none): a bf16 weight as bf16
- * (amx_gemm.c), a block format's integers and scales as records (amx_blocks.c); panels: a
- * block format's weight in panels of 16 features (block_panels.c), on AVX-512 CPUs (NULL where
- * there are none); avx512: the compact kernel may use AVX-512 (the CPU has it and the plan's
- * ISA allows it). Mirrored by structs.py's Matrix: keep the field order in step. */
+/* A linear layer's compact weight (formats.py's CompactWeight), its bias (or NULL) and the same
+ * weight in tile order (NULL where there is none): a bf16 weight as bf16 (bf16_tiles.c), on AMX
+ * or AVX512_BF16 CPUs; a block format's integers and scales as records (amx_blocks.c), on AMX
+ * CPUs; panels: a block format's weight in panels of 16 features (block_panels.c), on AVX-512
+ * CPUs (NULL where there are none); avx512: the compact kernel may use AVX-512 (the CPU has it
+ * and the plan's ISA allows it); amx: bf16 tiles are multiplied on AMX, else with AVX512_BF16
+ * (bf16_dot_gemm.c). Mirrored by structs.py's Matrix: keep the field order in step. */
 typedef struct Matrix {
     int64_t format, in_features, out_features, row_bytes;
     const uint8_t *data;
     const float *bias;
     const void *tiles;
     const uint8_t *panels;
-    int64_t avx512;
+    int64_t avx512, amx;
     /* A fused weight whose parts are stored in different formats: num_parts matrices stacked
      * row-wise (each with its share of the bias), format FMT_PARTS, no data of its own. */
     const struct Matrix *parts;
@@ -43,13 +44,22 @@ int baton_linear_add(const Matrix *m, const float *x, int64_t rows, float *y, fl
 /* Rows one AMX product takes at a time: two tiles of 16 (amx_gemm.c). */
 #define AMX_BLOCK_ROWS 32
 
-/* What baton_amx_gemm writes (NativeKernels mirrors the values): the product, float32, with its
+/* What a bf16 tiles product writes (NativeKernels mirrors the values): the product, float32, with its
  * bias; the gated MLP's activation of a [gate | up] product, bf16; or the product added to y. */
 enum { EPILOGUE_STORE = 0, EPILOGUE_SILU_MUL = 1, EPILOGUE_ADD = 2 };
 
 int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t k_dim,
                    const uint16_t *tiles, int64_t n_dim, const float *bias, int64_t epilogue,
                    void *y);
+/* baton_amx_gemm's product with AVX512_BF16's dot products (bf16_dot_gemm.c), from the same
+ * tiles, for CPUs without AMX. */
+int baton_bf16_dot_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t k_dim,
+                        const uint16_t *tiles, int64_t n_dim, const float *bias,
+                        int64_t epilogue, void *y);
+/* The product of bf16 tiles on AMX where `amx`, else with AVX512_BF16 (bf16_tiles.c). */
+int baton_bf16_tiles_gemm(int64_t amx, const float *x, const uint16_t *x_bf16, int64_t rows,
+                          int64_t k_dim, const uint16_t *tiles, int64_t n_dim, const float *bias,
+                          int64_t epilogue, void *y);
 /* The first k_dim weights of a compact row (from a super-block boundary) as float32: each
  * format's exact values (compact_gemv.c). */
 typedef void (*row_dequantizer)(const uint8_t *row, int64_t k_dim, float *dst);

@@ -1,0 +1,191 @@
+/* Batches of two rows or more of bf16 weights on CPUs with AVX512_BF16 but no AMX (AMD Zen 4
+ * and Zen 5): the weights in tile order (bf16_tiles.c), multiplied by VDPBF16PS, decode steps
+ * and prefill chunks alike.
+ *
+ * Why: the compact kernel (compact_gemv.c) widens each bf16 weight and multiplies it in float32
+ * FMAs, so at 16-32 rows the FMAs bind: on a Zen 4 the 0.5B shape's linear layers ran 232
+ * GFLOP/s at 32 rows, the float32 FMA peak of its two cores, and past 16 rows the step went to
+ * oneDNN's bf16 GEMMs. VDPBF16PS multiplies 16 pairs of bf16 and adds them into 16 float32
+ * sums: twice an FMA's products per instruction, read straight from the weights' bf16 bytes.
+ *
+ * A 64-byte row of a tile is one such operand: 16 output features by one pair of inputs
+ * (w[n][2p], w[n][2p + 1]), and a group of 16 features' tiles lie one after another, so a
+ * group's weights are one stream of those vectors, pair after pair. One broadcast of a row's
+ * pair of inputs feeds one product per group: a tile of up to 12 rows by two groups is 24 sums
+ * in registers, beside the two groups' weights and the broadcast.
+ *
+ * The rows are rounded to bf16 first (runtime/bf16_rows.h), as the AMX kernel and every bf16
+ * GEMM round them; the products of bf16 values are exact in float32. Each output starts from
+ * its bias, its residual row or zero and adds its pairs in input order, whatever tile, group or
+ * thread it falls in, so a row's result does not depend on the other rows of its batch.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "linear.h"
+#include "runtime/amx_tiles.h"
+#include "runtime/bf16_rows.h"
+#include "runtime/thread_buffer.h"
+#include "runtime/thread_pool.h"
+#include "runtime/vector_math512.h"
+
+#define DOT_TARGET                                                                             \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
+
+/* Rows per register tile: 12 rows by two groups are 24 sums, two weight vectors and the
+ * broadcast: 27 of the 32 registers. */
+#define DOT_TILE_ROWS 12
+/* Vectors (64-byte lines) ahead of the one multiplied that each group's stream asks the cache
+ * for: a decode step reads its weights from memory once. */
+#define PREFETCH_LINES 16
+/* Rows of x a chunk multiplies, in bf16 bytes: a group of rows stays in the core's L2 (1 MB on
+ * Zen 5, Zen 4's too) beside the chunk's two weight groups, which sweep every tile of it. */
+#define GROUP_BYTES (512 << 10)
+
+/* 1 where this CPU has AVX512_BF16 and the AVX-512 the kernel uses beside it (F, DQ, BW, VL),
+ * else 0. */
+int baton_bf16_dot_supported(void) {
+    unsigned int eax, ebx, ecx, edx;
+    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+    const unsigned int avx512 = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31); /* F DQ BW VL */
+    if ((ebx & avx512) != avx512 || eax < 1) return 0;
+    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(1));
+    return (eax >> 5) & 1;
+}
+
+/* sums[r][0..31] += rows r of x (bf16, k_pad wide) times the two groups' weights: the k loop of
+ * one tile, `rows` a compile-time constant after inlining so the sums stay in registers. */
+DOT_TARGET static inline __attribute__((always_inline)) void dot_tile(
+    int rows, const uint16_t *x, int64_t k_pad, const uint16_t *w0, const uint16_t *w1,
+    float (*sums)[2 * TILE_N]) {
+    __m512 acc[DOT_TILE_ROWS][2];
+    for (int r = 0; r < rows; r++) {
+        acc[r][0] = _mm512_load_ps(&sums[r][0]);
+        acc[r][1] = _mm512_load_ps(&sums[r][TILE_N]);
+    }
+    const int32_t *pairs = (const int32_t *)x;
+    const int64_t pair_stride = k_pad / 2;
+    for (int64_t p = 0; p < k_pad / 2; p++) {
+        _mm_prefetch((const char *)(w0 + (p + PREFETCH_LINES) * 2 * TILE_N), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w1 + (p + PREFETCH_LINES) * 2 * TILE_N), _MM_HINT_T0);
+        const __m512bh a = (__m512bh)_mm512_loadu_si512(w0 + p * 2 * TILE_N);
+        const __m512bh b = (__m512bh)_mm512_loadu_si512(w1 + p * 2 * TILE_N);
+        for (int r = 0; r < rows; r++) {
+            const __m512bh xr = (__m512bh)_mm512_set1_epi32(pairs[r * pair_stride + p]);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, a);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, b);
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        _mm512_store_ps(&sums[r][0], acc[r][0]);
+        _mm512_store_ps(&sums[r][TILE_N], acc[r][1]);
+    }
+}
+
+#define TILE_CASE(R)                                                                             \
+    case R:                                                                                      \
+        dot_tile(R, x, k_pad, w0, w1, sums);                                                     \
+        break;
+
+DOT_TARGET static void run_tile(int rows, const uint16_t *x, int64_t k_pad, const uint16_t *w0,
+                                const uint16_t *w1, float (*sums)[2 * TILE_N]) {
+    switch (rows) {
+        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6)
+        TILE_CASE(7) TILE_CASE(8) TILE_CASE(9) TILE_CASE(10) TILE_CASE(11) TILE_CASE(12)
+    }
+}
+
+typedef struct {
+    const uint16_t *x; /* [rows, k_pad] bf16 */
+    const uint16_t *tiles;
+    const float *bias;
+    void *y;
+    int64_t rows, k_pad, n_dim, epilogue, group_rows, feature_chunks;
+} DotLoop;
+
+/* One chunk: a group of rows (GROUP_BYTES) by two groups of 16 weight features, in tiles of
+ * rows as even as they divide (16 rows: two of 8, not 12 and 4).
+ * - EPILOGUE_STORE: 32 output features, y float32 [rows, n_dim] = bias + product.
+ * - EPILOGUE_ADD: the same without a bias, added to y: the sums start from y.
+ * - EPILOGUE_SILU_MUL: the gated MLP's [gate | up] weight, 16 features of each (gate f, up
+ *   inter + f): y bf16 [rows, inter] = silu(gate) * up, each rounded once, as amx_gemm.c's
+ *   epilogue and baton_silu_mul's 16-float path compute it from float32 products. */
+DOT_TARGET static void dot_chunk(const void *arg, int64_t chunk) {
+    const DotLoop *g = arg;
+    const int64_t group = chunk / g->feature_chunks, columns = chunk % g->feature_chunks;
+    const int64_t group_stride = g->k_pad * TILE_N; /* bf16 values of one group's tiles */
+    const int silu = g->epilogue == EPILOGUE_SILU_MUL, add = g->epilogue == EPILOGUE_ADD;
+    const int64_t inter = g->n_dim / 2, n0 = silu ? columns * TILE_N : columns * 2 * TILE_N;
+    const uint16_t *w0 = g->tiles + (silu ? columns : 2 * columns) * group_stride;
+    const uint16_t *w1 = silu ? g->tiles + (columns + inter / TILE_N) * group_stride
+                              : w0 + group_stride;
+    const int64_t width = silu ? TILE_N : g->n_dim - n0 < 2 * TILE_N ? g->n_dim - n0 : 2 * TILE_N;
+    const __mmask16 low_mask = width >= 16 ? 0xFFFF : (__mmask16)((1u << width) - 1);
+    const __mmask16 high_mask = width >= 32 ? 0xFFFF
+                                : width > 16 ? (__mmask16)((1u << (width - 16)) - 1) : 0;
+    /* The 32 values each row's sums start from: the bias (gate's then up's), else zero. */
+    _Alignas(64) float start[2 * TILE_N] = {0};
+    if (g->bias)
+        for (int64_t i = 0; i < 2 * TILE_N; i++) {
+            const int64_t feature = silu ? (i < TILE_N ? n0 + i : inter + n0 + i - TILE_N) : n0 + i;
+            if (silu || i < width) start[i] = g->bias[feature];
+        }
+    float *const y = g->y;
+    const int64_t first = group * g->group_rows;
+    const int64_t last = first + g->group_rows < g->rows ? first + g->group_rows : g->rows;
+    const int64_t tiles = (last - first + DOT_TILE_ROWS - 1) / DOT_TILE_ROWS;
+    _Alignas(64) float sums[DOT_TILE_ROWS][2 * TILE_N];
+    for (int64_t t = 0, r0 = first; t < tiles; t++) {
+        const int rows = (int)((last - r0) / (tiles - t));
+        for (int r = 0; r < rows; r++) {
+            if (add) {
+                const float *from = y + (r0 + r) * g->n_dim + n0;
+                _mm512_store_ps(&sums[r][0], _mm512_maskz_loadu_ps(low_mask, from));
+                _mm512_store_ps(&sums[r][TILE_N], _mm512_maskz_loadu_ps(high_mask, from + TILE_N));
+            } else {
+                memcpy(sums[r], start, sizeof start);
+            }
+        }
+        run_tile(rows, g->x + r0 * g->k_pad, g->k_pad, w0, w1, sums);
+        for (int r = 0; r < rows; r++) {
+            const __m512 low = _mm512_load_ps(&sums[r][0]), high = _mm512_load_ps(&sums[r][TILE_N]);
+            if (silu) {
+                uint16_t *out = (uint16_t *)g->y + (r0 + r) * inter + n0;
+                _mm256_storeu_si256((__m256i *)out, narrow16_bf16(_mm512_mul_ps(silu16(low), high)));
+            } else {
+                float *out = y + (r0 + r) * g->n_dim + n0;
+                _mm512_mask_storeu_ps(out, low_mask, low);
+                _mm512_mask_storeu_ps(out + TILE_N, high_mask, high);
+            }
+        }
+        r0 += rows;
+    }
+}
+
+/* y = x @ W^T (+ bias) through `epilogue` (dot_chunk), W in tile order, on a CPU with
+ * AVX512_BF16; rows >= 1. x: float32 rows [rows, k_dim], rounded to bf16 here; or x_bf16 (x
+ * NULL): bf16 rows already, k_dim a multiple of TILE_K. Returns as baton_amx_gemm: 0, -2 if
+ * memory ran out, -3 for what the epilogue cannot take. */
+DOT_TARGET int baton_bf16_dot_gemm(const float *x, const uint16_t *x_bf16, int64_t rows,
+                                   int64_t k_dim, const uint16_t *tiles, int64_t n_dim,
+                                   const float *bias, int64_t epilogue, void *y) {
+    const int64_t k_pad = round_up(k_dim, TILE_K);
+    if (rows < 1 || (x_bf16 && k_pad != k_dim)) return -3;
+    if (epilogue == EPILOGUE_SILU_MUL && n_dim % (2 * TILE_N)) return -3;
+    if (epilogue == EPILOGUE_ADD && bias) return -3;
+    if (!x_bf16) {
+        static __thread ThreadBuffer rows_buffer;
+        x_bf16 = bf16_rows_parallel(&rows_buffer, x, rows, k_dim, k_pad);
+        if (!x_bf16) return -2;
+    }
+    const int64_t fitting = GROUP_BYTES / (k_pad * 2) / DOT_TILE_ROWS * DOT_TILE_ROWS;
+    const int64_t group_rows = fitting > DOT_TILE_ROWS ? fitting : DOT_TILE_ROWS;
+    const int64_t feature_chunks = epilogue == EPILOGUE_SILU_MUL
+                                       ? n_dim / 2 / TILE_N
+                                       : round_up(n_dim, 2 * TILE_N) / (2 * TILE_N);
+    const DotLoop loop = {x_bf16, tiles, bias, y, rows, k_pad, n_dim, epilogue, group_rows,
+                          feature_chunks};
+    baton_parallel(dot_chunk, &loop, (rows + group_rows - 1) / group_rows * feature_chunks);
+    return 0;
+}
