@@ -48,6 +48,23 @@ SHAPES: dict[str, dict[str, Any]] = {
         "bos_token_id": 256,
         "eos_token_id": 257,
     },
+    # Llama-3.2-1B: issue 45's first file (tied head; no rope_freqs, as a converted folder).
+    "llama-3.2-1b": {
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": True,
+        "bos_token_id": 256,
+        "eos_token_id": 257,
+    },
     # Mistral-7B-v0.3: llama.cpp writes a Mistral as a "llama" (its GGUF has no window).
     "mistral-7b": {
         "architectures": ["LlamaForCausalLM"],

@@ -401,7 +401,8 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
         if (factored <= 0) return factored;
     }
     if (!wide && m_dim >= STAGED_MIN_ROWS) {
-        baton_staged_gemm(row_dequantizers(fmt), x, m_dim, k_dim, w, n_dim, row_bytes, bias, y);
+        baton_staged_gemm(row_dequantizers(fmt), avx512, x, m_dim, k_dim, w, n_dim, row_bytes,
+                          bias, y);
         return 0;
     }
     int64_t rows_per_pass = ROWS_PER_PASS;

@@ -64,10 +64,11 @@ int baton_bf16_tiles_gemm(int64_t amx, const float *x, const uint16_t *x_bf16, i
  * format's exact values (compact_gemv.c). */
 typedef void (*row_dequantizer)(const uint8_t *row, int64_t k_dim, float *dst);
 /* y [m_dim, n_dim] = x @ W^T (+ bias) from W's rows dequantized a stage at a time
- * (staged_gemm.c); k_dim a multiple of 32, and of 256 for the 256-weight super-blocks. */
-void baton_staged_gemm(row_dequantizer dequantize, const float *x, int64_t m_dim, int64_t k_dim,
-                       const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
-                       float *y);
+ * (staged_gemm.c), 16 floats a vector where `avx512` (the caller checked the CPU has it); k_dim
+ * a multiple of 32, and of 256 for the 256-weight super-blocks. */
+void baton_staged_gemm(row_dequantizer dequantize, int avx512, const float *x, int64_t m_dim,
+                       int64_t k_dim, const uint8_t *w, int64_t n_dim, int64_t row_bytes,
+                       const float *bias, float *y);
 int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
                        const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
                        float *y);

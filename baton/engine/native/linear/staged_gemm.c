@@ -10,6 +10,10 @@
  * for up to 32 rows, and a tile of 4 rows of x by 3 weight rows runs 12 FMAs for 7 loads from
  * L1: 62-66 GFMA/s at 16-32 rows, 1.3-1.6x the sweep's rate.
  *
+ * With AVX-512 (the k-quants and IQ4, which have no 16-float sweeps) the tiles take 16 inputs
+ * a vector, 6 rows of x by 4 weight rows: 24 sums in the 32 zmm registers, 10 loads for 24
+ * FMAs, on the same stage.
+ *
  * Each weight is the exact float32 value the compact kernel and baton_dequantize give (the
  * same row dequantizers), so the result differs from a float32 GEMM only in the order of the
  * sums, as the compact kernel's does.
@@ -30,20 +34,28 @@
  * and one of x: the 16 ymm registers. */
 #define TILE_ROWS 4
 #define TILE_FEATURES 3
-/* Rows of x per pass over a stage: their partial sums (vectors) stay on the stack. */
+/* The AVX-512 tile: WIDE_TILE_ROWS rows by WIDE_TILE_FEATURES weight rows of 16 floats. */
+#define WIDE_TILE_ROWS 6
+#define WIDE_TILE_FEATURES 4
+/* Rows of x per pass over a stage: their partial sums (a vector each, 8 or 16 floats of a
+ * 16-float slot) stay on the stack. */
 #define PASS_ROWS 32
+#define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+typedef float PassSums[PASS_ROWS][STAGE_FEATURES][16];
 /* Chunks a thread gets on average (as compact_gemv.c's, for the same reason). */
 #define CHUNKS_PER_THREAD 8
 
 /* sums[r][j] += x[r] . w[j] over `len` inputs, for `rows` rows of x (x_stride apart) and
- * `features` stage rows (STAGE_K apart), both compile-time constants after inlining. */
+ * `features` stage rows (STAGE_K apart), both compile-time constants after inlining; 8 floats
+ * of each sum's slot. */
 static inline __attribute__((always_inline)) void tile(int rows, int features, const float *x,
                                                        int64_t x_stride, const float *w,
                                                        int64_t len,
-                                                       __m256 sums[][STAGE_FEATURES]) {
+                                                       float (*sums)[STAGE_FEATURES][16]) {
     __m256 acc[TILE_ROWS][TILE_FEATURES];
     for (int r = 0; r < rows; r++)
-        for (int j = 0; j < features; j++) acc[r][j] = sums[r][j];
+        for (int j = 0; j < features; j++) acc[r][j] = _mm256_load_ps(sums[r][j]);
     for (int64_t k = 0; k < len; k += 8) {
         __m256 wv[TILE_FEATURES];
         for (int j = 0; j < features; j++) wv[j] = _mm256_load_ps(w + j * STAGE_K + k);
@@ -53,19 +65,53 @@ static inline __attribute__((always_inline)) void tile(int rows, int features, c
         }
     }
     for (int r = 0; r < rows; r++)
-        for (int j = 0; j < features; j++) sums[r][j] = acc[r][j];
+        for (int j = 0; j < features; j++) _mm256_store_ps(sums[r][j], acc[r][j]);
+}
+
+/* The same with AVX-512: 16 floats of each slot. */
+WIDE static inline __attribute__((always_inline)) void wide_tile(
+    int rows, int features, const float *x, int64_t x_stride, const float *w, int64_t len,
+    float (*sums)[STAGE_FEATURES][16]) {
+    __m512 acc[WIDE_TILE_ROWS][WIDE_TILE_FEATURES];
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < features; j++) acc[r][j] = _mm512_load_ps(sums[r][j]);
+    for (int64_t k = 0; k < len; k += 16) {
+        __m512 wv[WIDE_TILE_FEATURES];
+        for (int j = 0; j < features; j++) wv[j] = _mm512_load_ps(w + j * STAGE_K + k);
+        for (int r = 0; r < rows; r++) {
+            const __m512 xv = _mm512_loadu_ps(x + r * x_stride + k);
+            for (int j = 0; j < features; j++) acc[r][j] = _mm512_fmadd_ps(xv, wv[j], acc[r][j]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < features; j++) _mm512_store_ps(sums[r][j], acc[r][j]);
 }
 
 #define TILE_CASE(R, F)                                                                          \
-    case (R) * 4 + (F): tile(R, F, x, x_stride, w, len, sums); break;
+    case (R) * 8 + (F): tile(R, F, x, x_stride, w, len, sums); break;
+#define WIDE_TILE_CASE(R, F)                                                                     \
+    case (R) * 8 + (F): wide_tile(R, F, x, x_stride, w, len, sums); break;
 
 /* The tile for `rows` (1-4) by `features` (1-3), each a specialised copy. */
 static void run_tile(int rows, int features, const float *x, int64_t x_stride, const float *w,
-                     int64_t len, __m256 sums[][STAGE_FEATURES]) {
-    switch (rows * 4 + features) {
+                     int64_t len, float (*sums)[STAGE_FEATURES][16]) {
+    switch (rows * 8 + features) {
         TILE_CASE(1, 1) TILE_CASE(1, 2) TILE_CASE(1, 3) TILE_CASE(2, 1) TILE_CASE(2, 2)
         TILE_CASE(2, 3) TILE_CASE(3, 1) TILE_CASE(3, 2) TILE_CASE(3, 3) TILE_CASE(4, 1)
         TILE_CASE(4, 2) TILE_CASE(4, 3)
+    }
+}
+
+/* The AVX-512 tile for `rows` (1-6) by `features` (1-4). */
+WIDE static void run_wide_tile(int rows, int features, const float *x, int64_t x_stride,
+                               const float *w, int64_t len, float (*sums)[STAGE_FEATURES][16]) {
+    switch (rows * 8 + features) {
+        WIDE_TILE_CASE(1, 1) WIDE_TILE_CASE(1, 2) WIDE_TILE_CASE(1, 3) WIDE_TILE_CASE(1, 4)
+        WIDE_TILE_CASE(2, 1) WIDE_TILE_CASE(2, 2) WIDE_TILE_CASE(2, 3) WIDE_TILE_CASE(2, 4)
+        WIDE_TILE_CASE(3, 1) WIDE_TILE_CASE(3, 2) WIDE_TILE_CASE(3, 3) WIDE_TILE_CASE(3, 4)
+        WIDE_TILE_CASE(4, 1) WIDE_TILE_CASE(4, 2) WIDE_TILE_CASE(4, 3) WIDE_TILE_CASE(4, 4)
+        WIDE_TILE_CASE(5, 1) WIDE_TILE_CASE(5, 2) WIDE_TILE_CASE(5, 3) WIDE_TILE_CASE(5, 4)
+        WIDE_TILE_CASE(6, 1) WIDE_TILE_CASE(6, 2) WIDE_TILE_CASE(6, 3) WIDE_TILE_CASE(6, 4)
     }
 }
 
@@ -74,20 +120,23 @@ typedef struct {
     const float *x, *bias;
     float *y;
     const uint8_t *w;
-    int64_t m_dim, k_dim, n_dim, row_bytes, features_per_chunk;
+    int64_t m_dim, k_dim, n_dim, row_bytes, features_per_chunk, wide;
 } StagedLoop;
 
 /* Rows [m0, m0 + rows) of x against weight rows [n0, n0 + features): slice by slice, the
  * features dequantized into the stage, then every tile of x multiplied from it. */
 static void stage_pass(const StagedLoop *l, int64_t m0, int64_t rows, int64_t n0,
                        int64_t features) {
-    float stage[STAGE_FEATURES * STAGE_K] __attribute__((aligned(32)));
-    __m256 sums[PASS_ROWS][STAGE_FEATURES];
+    float stage[STAGE_FEATURES * STAGE_K] __attribute__((aligned(64)));
+    PassSums sums __attribute__((aligned(64)));
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < features; j++) sums[r][j] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < features; j++)
+            for (int i = 0; i < 16; i++) sums[r][j][i] = 0.0f;
+    const int64_t tile_rows_most = l->wide ? WIDE_TILE_ROWS : TILE_ROWS;
+    const int64_t tile_features_most = l->wide ? WIDE_TILE_FEATURES : TILE_FEATURES;
     /* Rows of x in tiles as even as they divide (5 rows: 3 and 2, not 4 and 1), so that
      * every tile keeps enough FMA chains in flight. */
-    const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
+    const int64_t tiles = (rows + tile_rows_most - 1) / tile_rows_most;
     for (int64_t k0 = 0; k0 < l->k_dim; k0 += STAGE_K) {
         const int64_t len = l->k_dim - k0 < STAGE_K ? l->k_dim - k0 : STAGE_K;
         /* Whole blocks (k0 is a multiple of every super-block), so the bytes are exact. */
@@ -104,20 +153,25 @@ static void stage_pass(const StagedLoop *l, int64_t m0, int64_t rows, int64_t n0
         }
         for (int64_t t = 0, r0 = 0; t < tiles; t++) {
             const int64_t tile_rows = (rows - r0) / (tiles - t);
-            for (int64_t j = 0; j < features; j += TILE_FEATURES) {
+            for (int64_t j = 0; j < features; j += tile_features_most) {
                 const int64_t tile_features =
-                    features - j < TILE_FEATURES ? features - j : TILE_FEATURES;
-                run_tile((int)tile_rows, (int)tile_features,
-                         l->x + (m0 + r0) * l->k_dim + k0, l->k_dim, stage + j * STAGE_K, len,
-                         (__m256(*)[STAGE_FEATURES])&sums[r0][j]);
+                    features - j < tile_features_most ? features - j : tile_features_most;
+                float(*tile_sums)[STAGE_FEATURES][16] =
+                    (float(*)[STAGE_FEATURES][16]) & sums[r0][j];
+                (l->wide ? run_wide_tile : run_tile)((int)tile_rows, (int)tile_features,
+                                                     l->x + (m0 + r0) * l->k_dim + k0, l->k_dim,
+                                                     stage + j * STAGE_K, len, tile_sums);
             }
             r0 += tile_rows;
         }
     }
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t j = 0; j < features; j++)
-            l->y[(m0 + r) * l->n_dim + n0 + j] =
-                hsum8(sums[r][j]) + (l->bias ? l->bias[n0 + j] : 0.0f);
+        for (int64_t j = 0; j < features; j++) {
+            const float *slot = sums[r][j];
+            const float sum = hsum8(_mm256_load_ps(slot)) +
+                              (l->wide ? hsum8(_mm256_load_ps(slot + 8)) : 0.0f);
+            l->y[(m0 + r) * l->n_dim + n0 + j] = sum + (l->bias ? l->bias[n0 + j] : 0.0f);
+        }
 }
 
 static void staged_chunk(const void *arg, int64_t chunk) {
@@ -131,14 +185,14 @@ static void staged_chunk(const void *arg, int64_t chunk) {
                        end - n0 < STAGE_FEATURES ? end - n0 : STAGE_FEATURES);
 }
 
-void baton_staged_gemm(row_dequantizer dequantize, const float *x, int64_t m_dim, int64_t k_dim,
-                       const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
-                       float *y) {
+void baton_staged_gemm(row_dequantizer dequantize, int avx512, const float *x, int64_t m_dim,
+                       int64_t k_dim, const uint8_t *w, int64_t n_dim, int64_t row_bytes,
+                       const float *bias, float *y) {
     const int64_t chunks_wanted = CHUNKS_PER_THREAD * (int64_t)omp_get_max_threads();
     int64_t per_chunk = (n_dim + chunks_wanted - 1) / chunks_wanted;
     /* Whole stages, so that only the last chunk's last stage is short. */
     per_chunk = (per_chunk + STAGE_FEATURES - 1) / STAGE_FEATURES * STAGE_FEATURES;
-    const StagedLoop loop = {dequantize, x, bias, y, w, m_dim, k_dim, n_dim, row_bytes,
-                             per_chunk};
+    const StagedLoop loop = {dequantize, x,         bias,      y,      w, m_dim,
+                             k_dim,      n_dim,     row_bytes, per_chunk, avx512};
     baton_parallel(staged_chunk, &loop, (n_dim + per_chunk - 1) / per_chunk);
 }
