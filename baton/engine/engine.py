@@ -120,7 +120,7 @@ class Engine(BatchRunner):
         # The native kernels: a GGUF's blocks dequantized at load, compact weights where the plan
         # says, and where the computation is float32, RoPE + K/V store and decode attention
         # reading the pages in place.
-        native = native_kernels_for(self.cpu.isa) if self.device.type == "cpu" else None
+        native = native_kernels_for(self.cpu) if self.device.type == "cpu" else None
         tiled = 0
         self.plan = choose_compute_plan(
             config.dtype,

@@ -12,6 +12,7 @@ SAMPLE_CPU = CpuCapabilities(
     flags=("avx2", "fma"),
     torch_capability="AVX2",
     packable_dtypes=("float32",),
+    vendor="AuthenticAMD",
 )
 SAMPLE_PLAN = ComputePlan(dtype="float32", pack_weights=True, reason="float32 checkpoint")
 # A scheduler that has served a little: two running (one paused), one waiting.

@@ -55,8 +55,8 @@ def onednn_isa_cap(value: str) -> str | None:
     return "default"  # SSE41, AVX
 
 
-def parse_cpuinfo(text: str) -> tuple[str, set[str]]:
-    """(model name with family and model numbers, flags) of the first processor in
+def parse_cpuinfo(text: str) -> tuple[str, str, set[str]]:
+    """(model name with family and model numbers, vendor, flags) of the first processor in
     /proc/cpuinfo's text. The numbers tell CPU generations apart where the name does not
     ("AMD EPYC" is Zen 3 as family 25 model 1, Zen 5 as family 26)."""
     fields: dict[str, str] = {}
@@ -68,7 +68,7 @@ def parse_cpuinfo(text: str) -> tuple[str, set[str]]:
     model = fields.get("model name", "unknown")
     if "cpu family" in fields and "model" in fields:
         model += f" (family {fields['cpu family']}, model {fields['model']})"
-    return model, set(fields.get("flags", "").split())
+    return model, fields.get("vendor_id", ""), set(fields.get("flags", "").split())
 
 
 def _packable_dtypes() -> tuple[str, ...]:
@@ -93,7 +93,7 @@ def _packable_dtypes() -> tuple[str, ...]:
 def detect_cpu_capabilities(max_isa: str | None = None) -> CpuCapabilities:
     """This CPU's capabilities, its ISA capped at `max_isa` (`--max-cpu-isa`) if given."""
     cpuinfo = Path("/proc/cpuinfo")
-    model, flags = parse_cpuinfo(cpuinfo.read_text() if cpuinfo.exists() else "")
+    model, vendor, flags = parse_cpuinfo(cpuinfo.read_text() if cpuinfo.exists() else "")
     torch_capability = torch.backends.cpu.get_cpu_capability()
     detected = isa_from_flags(flags) if flags else "avx2"
     if not flags and torch_capability == "AVX512":
@@ -116,4 +116,5 @@ def detect_cpu_capabilities(max_isa: str | None = None) -> CpuCapabilities:
         flags=tuple(flag for flag in _REPORTED_FLAGS if flag in flags),
         torch_capability=torch_capability,
         packable_dtypes=_packable_dtypes(),
+        vendor=vendor,
     )

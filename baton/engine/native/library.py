@@ -20,7 +20,7 @@ from baton.engine.native.structs import (
     ExpertMatrices,
     RowSampling,
 )
-from baton.hardware import isa_rank
+from baton.hardware import CpuCapabilities, isa_rank
 
 # The KV cache's element types as the attention kernels number them (attention/kv_cache.h's
 # KvType): they widen each to float32 as they read it, and the K/V store rounds into it.
@@ -50,9 +50,14 @@ class NativeKernels(LinearKernels):
     floats a vector (the CPU has AVX-512 and the plan allows it)."""
 
     def __init__(
-        self, library: ctypes.CDLL, avx512: bool, amx: bool = True, bf16_dot: bool = True
+        self,
+        library: ctypes.CDLL,
+        avx512: bool,
+        amx: bool = True,
+        bf16_dot: bool = True,
+        onednn_slabs: bool = False,
     ) -> None:
-        super().__init__(library, avx512, amx, bf16_dot)
+        super().__init__(library, avx512, amx, bf16_dot, onednn_slabs)
         self._rope = declare(
             library.baton_rope_and_store, None, [PTR, I64, PTR, I64, *[I64] * 4, *[PTR] * 6, I64]
         )
@@ -302,23 +307,31 @@ class NativeKernels(LinearKernels):
 
 
 def load_native_kernels(
-    cache_root: Path | None = None, avx512: bool = False, amx: bool = True, bf16_dot: bool = True
+    cache_root: Path | None = None,
+    avx512: bool = False,
+    amx: bool = True,
+    bf16_dot: bool = True,
+    onednn_slabs: bool = False,
 ) -> NativeKernels:
     """The kernels, compiled on first use; NativeBuildError where that is impossible here.
     `avx512`: the compact kernel may use AVX-512 (the engine says so where its plan's ISA has
     it); else it keeps 8 floats a vector, which every AVX2 CPU runs. `amx`, `bf16_dot`: AMX's
     tiles and AVX512_BF16's dot products may multiply bf16 tiles where the CPU has them (the
-    engine allows each where its plan's ISA reaches it)."""
+    engine allows each where its plan's ISA reaches it). `onednn_slabs`: stored weights'
+    float32 slabs are multiplied by oneDNN rather than torch's BLAS
+    (CpuCapabilities.float32_gemms_in_onednn)."""
     library = build_library(cache_root or native_cache_root())
     try:
-        return NativeKernels(ctypes.CDLL(str(library)), avx512, amx, bf16_dot)
+        return NativeKernels(ctypes.CDLL(str(library)), avx512, amx, bf16_dot, onednn_slabs)
     except OSError as error:
         raise NativeBuildError(f"cannot load {library}: {error}") from error
 
 
-def native_kernels_for(isa: str) -> NativeKernels | None:
-    """The kernels where a CPU of `isa` runs them (AVX2 and up) and they build, else None (with
-    one line saying why they did not build: the engine then computes with torch alone)."""
+def native_kernels_for(cpu: CpuCapabilities) -> NativeKernels | None:
+    """The kernels where the CPU's ISA (as the plan caps it) runs them (AVX2 and up) and they
+    build, else None (with one line saying why they did not build: the engine then computes
+    with torch alone)."""
+    isa = cpu.isa
     if isa_rank(isa) < isa_rank("avx2"):
         return None
     try:
@@ -326,6 +339,7 @@ def native_kernels_for(isa: str) -> NativeKernels | None:
             avx512=isa_rank(isa) >= isa_rank("avx512"),
             amx=isa == "amx",
             bf16_dot=isa_rank(isa) >= isa_rank("avx512_bf16"),
+            onednn_slabs=cpu.float32_gemms_in_onednn,
         )
     except NativeBuildError as error:
         logger.warning("computing with torch alone: no native kernels here: %s", error)

@@ -38,12 +38,19 @@ class LinearKernels:
     """Linear layers' products from their compact weights (and, on the bf16 hardware, tiles).
     `avx512`: the compact kernel computes 16 floats a vector (the CPU has AVX-512 and the plan
     allows it); `amx`, `bf16_dot`: the plan allows AMX's tiles, AVX512_BF16's dot products,
-    each used where the CPU has it."""
+    each used where the CPU has it; `onednn_slabs`: `stored_product` multiplies its float32
+    slabs by oneDNN, not torch's BLAS (CpuCapabilities.float32_gemms_in_onednn)."""
 
     def __init__(
-        self, library: ctypes.CDLL, avx512: bool, amx: bool = True, bf16_dot: bool = True
+        self,
+        library: ctypes.CDLL,
+        avx512: bool,
+        amx: bool = True,
+        bf16_dot: bool = True,
+        onednn_slabs: bool = False,
     ) -> None:
         self.avx512 = avx512
+        self.onednn_slabs = onednn_slabs
         # Argument types as the C signatures declare them (see the .c files).
         self._dequantize = declare(
             library.baton_dequantize, ctypes.c_int, [ctypes.c_int, PTR, I64, I64, I64, PTR]
@@ -244,14 +251,16 @@ class LinearKernels:
     ) -> torch.Tensor:
         """`x @ W^T (+ bias)` for a batch past the compact kernels' rows (a prefill chunk) where
         no float32 copy of W is kept: W dequantized a slab of features at a time into one
-        float32 buffer, each slab multiplied by torch's GEMM. The same exact weights as the
-        compact kernels' (only the order of the sums differs), at the memory of the stored
-        bytes plus one slab."""
+        float32 buffer, each slab multiplied by torch's GEMM (by oneDNN's, packed for the
+        call, where `onednn_slabs`). The same exact weights as the compact kernels' (only the
+        order of the sums differs), at the memory of the stored bytes plus one slab."""
         x = x.contiguous()
         rows, k = x.shape[0], weight.in_features
         parts = weight.parts or (weight,)
         slab_rows = max(SLAB_MIN_FEATURES, SLAB_BYTES // (4 * k))
         buffer = torch.empty(min(slab_rows, max(p.out_features for p in parts)), k)
+        if self.onednn_slabs:
+            return self._onednn_slab_product(x, parts, slab_rows, buffer, bias)
         if not weight.parts and weight.out_features <= slab_rows:
             # One slab: its product is the result, in place, with no transposed copy.
             self._dequantize_into(weight, 0, weight.out_features, buffer)
@@ -267,6 +276,30 @@ class LinearKernels:
                 torch.mm(slab, x.t(), out=product[first + start : first + start + count])
             first += part.out_features
         y = product.t().contiguous()
+        return y if bias is None else y.add_(bias)
+
+    def _onednn_slab_product(
+        self,
+        x: torch.Tensor,
+        parts: tuple[CompactWeight, ...],
+        slab_rows: int,
+        buffer: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """stored_product's slabs through oneDNN: each packed for the batch's rows (the call's
+        whole cost over the plain GEMM, paid back from 64 rows on AMD Zen 5), its product
+        written into its columns of y."""
+        rows = x.shape[0]
+        y = torch.empty(rows, sum(part.out_features for part in parts), dtype=torch.float32)
+        first = 0
+        for part in parts:
+            for start in range(0, part.out_features, slab_rows):
+                count = min(slab_rows, part.out_features - start)
+                slab = self._dequantize_into(part, start, count, buffer)
+                packed = torch.ops.mkldnn._reorder_linear_weight(slab, rows)
+                product = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+                y[:, first + start : first + start + count] = product
+            first += part.out_features
         return y if bias is None else y.add_(bias)
 
     def _dequantize_into(

@@ -26,6 +26,7 @@ SKYLAKE = replace(
     flags=("avx2", "avx512bw", "avx512dq", "avx512f", "avx512vl", "fma"),
     torch_capability="AVX512",
     packable_dtypes=("float32", "bfloat16"),
+    vendor="GenuineIntel",
 )
 ZEN5 = replace(
     SKYLAKE,
@@ -33,9 +34,14 @@ ZEN5 = replace(
     isa="avx512_bf16",
     detected_isa="avx512_bf16",
     flags=(*SKYLAKE.flags, "avx512_bf16"),
+    vendor="AuthenticAMD",
 )
 SAPPHIRE_RAPIDS = replace(
-    ZEN5, model_name="Intel Xeon (family 6, model 143)", isa="amx", detected_isa="amx"
+    ZEN5,
+    model_name="Intel Xeon (family 6, model 143)",
+    isa="amx",
+    detected_isa="amx",
+    vendor="GenuineIntel",
 )
 # The AMX machine run as `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`: bf16 packing fails.
 AMX_AS_AVX2 = replace(
@@ -124,11 +130,21 @@ model name\t: another
 """
 
 
+def test_float32_gemms_go_to_onednn_on_cpus_not_intels_with_avx512_only() -> None:
+    """Where MKL's sgemm runs its AVX2 code (not Intel's CPUs) and oneDNN has AVX-512."""
+    assert ZEN5.float32_gemms_in_onednn
+    assert not SKYLAKE.float32_gemms_in_onednn and not SAPPHIRE_RAPIDS.float32_gemms_in_onednn
+    assert not ZEN3.float32_gemms_in_onednn  # AVX2: both GEMMs run AVX2 code
+    assert not replace(ZEN5, vendor="").float32_gemms_in_onednn  # unknown: torch's own
+    assert not replace(ZEN5, isa="avx2", limited_by="--max-cpu-isa").float32_gemms_in_onednn
+    assert not replace(ZEN5, packable_dtypes=("bfloat16",)).float32_gemms_in_onednn
+
+
 def test_cpuinfo_names_the_generation_and_reads_the_first_processor() -> None:
-    model, flags = parse_cpuinfo(ZEN3_CPUINFO)
-    assert model == "AMD EPYC (family 25, model 1)"
+    model, vendor, flags = parse_cpuinfo(ZEN3_CPUINFO)
+    assert (model, vendor) == ("AMD EPYC (family 25, model 1)", "AuthenticAMD")
     assert {"avx2", "fma", "avx"} <= flags and "avx512f" not in flags
-    assert parse_cpuinfo("") == ("unknown", set())
+    assert parse_cpuinfo("") == ("unknown", "", set())
 
 
 @pytest.mark.parametrize(

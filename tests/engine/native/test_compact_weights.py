@@ -94,16 +94,22 @@ def test_dequantizing_gives_exactly_the_stored_values(
 
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
 @pytest.mark.parametrize(("rows", "slabs"), [(33, "several"), (100, "several"), (40, "one")])
+@pytest.mark.parametrize("gemm", ["blas", "onednn"])
 def test_a_batch_past_the_compact_kernels_multiplies_the_stored_weights_in_slabs(
     native: NativeKernels,
     compact_format: str,
     rows: int,
     slabs: str,
+    gemm: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A prefill chunk on a model that keeps no float32 copy: the slabs (made small here, so
     that there are several and the last is partial; or the whole weight in one) give the
-    float32 product."""
+    float32 product, through torch's BLAS or, as on AMD CPUs with AVX-512
+    (CpuCapabilities.float32_gemms_in_onednn), through oneDNN."""
+    if gemm == "onednn" and not detect_cpu_capabilities().can_pack("float32"):
+        pytest.skip("oneDNN packs no float32 weights here")
+    monkeypatch.setattr(native, "onednn_slabs", gemm == "onednn")
     if slabs == "several":
         monkeypatch.setattr("baton.engine.native.linear_kernels.SLAB_BYTES", 4 * 256 * 20)
         monkeypatch.setattr("baton.engine.native.linear_kernels.SLAB_MIN_FEATURES", 1)
@@ -238,8 +244,10 @@ def test_a_fused_layer_whose_parts_differ_in_format_multiplies_each_part_as_stor
     for rows in (1, 3, 5):
         got = native.gemv(x[:rows], qkv.compact, qkv.bias)
         torch.testing.assert_close(got.double(), expected[:rows], rtol=1e-5, atol=1e-5)
-    got = native.stored_product(x, qkv.compact, qkv.bias)
-    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    for onednn in (False, True):
+        native.onednn_slabs = onednn and detect_cpu_capabilities().can_pack("float32")
+        got = native.stored_product(x, qkv.compact, qkv.bias)
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
 
 
 def random_blocks_of(values: np.ndarray, quant: gguf.GGMLQuantizationType) -> np.ndarray:
