@@ -397,7 +397,8 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
     if (fmt < 0 || fmt >= FMT_COUNT) return -1;
     const int wide = avx512 && m_dim >= 2 && fmt <= FMT_Q4_1;
     if (m_dim <= 3) { /* (a few rows of blocks: sums factored, factored_row.c) */
-        const int factored = baton_factored_row(fmt, x, m_dim, k_dim, w, n_dim, row_bytes, bias, y);
+        const int factored =
+            baton_factored_row(fmt, avx512, x, m_dim, k_dim, w, n_dim, row_bytes, bias, y);
         if (factored <= 0) return factored;
     }
     if (!wide && m_dim >= STAGED_MIN_ROWS) {

@@ -200,11 +200,65 @@ DEFINE_ROW_CHUNK(q4_k, ints_q4_k, 144, k_super_scales, ONE_SCALE, 1)
 DEFINE_ROW_CHUNK(q5_k, ints_q5_k, 176, k_super_scales, ONE_SCALE, 1)
 DEFINE_ROW_CHUNK(q6_k, ints_q6_k, 210, q6_k_super_scales, HALF_SCALES, 2)
 
-/* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias) for W in `fmt`. Returns 0, 1 for rows or
- * a format this file does not cover (the caller sweeps them), or -2 if the sums of x could not
- * be allocated. */
-int baton_factored_row(int fmt, const float *x, int64_t m_dim, int64_t k_dim, const uint8_t *w, int64_t n_dim,
-                     int64_t row_bytes, const float *bias, float *y) {
+#define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+/* One row of Q4_K with AVX-512 (the most common type of the GGUFs people download: the layers
+ * of a Q4_K_M file). Sub-blocks 2p and 2p + 1 are the low and high nibbles of the same 32
+ * bytes, so each 16 of those bytes is widened once into 16 int32 lanes that give both: per 64
+ * weights 2 widenings, 4 masks or shifts, 4 conversions and 6 FMAs, about half the 8-float
+ * sweep's instructions. On a Zen 5 (2 threads) the 1B shape's four Q4_K layer matrices at one
+ * row: 1.4x (1.67 -> 1.18 ms). */
+WIDE static void row_chunk_q4_k_wide(const void *arg, int64_t chunk) {
+    const RowLoop *g = arg;
+    const int64_t n_begin = chunk * g->rows_per_chunk;
+    const int64_t n_end =
+        n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim;
+    const int64_t supers = g->k_dim / 256;
+    const __m512i low_nibble = _mm512_set1_epi32(0x0F);
+    for (int64_t n = n_begin; n < n_end; n++) {
+        const uint8_t *row = g->w + n * g->row_bytes;
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        __m256 mins = _mm256_setzero_ps();
+        for (int64_t super = 0; super < supers; super++) {
+            const uint8_t *block = row + super * 144;
+            _mm_prefetch((const char *)block + PREFETCH_AHEAD, _MM_HINT_T0);
+            _mm_prefetch((const char *)block + PREFETCH_FAR, _MM_HINT_T1);
+            _mm_prefetch((const char *)block + 64 + PREFETCH_AHEAD, _MM_HINT_T0);
+            _mm_prefetch((const char *)block + 128 + PREFETCH_AHEAD, _MM_HINT_T0);
+            SuperScales scales;
+            k_super_scales(block, &scales);
+            mins = _mm256_fmadd_ps(_mm256_loadu_ps(scales.ml),
+                                   _mm256_loadu_ps(g->block_sums + super * 8), mins);
+            const float *xs = g->x + super * 256;
+            for (int pair = 0; pair < 4; pair++) {
+                const uint8_t *quants = block + 16 + 32 * pair;
+                const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)quants));
+                const __m512i second =
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(quants + 16)));
+                for (int high = 0; high < 2; high++) {
+                    const int sub = 2 * pair + high;
+                    const __m512 q0 = _mm512_cvtepi32_ps(
+                        high ? _mm512_srli_epi32(first, 4) : _mm512_and_si512(first, low_nibble));
+                    const __m512 q1 = _mm512_cvtepi32_ps(
+                        high ? _mm512_srli_epi32(second, 4) : _mm512_and_si512(second, low_nibble));
+                    __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(xs + 32 * sub), q0);
+                    dot = _mm512_fmadd_ps(_mm512_loadu_ps(xs + 32 * sub + 16), q1, dot);
+                    acc[high] = _mm512_fmadd_ps(_mm512_set1_ps(scales.dl[sub]), dot, acc[high]);
+                }
+            }
+        }
+        const float add = g->bias ? g->bias[n] : 0.0f;
+        g->y[n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) - hsum8(mins) + add;
+    }
+}
+
+/* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias) for W in `fmt`, one row of Q4_K with
+ * AVX-512 where `avx512` (the caller checked the CPU has it). Returns 0, 1 for rows or a format
+ * this file does not cover (the caller sweeps them), or -2 if the sums of x could not be
+ * allocated. */
+int baton_factored_row(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
+                       const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
+                       float *y) {
     chunk_fn fn;
     if (m_dim < 1 || m_dim > MAX_ROWS || (m_dim > 1 && fmt != FMT_Q4_K && fmt != FMT_Q5_K && fmt != FMT_Q6_K))
         return 1;
@@ -212,7 +266,7 @@ int baton_factored_row(int fmt, const float *x, int64_t m_dim, int64_t k_dim, co
     case FMT_Q8_0: fn = row_chunk_q8_0; break;
     case FMT_Q4_0: fn = row_chunk_q4_0; break;
     case FMT_Q4_1: fn = row_chunk_q4_1; break;
-    case FMT_Q4_K: fn = row_chunk_q4_k; break;
+    case FMT_Q4_K: fn = avx512 && m_dim == 1 ? row_chunk_q4_k_wide : row_chunk_q4_k; break;
     case FMT_Q5_K: fn = row_chunk_q5_k; break;
     case FMT_Q6_K: fn = row_chunk_q6_k; break;
     default: return 1;

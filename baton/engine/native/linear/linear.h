@@ -72,10 +72,11 @@ void baton_staged_gemm(row_dequantizer dequantize, int avx512, const float *x, i
 int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
                        const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
                        float *y);
-/* A few rows against a matrix of GGUF blocks, the sums factored by block (factored_row.c); 1
- * for rows or a format it does not cover. */
-int baton_factored_row(int fmt, const float *x, int64_t m_dim, int64_t k_dim, const uint8_t *w, int64_t n_dim,
-                     int64_t row_bytes, const float *bias, float *y);
+/* A few rows against a matrix of GGUF blocks, the sums factored by block (factored_row.c),
+ * with AVX-512 where `avx512`; 1 for rows or a format it does not cover. */
+int baton_factored_row(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
+                       const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
+                       float *y);
 int baton_dequantize_rows(int fmt, const uint8_t *w, int64_t k_dim, int64_t row_bytes,
                           const int64_t *ids, int64_t count, float *out);
 void baton_block_panel_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
