@@ -27,8 +27,6 @@
 
 #include "linear.h"
 #include "runtime/amx_tiles.h"
-#include "runtime/bf16_rows.h"
-#include "runtime/thread_buffer.h"
 #include "runtime/thread_pool.h"
 #include "runtime/vector_math512.h"
 
@@ -188,24 +186,12 @@ AMX_TARGET static void amx_chunk(const void *arg, int64_t chunk) {
     _tile_release();
 }
 
-/* y = x @ W^T (+ bias) through `epilogue` (amx_chunk), W in tile order; rows >= 1, AMX enabled
- * (baton_amx_enable). x: float32 rows [rows, k_dim], rounded to bf16 here; or x_bf16 (x NULL):
- * bf16 rows already, k_dim a multiple of TILE_K. Returns 0, -2 if memory ran out, -3 for what
- * the epilogue cannot take (bf16 rows of partial tiles, a gated weight of partial tiles, a
- * bias to add to y). */
-AMX_TARGET int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t k_dim,
-                              const uint16_t *tiles, int64_t n_dim, const float *bias,
-                              int64_t epilogue, void *y) {
-    const int64_t k_pad = round_up(k_dim, TILE_K);
-    if (rows < 1 || (x_bf16 && k_pad != k_dim)) return -3;
-    if (epilogue == EPILOGUE_SILU_MUL && n_dim % (2 * TILE_N)) return -3;
-    if (epilogue == EPILOGUE_ADD && bias) return -3;
-    if (!x_bf16) {
-        /* The rows in bf16, in a buffer each calling thread keeps (and grows) from call to call. */
-        static __thread ThreadBuffer rows_buffer;
-        x_bf16 = bf16_rows_parallel(&rows_buffer, x, rows, k_dim, k_pad);
-        if (!x_bf16) return -2;
-    }
+/* y = x @ W^T (+ bias) through `epilogue` (amx_chunk), W in tile order, x bf16 rows [rows,
+ * k_pad]; rows >= 1, AMX enabled (baton_amx_enable), the arguments checked by
+ * baton_bf16_tiles_gemm (bf16_tiles.c). */
+AMX_TARGET void baton_amx_gemm(const uint16_t *x_bf16, int64_t rows, int64_t k_pad,
+                               const uint16_t *tiles, int64_t n_dim, const float *bias,
+                               int64_t epilogue, void *y) {
     const int64_t fitting = GROUP_BYTES / (k_pad * 2) / AMX_BLOCK_ROWS * AMX_BLOCK_ROWS;
     const int64_t group_rows = fitting > AMX_BLOCK_ROWS ? fitting : AMX_BLOCK_ROWS;
     const int64_t feature_chunks = epilogue == EPILOGUE_SILU_MUL
@@ -214,5 +200,4 @@ AMX_TARGET int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t ro
     const AmxLoop loop = {x_bf16, tiles, bias, y, rows, k_pad, n_dim, epilogue, group_rows,
                           feature_chunks};
     baton_parallel(amx_chunk, &loop, (rows + group_rows - 1) / group_rows * feature_chunks);
-    return 0;
 }

@@ -14,7 +14,7 @@
  * pair of inputs feeds one product per group: a tile of up to 12 rows by two groups is 24 sums
  * in registers, beside the two groups' weights and the broadcast.
  *
- * The rows are rounded to bf16 first (runtime/bf16_rows.h), as the AMX kernel and every bf16
+ * The rows are rounded to bf16 first (bf16_tiles.c), as for the AMX kernel and as every bf16
  * GEMM round them; the products of bf16 values are exact in float32. Each output starts from
  * its bias, its residual row or zero and adds its pairs in input order, whatever tile, group or
  * thread it falls in, so a row's result does not depend on the other rows of its batch.
@@ -25,8 +25,6 @@
 
 #include "linear.h"
 #include "runtime/amx_tiles.h"
-#include "runtime/bf16_rows.h"
-#include "runtime/thread_buffer.h"
 #include "runtime/thread_pool.h"
 #include "runtime/vector_math512.h"
 
@@ -163,22 +161,12 @@ DOT_TARGET static void dot_chunk(const void *arg, int64_t chunk) {
     }
 }
 
-/* y = x @ W^T (+ bias) through `epilogue` (dot_chunk), W in tile order, on a CPU with
- * AVX512_BF16; rows >= 1. x: float32 rows [rows, k_dim], rounded to bf16 here; or x_bf16 (x
- * NULL): bf16 rows already, k_dim a multiple of TILE_K. Returns as baton_amx_gemm: 0, -2 if
- * memory ran out, -3 for what the epilogue cannot take. */
-DOT_TARGET int baton_bf16_dot_gemm(const float *x, const uint16_t *x_bf16, int64_t rows,
-                                   int64_t k_dim, const uint16_t *tiles, int64_t n_dim,
-                                   const float *bias, int64_t epilogue, void *y) {
-    const int64_t k_pad = round_up(k_dim, TILE_K);
-    if (rows < 1 || (x_bf16 && k_pad != k_dim)) return -3;
-    if (epilogue == EPILOGUE_SILU_MUL && n_dim % (2 * TILE_N)) return -3;
-    if (epilogue == EPILOGUE_ADD && bias) return -3;
-    if (!x_bf16) {
-        static __thread ThreadBuffer rows_buffer;
-        x_bf16 = bf16_rows_parallel(&rows_buffer, x, rows, k_dim, k_pad);
-        if (!x_bf16) return -2;
-    }
+/* y = x @ W^T (+ bias) through `epilogue` (dot_chunk), W in tile order, x bf16 rows [rows,
+ * k_pad], on a CPU with AVX512_BF16; rows >= 1, the arguments checked by
+ * baton_bf16_tiles_gemm (bf16_tiles.c). */
+DOT_TARGET void baton_bf16_dot_gemm(const uint16_t *x_bf16, int64_t rows, int64_t k_pad,
+                                    const uint16_t *tiles, int64_t n_dim, const float *bias,
+                                    int64_t epilogue, void *y) {
     const int64_t fitting = GROUP_BYTES / (k_pad * 2) / DOT_TILE_ROWS * DOT_TILE_ROWS;
     const int64_t group_rows = fitting > DOT_TILE_ROWS ? fitting : DOT_TILE_ROWS;
     const int64_t feature_chunks = epilogue == EPILOGUE_SILU_MUL
@@ -187,5 +175,4 @@ DOT_TARGET int baton_bf16_dot_gemm(const float *x, const uint16_t *x_bf16, int64
     const DotLoop loop = {x_bf16, tiles, bias, y, rows, k_pad, n_dim, epilogue, group_rows,
                           feature_chunks};
     baton_parallel(dot_chunk, &loop, (rows + group_rows - 1) / group_rows * feature_chunks);
-    return 0;
 }

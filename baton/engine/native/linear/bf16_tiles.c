@@ -11,6 +11,8 @@
 
 #include "linear.h"
 #include "runtime/amx_tiles.h"
+#include "runtime/bf16_rows.h"
+#include "runtime/thread_buffer.h"
 
 /* Bytes of `baton_pack_bf16_tiles`' output for an [n_dim, k_dim] weight. */
 int64_t baton_bf16_tiles_bytes(int64_t n_dim, int64_t k_dim) {
@@ -37,6 +39,18 @@ void baton_pack_bf16_tiles(const uint8_t *w, int64_t n_dim, int64_t k_dim, int64
 int baton_bf16_tiles_gemm(int64_t amx, const float *x, const uint16_t *x_bf16, int64_t rows,
                           int64_t k_dim, const uint16_t *tiles, int64_t n_dim, const float *bias,
                           int64_t epilogue, void *y) {
-    return amx ? baton_amx_gemm(x, x_bf16, rows, k_dim, tiles, n_dim, bias, epilogue, y)
-               : baton_bf16_dot_gemm(x, x_bf16, rows, k_dim, tiles, n_dim, bias, epilogue, y);
+    const int64_t k_pad = round_up(k_dim, TILE_K);
+    if (rows < 1 || (x_bf16 && k_pad != k_dim)) return -3;
+    if (epilogue == EPILOGUE_SILU_MUL && n_dim % (2 * TILE_N)) return -3;
+    if (epilogue == EPILOGUE_ADD && bias) return -3;
+    if (!x_bf16) {
+        /* The rows in bf16, in a buffer each calling thread keeps (and grows) from call to call:
+         * the same values whichever unit multiplies them. */
+        static __thread ThreadBuffer rows_buffer;
+        x_bf16 = bf16_rows_parallel(&rows_buffer, x, rows, k_dim, k_pad);
+        if (!x_bf16) return -2;
+    }
+    (amx ? baton_amx_gemm : baton_bf16_dot_gemm)(x_bf16, rows, k_pad, tiles, n_dim, bias,
+                                                 epilogue, y);
+    return 0;
 }

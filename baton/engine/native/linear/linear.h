@@ -48,15 +48,18 @@ int baton_linear_add(const Matrix *m, const float *x, int64_t rows, float *y, fl
  * bias; the gated MLP's activation of a [gate | up] product, bf16; or the product added to y. */
 enum { EPILOGUE_STORE = 0, EPILOGUE_SILU_MUL = 1, EPILOGUE_ADD = 2 };
 
-int baton_amx_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t k_dim,
-                   const uint16_t *tiles, int64_t n_dim, const float *bias, int64_t epilogue,
-                   void *y);
-/* baton_amx_gemm's product with AVX512_BF16's dot products (bf16_dot_gemm.c), from the same
- * tiles, for CPUs without AMX. */
-int baton_bf16_dot_gemm(const float *x, const uint16_t *x_bf16, int64_t rows, int64_t k_dim,
-                        const uint16_t *tiles, int64_t n_dim, const float *bias,
-                        int64_t epilogue, void *y);
-/* The product of bf16 tiles on AMX where `amx`, else with AVX512_BF16 (bf16_tiles.c). */
+/* The bf16 tiles' products on each unit (amx_gemm.c, bf16_dot_gemm.c): x bf16 rows [rows,
+ * k_pad], the arguments checked by baton_bf16_tiles_gemm. */
+void baton_amx_gemm(const uint16_t *x_bf16, int64_t rows, int64_t k_pad, const uint16_t *tiles,
+                    int64_t n_dim, const float *bias, int64_t epilogue, void *y);
+void baton_bf16_dot_gemm(const uint16_t *x_bf16, int64_t rows, int64_t k_pad,
+                         const uint16_t *tiles, int64_t n_dim, const float *bias,
+                         int64_t epilogue, void *y);
+/* y = x @ W^T (+ bias) through `epilogue`, W a bf16 weight in tile order (bf16_tiles.c), on AMX
+ * where `amx`, else with AVX512_BF16; rows >= 1. x: float32 rows [rows, k_dim], rounded to
+ * bf16 here; or x_bf16 (x NULL): bf16 rows already, k_dim a multiple of 32. Returns 0, -2 if
+ * memory ran out, -3 for what the epilogue cannot take (bf16 rows of partial tiles, a gated
+ * weight of partial tiles, a bias to add to y). */
 int baton_bf16_tiles_gemm(int64_t amx, const float *x, const uint16_t *x_bf16, int64_t rows,
                           int64_t k_dim, const uint16_t *tiles, int64_t n_dim, const float *bias,
                           int64_t epilogue, void *y);
