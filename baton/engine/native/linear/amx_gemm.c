@@ -25,6 +25,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "bf16_tiles.h"
 #include "linear.h"
 #include "runtime/amx_tiles.h"
 #include "runtime/thread_pool.h"
@@ -114,23 +115,14 @@ AMX_TARGET static void multiply_block(const uint16_t *x, int rows, int64_t k_pad
 AMX_TARGET static void amx_chunk(const void *arg, int64_t chunk) {
     const AmxLoop *g = arg;
     const int64_t group = chunk / g->feature_chunks, columns = chunk % g->feature_chunks;
-    const int64_t block_stride = g->k_pad / TILE_K * (TILE_BYTES / 2);
     const int silu = g->epilogue == EPILOGUE_SILU_MUL, add = g->epilogue == EPILOGUE_ADD;
-    const int64_t inter = g->n_dim / 2, n0 = silu ? columns * TILE_N : columns * 2 * TILE_N;
-    const uint16_t *b0 = g->tiles + (silu ? columns : 2 * columns) * block_stride;
-    const uint16_t *b1 = silu ? g->tiles + (columns + inter / TILE_N) * block_stride
-                              : b0 + block_stride;
-    const int64_t width = silu ? TILE_N : g->n_dim - n0 < 2 * TILE_N ? g->n_dim - n0 : 2 * TILE_N;
-    const __mmask16 low_mask = width >= 16 ? 0xFFFF : (__mmask16)((1u << width) - 1);
-    const __mmask16 high_mask = width >= 32 ? 0xFFFF
-                                : width > 16 ? (__mmask16)((1u << (width - 16)) - 1) : 0;
-    /* The bias's 32 values this chunk starts from (gate's then up's; zeros past the width). */
-    _Alignas(64) float bias[2 * TILE_N] = {0};
-    if (g->bias)
-        for (int64_t i = 0; i < 2 * TILE_N; i++) {
-            const int64_t feature = silu ? (i < TILE_N ? n0 + i : inter + n0 + i - TILE_N) : n0 + i;
-            if (silu || i < width) bias[i] = g->bias[feature];
-        }
+    const int64_t inter = g->n_dim / 2;
+    TileColumns cols;
+    tile_columns(g->tiles, g->k_pad, g->n_dim, g->epilogue, g->bias, columns, &cols);
+    const int64_t n0 = cols.n0, width = cols.width;
+    const __mmask16 low_mask = cols.low_mask, high_mask = cols.high_mask;
+    const uint16_t *b0 = cols.w0, *b1 = cols.w1;
+    const float *bias = cols.start;
     const int direct = !silu && width == 2 * TILE_N;
     float *const y = g->y;
     const int64_t first = group * g->group_rows;

@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16_tiles.h"
 #include "linear.h"
 #include "runtime/amx_tiles.h"
 #include "runtime/thread_pool.h"
@@ -112,23 +113,11 @@ typedef struct {
 DOT_TARGET static void dot_chunk(const void *arg, int64_t chunk) {
     const DotLoop *g = arg;
     const int64_t group = chunk / g->feature_chunks, columns = chunk % g->feature_chunks;
-    const int64_t group_stride = g->k_pad * TILE_N; /* bf16 values of one group's tiles */
     const int silu = g->epilogue == EPILOGUE_SILU_MUL, add = g->epilogue == EPILOGUE_ADD;
-    const int64_t inter = g->n_dim / 2, n0 = silu ? columns * TILE_N : columns * 2 * TILE_N;
-    const uint16_t *w0 = g->tiles + (silu ? columns : 2 * columns) * group_stride;
-    const uint16_t *w1 = silu ? g->tiles + (columns + inter / TILE_N) * group_stride
-                              : w0 + group_stride;
-    const int64_t width = silu ? TILE_N : g->n_dim - n0 < 2 * TILE_N ? g->n_dim - n0 : 2 * TILE_N;
-    const __mmask16 low_mask = width >= 16 ? 0xFFFF : (__mmask16)((1u << width) - 1);
-    const __mmask16 high_mask = width >= 32 ? 0xFFFF
-                                : width > 16 ? (__mmask16)((1u << (width - 16)) - 1) : 0;
-    /* The 32 values each row's sums start from: the bias (gate's then up's), else zero. */
-    _Alignas(64) float start[2 * TILE_N] = {0};
-    if (g->bias)
-        for (int64_t i = 0; i < 2 * TILE_N; i++) {
-            const int64_t feature = silu ? (i < TILE_N ? n0 + i : inter + n0 + i - TILE_N) : n0 + i;
-            if (silu || i < width) start[i] = g->bias[feature];
-        }
+    const int64_t inter = g->n_dim / 2;
+    TileColumns c;
+    tile_columns(g->tiles, g->k_pad, g->n_dim, g->epilogue, g->bias, columns, &c);
+    const int64_t n0 = c.n0;
     float *const y = g->y;
     const int64_t first = group * g->group_rows;
     const int64_t last = first + g->group_rows < g->rows ? first + g->group_rows : g->rows;
@@ -139,13 +128,13 @@ DOT_TARGET static void dot_chunk(const void *arg, int64_t chunk) {
         for (int r = 0; r < rows; r++) {
             if (add) {
                 const float *from = y + (r0 + r) * g->n_dim + n0;
-                _mm512_store_ps(&sums[r][0], _mm512_maskz_loadu_ps(low_mask, from));
-                _mm512_store_ps(&sums[r][TILE_N], _mm512_maskz_loadu_ps(high_mask, from + TILE_N));
+                _mm512_store_ps(&sums[r][0], _mm512_maskz_loadu_ps(c.low_mask, from));
+                _mm512_store_ps(&sums[r][TILE_N], _mm512_maskz_loadu_ps(c.high_mask, from + TILE_N));
             } else {
-                memcpy(sums[r], start, sizeof start);
+                memcpy(sums[r], c.start, sizeof c.start);
             }
         }
-        run_tile(rows, g->x + r0 * g->k_pad, g->k_pad, w0, w1, sums);
+        run_tile(rows, g->x + r0 * g->k_pad, g->k_pad, c.w0, c.w1, sums);
         for (int r = 0; r < rows; r++) {
             const __m512 low = _mm512_load_ps(&sums[r][0]), high = _mm512_load_ps(&sums[r][TILE_N]);
             if (silu) {
@@ -153,8 +142,8 @@ DOT_TARGET static void dot_chunk(const void *arg, int64_t chunk) {
                 _mm256_storeu_si256((__m256i *)out, narrow16_bf16(_mm512_mul_ps(silu16(low), high)));
             } else {
                 float *out = y + (r0 + r) * g->n_dim + n0;
-                _mm512_mask_storeu_ps(out, low_mask, low);
-                _mm512_mask_storeu_ps(out + TILE_N, high_mask, high);
+                _mm512_mask_storeu_ps(out, c.low_mask, low);
+                _mm512_mask_storeu_ps(out + TILE_N, c.high_mask, high);
             }
         }
         r0 += rows;
