@@ -12,17 +12,10 @@ from typing import Any
 import torch
 
 from baton.engine.native.formats import BLOCK_FORMATS, FORMATS, CompactWeight
+from baton.engine.native.slab_products import slab_product
 from baton.engine.native.structs import Matrix
 
 I64, PTR = ctypes.c_int64, ctypes.c_void_p
-# The float32 slab of a stored weight that a product past the compact kernels' rows
-# dequantizes and multiplies at a time (LinearKernels.stored_product): big enough that each GEMM
-# runs at the rate of the whole one (on AMD EPYC Zen 3, 1 thread, 256 x 2048 rows by 8192
-# features: slabs of 256-1024 features as fast as the whole product) and that a small model's
-# layer is one slab, whose product is the result with no transposed copy (SmolLM2's 576-wide
-# layers; with 4 MB slabs its 1024-token prefill ran 20-30 % slower than from float32 weights).
-SLAB_BYTES = 16 << 20
-SLAB_MIN_FEATURES = 64
 # linear.h's epilogues of a bf16 tiles product.
 _EPILOGUE_STORE, _EPILOGUE_SILU_MUL, _EPILOGUE_ADD = 0, 1, 2
 
@@ -250,57 +243,9 @@ class LinearKernels:
         self, x: torch.Tensor, weight: CompactWeight, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """`x @ W^T (+ bias)` for a batch past the compact kernels' rows (a prefill chunk) where
-        no float32 copy of W is kept: W dequantized a slab of features at a time into one
-        float32 buffer, each slab multiplied by torch's GEMM (by oneDNN's, packed for the
-        call, where `onednn_slabs`). The same exact weights as the compact kernels' (only the
-        order of the sums differs), at the memory of the stored bytes plus one slab."""
-        x = x.contiguous()
-        rows, k = x.shape[0], weight.in_features
-        parts = weight.parts or (weight,)
-        slab_rows = max(SLAB_MIN_FEATURES, SLAB_BYTES // (4 * k))
-        buffer = torch.empty(min(slab_rows, max(p.out_features for p in parts)), k)
-        if self.onednn_slabs:
-            return self._onednn_slab_product(x, parts, slab_rows, buffer, bias)
-        if not weight.parts and weight.out_features <= slab_rows:
-            # One slab: its product is the result, in place, with no transposed copy.
-            self._dequantize_into(weight, 0, weight.out_features, buffer)
-            y = torch.mm(x, buffer.t())
-            return y if bias is None else y.add_(bias)
-        # y^T, so that each slab's product is whole rows of it.
-        product = torch.empty(weight.out_features, rows, dtype=torch.float32)
-        first = 0
-        for part in parts:
-            for start in range(0, part.out_features, slab_rows):
-                count = min(slab_rows, part.out_features - start)
-                slab = self._dequantize_into(part, start, count, buffer)
-                torch.mm(slab, x.t(), out=product[first + start : first + start + count])
-            first += part.out_features
-        y = product.t().contiguous()
-        return y if bias is None else y.add_(bias)
-
-    def _onednn_slab_product(
-        self,
-        x: torch.Tensor,
-        parts: tuple[CompactWeight, ...],
-        slab_rows: int,
-        buffer: torch.Tensor,
-        bias: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """stored_product's slabs through oneDNN: each packed for the batch's rows (the call's
-        whole cost over the plain GEMM, paid back from 64 rows on AMD Zen 5), its product
-        written into its columns of y."""
-        rows = x.shape[0]
-        y = torch.empty(rows, sum(part.out_features for part in parts), dtype=torch.float32)
-        first = 0
-        for part in parts:
-            for start in range(0, part.out_features, slab_rows):
-                count = min(slab_rows, part.out_features - start)
-                slab = self._dequantize_into(part, start, count, buffer)
-                packed = torch.ops.mkldnn._reorder_linear_weight(slab, rows)
-                product = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-                y[:, first + start : first + start + count] = product
-            first += part.out_features
-        return y if bias is None else y.add_(bias)
+        no float32 copy of W is kept: W a float32 slab at a time (slab_products.py), through
+        oneDNN where `onednn_slabs`."""
+        return slab_product(self._dequantize_into, self.onednn_slabs, x, weight, bias)
 
     def _dequantize_into(
         self, weight: CompactWeight, start: int, count: int, buffer: torch.Tensor

@@ -111,8 +111,8 @@ def test_a_batch_past_the_compact_kernels_multiplies_the_stored_weights_in_slabs
         pytest.skip("oneDNN packs no float32 weights here")
     monkeypatch.setattr(native, "onednn_slabs", gemm == "onednn")
     if slabs == "several":
-        monkeypatch.setattr("baton.engine.native.linear_kernels.SLAB_BYTES", 4 * 256 * 20)
-        monkeypatch.setattr("baton.engine.native.linear_kernels.SLAB_MIN_FEATURES", 1)
+        monkeypatch.setattr("baton.engine.native.slab_products.SLAB_BYTES", 4 * 256 * 20)
+        monkeypatch.setattr("baton.engine.native.slab_products.SLAB_MIN_FEATURES", 1)
     width = whole_blocks(160, compact_format)
     weight = np.random.default_rng(rows).normal(size=(71, width)).astype(np.float32)
     compact, values = stored_weight(weight, compact_format)

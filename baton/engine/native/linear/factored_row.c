@@ -10,12 +10,14 @@
  * 1B Llama's Q5_K 15 -> 19 and Q6_K 16 -> 20, the same in L3 or not; 1.15x at two rows and
  * 1.1x at three (Q4_K, Q5_K and Q6_K; the 32-weight blocks at one row only); from four rows,
  * where the rows share each dequantized weight, the sweep is as fast. With AVX-512, one row of
- * Q4_K or Q6_K (nearly every matrix of a Q4_K_M file) takes 16 floats a vector.
+ * Q4_K or Q6_K (nearly every matrix of a Q4_K_M file) takes 16 floats a vector
+ * (factored_row512.c).
  */
 #include <immintrin.h>
 #include <stdint.h>
 
 #include "block_formats.h"
+#include "factored_row.h"
 #include "linear.h"
 #include "row_sweeps.h"
 #include "runtime/thread_buffer.h"
@@ -23,13 +25,6 @@
 #include "runtime/vector_math.h"
 
 #define MAX_ROWS 3
-
-typedef struct {
-    const float *x, *block_sums, *half_sums, *bias; /* sums of x by 32 and by 16, each row's */
-    float *y;
-    const uint8_t *w;
-    int64_t m_dim, k_dim, n_dim, row_bytes, rows_per_chunk;
-} RowLoop;
 
 /* A sub-block's 32 quants as four vectors of 8 exact floats: Q4_K's 0..15 (w = d * q - m). */
 static inline void ints_q4_k(const uint8_t *b, int sub, __m256 *q) {
@@ -201,121 +196,6 @@ DEFINE_ROW_CHUNK(q4_k, ints_q4_k, 144, k_super_scales, ONE_SCALE, 1)
 DEFINE_ROW_CHUNK(q5_k, ints_q5_k, 176, k_super_scales, ONE_SCALE, 1)
 DEFINE_ROW_CHUNK(q6_k, ints_q6_k, 210, q6_k_super_scales, HALF_SCALES, 2)
 
-#define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
-
-/* One row of Q4_K with AVX-512 (the most common type of the GGUFs people download: the layers
- * of a Q4_K_M file). Sub-blocks 2p and 2p + 1 are the low and high nibbles of the same 32
- * bytes, so each 16 of those bytes is widened once into 16 int32 lanes that give both: per 64
- * weights 2 widenings, 4 masks or shifts, 4 conversions and 6 FMAs, about half the 8-float
- * sweep's instructions. Every line of a super-block is also asked for PREFETCH_FAR ahead into
- * L2 (the 8-float sweeps ask for one line in 2.25 there): faster, the sweep outran the lines in
- * flight. On a Zen 5 (2 threads) the 1B shape's four Q4_K layer matrices at one row: 1.67-2.0
- * -> 1.2 ms, 27 GB/s of blocks. */
-WIDE static void row_chunk_q4_k_wide(const void *arg, int64_t chunk) {
-    const RowLoop *g = arg;
-    const int64_t n_begin = chunk * g->rows_per_chunk;
-    const int64_t n_end =
-        n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim;
-    const int64_t supers = g->k_dim / 256;
-    const __m512i low_nibble = _mm512_set1_epi32(0x0F);
-    for (int64_t n = n_begin; n < n_end; n++) {
-        const uint8_t *row = g->w + n * g->row_bytes;
-        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-        __m256 mins = _mm256_setzero_ps();
-        for (int64_t super = 0; super < supers; super++) {
-            const uint8_t *block = row + super * 144;
-            for (int line = 0; line < 144; line += 64) {
-                _mm_prefetch((const char *)block + line + PREFETCH_AHEAD, _MM_HINT_T0);
-                _mm_prefetch((const char *)block + line + PREFETCH_FAR, _MM_HINT_T1);
-            }
-            SuperScales scales;
-            k_super_scales(block, &scales);
-            mins = _mm256_fmadd_ps(_mm256_loadu_ps(scales.ml),
-                                   _mm256_loadu_ps(g->block_sums + super * 8), mins);
-            const float *xs = g->x + super * 256;
-            for (int pair = 0; pair < 4; pair++) {
-                const uint8_t *quants = block + 16 + 32 * pair;
-                const __m512i first = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)quants));
-                const __m512i second =
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(quants + 16)));
-                for (int high = 0; high < 2; high++) {
-                    const int sub = 2 * pair + high;
-                    const __m512 q0 = _mm512_cvtepi32_ps(
-                        high ? _mm512_srli_epi32(first, 4) : _mm512_and_si512(first, low_nibble));
-                    const __m512 q1 = _mm512_cvtepi32_ps(
-                        high ? _mm512_srli_epi32(second, 4) : _mm512_and_si512(second, low_nibble));
-                    __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(xs + 32 * sub), q0);
-                    dot = _mm512_fmadd_ps(_mm512_loadu_ps(xs + 32 * sub + 16), q1, dot);
-                    acc[high] = _mm512_fmadd_ps(_mm512_set1_ps(scales.dl[sub]), dot, acc[high]);
-                }
-            }
-        }
-        const float add = g->bias ? g->bias[n] : 0.0f;
-        g->y[n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) - hsum8(mins) + add;
-    }
-}
-
-/* One row of Q6_K with AVX-512 (a Q4_K_M file's head and half its v and down matrices): each
- * 16 bytes of low nibbles and of high bits widened once into 16 int32 lanes, for the two
- * sub-blocks that share the nibbles and the four that share the high bits; the 32 of
- * w = d * scale * (q - 32) goes with the sums of x by 16, as in the 8-float sweep. Zen 5, the
- * 1B shape's four matrices in Q6_K at one row: 2.74-2.86 -> 1.96 ms. */
-WIDE static void row_chunk_q6_k_wide(const void *arg, int64_t chunk) {
-    const RowLoop *g = arg;
-    const int64_t n_begin = chunk * g->rows_per_chunk;
-    const int64_t n_end =
-        n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim;
-    const int64_t supers = g->k_dim / 256;
-    const __m512i low_nibble = _mm512_set1_epi32(0x0F), two_bits = _mm512_set1_epi32(3);
-    for (int64_t n = n_begin; n < n_end; n++) {
-        const uint8_t *row = g->w + n * g->row_bytes;
-        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
-        __m512 mins = _mm512_setzero_ps();
-        for (int64_t super = 0; super < supers; super++) {
-            const uint8_t *block = row + super * 210;
-            for (int line = 0; line < 210; line += 64) {
-                _mm_prefetch((const char *)block + line + PREFETCH_AHEAD, _MM_HINT_T0);
-                _mm_prefetch((const char *)block + line + PREFETCH_FAR, _MM_HINT_T1);
-            }
-            SuperScales scales;
-            q6_k_super_scales(block, &scales);
-            mins = _mm512_fmadd_ps(_mm512_loadu_ps(scales.dl),
-                                   _mm512_loadu_ps(g->half_sums + super * 16), mins);
-            const float *xs = g->x + super * 256;
-            for (int h = 0; h < 2; h++) {
-                const uint8_t *highs = block + 128 + 32 * h;
-                const __m512i high[2] = {
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)highs)),
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(highs + 16)))};
-                for (int pair = 0; pair < 2; pair++) {
-                    const uint8_t *lows = block + 64 * h + 32 * pair;
-                    const __m512i low[2] = {
-                        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)lows)),
-                        _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(lows + 16)))};
-                    for (int upper = 0; upper < 2; upper++) {
-                        const int t = pair + 2 * upper, sub = 4 * h + t;
-                        const __m128i shift = _mm_cvtsi32_si128(2 * t);
-                        for (int half = 0; half < 2; half++) {
-                            const __m512i nibble = upper ? _mm512_srli_epi32(low[half], 4)
-                                                         : _mm512_and_si512(low[half], low_nibble);
-                            const __m512i top =
-                                _mm512_and_si512(_mm512_srl_epi32(high[half], shift), two_bits);
-                            const __m512 q = _mm512_cvtepi32_ps(
-                                _mm512_or_si512(nibble, _mm512_slli_epi32(top, 4)));
-                            const __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(xs + 32 * sub + 16 * half), q);
-                            acc[half] = _mm512_fmadd_ps(_mm512_set1_ps(scales.dl[2 * sub + half]),
-                                                        dot, acc[half]);
-                        }
-                    }
-                }
-            }
-        }
-        const float add = g->bias ? g->bias[n] : 0.0f;
-        g->y[n] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1])) -
-                  32.0f * _mm512_reduce_add_ps(mins) + add;
-    }
-}
-
 /* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias) for W in `fmt`, one row of Q4_K or Q6_K with
  * AVX-512 where `avx512` (the caller checked the CPU has it). Returns 0, 1 for rows or a format
  * this file does not cover (the caller sweeps them), or -2 if the sums of x could not be
@@ -330,9 +210,9 @@ int baton_factored_row(int fmt, int avx512, const float *x, int64_t m_dim, int64
     case FMT_Q8_0: fn = row_chunk_q8_0; break;
     case FMT_Q4_0: fn = row_chunk_q4_0; break;
     case FMT_Q4_1: fn = row_chunk_q4_1; break;
-    case FMT_Q4_K: fn = avx512 && m_dim == 1 ? row_chunk_q4_k_wide : row_chunk_q4_k; break;
+    case FMT_Q4_K: fn = avx512 && m_dim == 1 ? baton_factored_q4_k_row512 : row_chunk_q4_k; break;
     case FMT_Q5_K: fn = row_chunk_q5_k; break;
-    case FMT_Q6_K: fn = avx512 && m_dim == 1 ? row_chunk_q6_k_wide : row_chunk_q6_k; break;
+    case FMT_Q6_K: fn = avx512 && m_dim == 1 ? baton_factored_q6_k_row512 : row_chunk_q6_k; break;
     default: return 1;
     }
     /* Each 16 and each 32 of x summed once, for every weight row's m_s * sum(x_s). The engine
