@@ -41,10 +41,7 @@ int baton_amx_enable(void) {
     unsigned int eax, ebx, ecx, edx;
     __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
     const int amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
-    const unsigned int avx512 = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31); /* F DQ BW VL */
-    if (!amx_bf16 || !amx_tile || (ebx & avx512) != avx512) return 0;
-    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(1));
-    if (!((eax >> 5) & 1)) return 0; /* AVX512_BF16 */
+    if (!amx_bf16 || !amx_tile || !baton_bf16_dot_supported()) return 0;
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 

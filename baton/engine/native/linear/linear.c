@@ -15,9 +15,10 @@
  * (prefill chunks too); one row stays on the compact kernel, which keeps exact float32
  * arithmetic, as transformers' float32 reference computes it, at the same bytes read. AMX's
  * block formats' tiles widen their integers to bf16 in the kernel, at the same cost for 1 or 16
- * rows of a group, so they pay from a few rows, and then at any number. On the AMX Xeon (2 threads), compact against tiles:
- * SmolLM2's Q4_1 layers at 8 rows 10.4-11.5 / 10.6 ms, 10 rows 18.8 / 12.9, 16 rows 19.0-21.3 /
- * 11.5-12.3; its Q8_0 head at 4 rows 1.42 / 1.45, 6 rows 2.05 / -, 8 rows 2.18 / 1.47. */
+ * rows of a group, so they pay from a few rows, and then at any number. On the AMX Xeon (2
+ * threads), compact against tiles: SmolLM2's Q4_1 layers at 8 rows 10.4-11.5 / 10.6 ms, 10 rows
+ * 18.8 / 12.9, 16 rows 19.0-21.3 / 11.5-12.3; its Q8_0 head at 4 rows 1.42 / 1.45, 6 rows 2.05 /
+ * -, 8 rows 2.18 / 1.47. */
 #define TILES_MIN_ROWS 2
 
 /* Rows from which a block weight's panels (block_panels.c) take a batch rather than the compact

@@ -44,10 +44,13 @@ int baton_linear_add(const Matrix *m, const float *x, int64_t rows, float *y, fl
 /* Rows one AMX product takes at a time: two tiles of 16 (amx_gemm.c). */
 #define AMX_BLOCK_ROWS 32
 
-/* What a bf16 tiles product writes (NativeKernels mirrors the values): the product, float32, with its
- * bias; the gated MLP's activation of a [gate | up] product, bf16; or the product added to y. */
+/* What a bf16 tiles product writes (NativeKernels mirrors the values): the product, float32,
+ * with its bias; the gated MLP's activation of a [gate | up] product, bf16; or the product added
+ * to y. */
 enum { EPILOGUE_STORE = 0, EPILOGUE_SILU_MUL = 1, EPILOGUE_ADD = 2 };
 
+/* 1 where the CPU has AVX512_BF16 and AVX-512 F, DQ, BW and VL (bf16_dot_gemm.c), else 0. */
+int baton_bf16_dot_supported(void);
 /* The bf16 tiles' products on each unit (amx_gemm.c, bf16_dot_gemm.c): x bf16 rows [rows,
  * k_pad], the arguments checked by baton_bf16_tiles_gemm. */
 void baton_amx_gemm(const uint16_t *x_bf16, int64_t rows, int64_t k_pad, const uint16_t *tiles,

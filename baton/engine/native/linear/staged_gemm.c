@@ -40,11 +40,11 @@
 /* Rows of x per pass over a stage: their partial sums (a vector each, 8 or 16 floats of a
  * 16-float slot) stay on the stack. */
 #define PASS_ROWS 32
+/* Chunks a thread gets on average (as compact_gemv.c's, for the same reason). */
+#define CHUNKS_PER_THREAD 8
 #define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
 typedef float PassSums[PASS_ROWS][STAGE_FEATURES][16];
-/* Chunks a thread gets on average (as compact_gemv.c's, for the same reason). */
-#define CHUNKS_PER_THREAD 8
 
 /* sums[r][j] += x[r] . w[j] over `len` inputs, for `rows` rows of x (x_stride apart) and
  * `features` stage rows (STAGE_K apart), both compile-time constants after inlining; 8 floats
@@ -156,11 +156,11 @@ static void stage_pass(const StagedLoop *l, int64_t m0, int64_t rows, int64_t n0
             for (int64_t j = 0; j < features; j += tile_features_most) {
                 const int64_t tile_features =
                     features - j < tile_features_most ? features - j : tile_features_most;
-                float(*tile_sums)[STAGE_FEATURES][16] =
-                    (float(*)[STAGE_FEATURES][16]) & sums[r0][j];
                 (l->wide ? run_wide_tile : run_tile)((int)tile_rows, (int)tile_features,
                                                      l->x + (m0 + r0) * l->k_dim + k0, l->k_dim,
-                                                     stage + j * STAGE_K, len, tile_sums);
+                                                     stage + j * STAGE_K, len,
+                                                     /* rows from r0, their sums from j */
+                                                     (float(*)[STAGE_FEATURES][16])sums[r0][j]);
             }
             r0 += tile_rows;
         }
