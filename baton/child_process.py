@@ -173,7 +173,8 @@ def run_child(name: str, serve: Callable[..., None], ranked: bool = False) -> No
         exit_code = 1
     # A second SIGTERM while tearing down must not interrupt it.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    _teardown(context)
+    if exit_code:
+        deliver_failure_report(context)
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -193,10 +194,15 @@ def exit_outside_finalizers(unraisable: sys.UnraisableHookArgs) -> None:
     sys.__unraisablehook__(unraisable)
 
 
-def _teardown(context: zmq.Context) -> None:
-    """Close every socket, each under its own linger (a failure report's: up to a second);
+def deliver_failure_report(context: zmq.Context, timeout: float = 2.0) -> bool:
+    """Close every socket, so that the failure report goes out under its reporter's linger
+    (up to a second); True once done, False after `timeout` seconds.
+
+    Only a failure report is worth waiting for: every other socket has linger 0, so its close
+    drops what it still holds, and the process leaves without closing anything (os._exit).
     zmq's term can block forever after a signal interrupted a socket call, so it runs on a
-    daemon thread that is waited for a bounded time."""
+    daemon thread waited for a bounded time: a stopping process must not wait it out."""
     closer = threading.Thread(target=context.destroy, daemon=True)
     closer.start()
-    closer.join(timeout=2.0)
+    closer.join(timeout)
+    return not closer.is_alive()
