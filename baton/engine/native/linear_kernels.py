@@ -46,12 +46,14 @@ class LinearKernels:
         self.onednn_slabs = onednn_slabs
         # Argument types as the C signatures declare them (see the .c files).
         self._dequantize = declare(
-            library.baton_dequantize, ctypes.c_int, [ctypes.c_int, PTR, I64, I64, I64, PTR]
+            library.baton_dequantize,
+            ctypes.c_int,
+            [ctypes.c_int, ctypes.c_int, PTR, I64, I64, I64, PTR],
         )
         self._dequantize_rows = declare(
             library.baton_dequantize_rows,
             ctypes.c_int,
-            [ctypes.c_int, PTR, I64, I64, PTR, I64, PTR],
+            [ctypes.c_int, ctypes.c_int, PTR, I64, I64, PTR, I64, PTR],
         )
         self._linear = declare(
             library.baton_linear, ctypes.c_int, [ctypes.POINTER(Matrix), PTR, I64, PTR]
@@ -255,6 +257,7 @@ class LinearKernels:
         slab = buffer[:count]
         self._dequantize(
             FORMATS[weight.format].kernel_id,
+            self.avx512,
             weight.data[start].data_ptr(),
             count,
             weight.in_features,
@@ -271,6 +274,7 @@ class LinearKernels:
         out = torch.empty(ids.shape[0], weight.in_features, dtype=torch.float32)
         self._dequantize_rows(
             FORMATS[weight.format].kernel_id,
+            self.avx512,
             data.data_ptr(),
             weight.in_features,
             data.stride(0),
@@ -287,6 +291,7 @@ class LinearKernels:
         out = torch.empty(weight.out_features, weight.in_features, dtype=torch.float32)
         self._dequantize(
             FORMATS[weight.format].kernel_id,
+            self.avx512,
             data.data_ptr(),
             weight.out_features,
             weight.in_features,

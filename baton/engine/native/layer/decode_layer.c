@@ -240,8 +240,8 @@ int baton_decode_step(const DecoderLayer *layers, int64_t num_layers, const Deco
         if (step->input_ids[r] < 0 || step->input_ids[r] >= vocab_size) return -1;
     if (!model->embeddings) {
         const Matrix *e = &model->embedding;
-        if (baton_dequantize_rows((int)e->format, e->data, hidden_size, e->row_bytes,
-                                  step->input_ids, rows, model->hidden))
+        if (baton_dequantize_rows((int)e->format, (int)e->avx512, e->data, hidden_size,
+                                  e->row_bytes, step->input_ids, rows, model->hidden))
             return -2;
     } else {
         for (int64_t r = 0; r < rows; r++)

@@ -377,7 +377,7 @@ DEFINE_WIDE_SWEEP(q8_0, dq16_q8_0, 34, 1, no_super_scales)
 DEFINE_WIDE_SWEEP(q4_0, dq16_q4_0, 18, 1, no_super_scales)
 DEFINE_WIDE_SWEEP(q4_1, dq16_q4_1, 20, 1, no_super_scales)
 
-static row_dequantizer row_dequantizers(int fmt);
+static row_dequantizer row_dequantizers(int fmt, int avx512);
 
 /* y [m_dim, n_dim] = x [m_dim, k_dim] @ W^T (+ bias), 16 floats a vector where `avx512` (the
  * caller checked the CPU has it) and there are two rows or more, else 8. Returns 0, -1 for an
@@ -402,7 +402,7 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
         if (factored <= 0) return factored;
     }
     if (!wide && m_dim >= STAGED_MIN_ROWS) {
-        baton_staged_gemm(row_dequantizers(fmt), avx512, x, m_dim, k_dim, w, n_dim, row_bytes,
+        baton_staged_gemm(row_dequantizers(fmt, avx512), avx512, x, m_dim, k_dim, w, n_dim, row_bytes,
                           bias, y);
         return 0;
     }
@@ -423,7 +423,10 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
     return 0;
 }
 
-static row_dequantizer row_dequantizers(int fmt) {
+/* The format's row dequantizer: the AVX-512 one where `avx512` and it has one. */
+static row_dequantizer row_dequantizers(int fmt, int avx512) {
+    const row_dequantizer wide = avx512 ? baton_row_dequantizer512(fmt) : 0;
+    if (wide) return wide;
     static const row_dequantizer by_format[FMT_COUNT] = {
         dequantize_row_bf16, dequantize_row_f16,  dequantize_row_q8_0,   dequantize_row_q4_0,
         dequantize_row_q4_1, dequantize_row_q4_k, dequantize_row_q5_k,   dequantize_row_q6_k,
@@ -432,21 +435,22 @@ static row_dequantizer row_dequantizers(int fmt) {
     return fmt >= 0 && fmt < FMT_COUNT ? by_format[fmt] : 0;
 }
 
-/* out [n_dim, k_dim] = W as float32. Returns 0, or -1 for an unknown format. */
-int baton_dequantize(int fmt, const uint8_t *w, int64_t n_dim, int64_t k_dim, int64_t row_bytes,
-                     float *out) {
-    const row_dequantizer row = row_dequantizers(fmt);
+/* out [n_dim, k_dim] = W as float32, with AVX-512 where `avx512` (the caller checked the CPU
+ * has it). Returns 0, or -1 for an unknown format. */
+int baton_dequantize(int fmt, int avx512, const uint8_t *w, int64_t n_dim, int64_t k_dim,
+                     int64_t row_bytes, float *out) {
+    const row_dequantizer row = row_dequantizers(fmt, avx512);
     if (!row) return -1;
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < n_dim; n++) row(w + n * row_bytes, k_dim, out + n * k_dim);
     return 0;
 }
 
-/* out [count, k_dim] = rows ids[0..count) of W as float32: an embedding's lookups. Returns 0,
- * or -1 for an unknown format (the caller checked the ids). */
-int baton_dequantize_rows(int fmt, const uint8_t *w, int64_t k_dim, int64_t row_bytes,
-                          const int64_t *ids, int64_t count, float *out) {
-    const row_dequantizer row = row_dequantizers(fmt);
+/* out [count, k_dim] = rows ids[0..count) of W as float32: an embedding's lookups (AVX-512 as
+ * for baton_dequantize). Returns 0, or -1 for an unknown format (the caller checked the ids). */
+int baton_dequantize_rows(int fmt, int avx512, const uint8_t *w, int64_t k_dim,
+                          int64_t row_bytes, const int64_t *ids, int64_t count, float *out) {
+    const row_dequantizer row = row_dequantizers(fmt, avx512);
     if (!row) return -1;
     /* A decode step's few rows take microseconds: a thread team would cost more. */
 #pragma omp parallel for schedule(static) if (count >= 64)

@@ -83,8 +83,10 @@ int baton_compact_gemv(int fmt, int avx512, const float *x, int64_t m_dim, int64
 int baton_factored_row(int fmt, int avx512, const float *x, int64_t m_dim, int64_t k_dim,
                        const uint8_t *w, int64_t n_dim, int64_t row_bytes, const float *bias,
                        float *y);
-int baton_dequantize_rows(int fmt, const uint8_t *w, int64_t k_dim, int64_t row_bytes,
-                          const int64_t *ids, int64_t count, float *out);
+int baton_dequantize_rows(int fmt, int avx512, const uint8_t *w, int64_t k_dim,
+                          int64_t row_bytes, const int64_t *ids, int64_t count, float *out);
+/* The AVX-512 row dequantizer of `fmt` (row_dequantize512.c: Q4_K, Q6_K), or NULL. */
+row_dequantizer baton_row_dequantizer512(int fmt);
 void baton_block_panel_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
                             const uint8_t *panels, int64_t n_dim, const float *bias, float *y);
 int baton_amx_block_gemm(int fmt, const float *x, int64_t rows, int64_t k_dim,
