@@ -26,6 +26,14 @@ COMPACT_MAX_ROWS = 32
 # tiles off (SmolLM2's Q4_1 layer shapes, 2 threads): 1.9x faster at 33 rows, 1.45x at 64,
 # 1.09x at 96, even at 128, 0.94x at 144 (docs/benchmarks.md, "AVX-512 without AMX", 325041e).
 PANELS_MAX_ROWS = 128
+# Rows up to which a weight held only as stored (no float32 or bf16 copy: a GGUF's layers) is
+# multiplied by the compact kernels with AVX-512 rather than a float32 slab at a time
+# (slab_products.py). The staged tiles dequantize a stage once for up to 32 rows of x in L1;
+# each slab is written out, packed by oneDNN and read back, an overhead that only long batches
+# pay back. Measured on AMD EPYC Zen 5 (2 threads, the 1B Llama shape's four Q4_K matrices):
+# 230 against 144 GFLOP/s at 128 rows, 208 and 205 at 256, 184 and 281 at 512. (Not measured
+# with AVX2 alone, whose slabs go to torch's BLAS: those keep COMPACT_MAX_ROWS.)
+STORED_MAX_ROWS = 256
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from baton.engine.native.formats import (
     COMPACT_MAX_ROWS,
     FORMATS,
     PARTS,
+    STORED_MAX_ROWS,
     CompactWeight,
 )
 from baton.engine.native.library import NativeBuildError, NativeKernels, load_native_kernels
@@ -196,6 +197,42 @@ def test_a_linear_uses_compact_weights_up_to_the_row_limit_only(native: NativeKe
         expected = F.linear(x, stored.float(), linear.bias)
         torch.testing.assert_close(linear(x), expected, rtol=1e-5, atol=1e-5)
     assert calls == [1, COMPACT_MAX_ROWS]
+
+
+@pytest.mark.parametrize("compact_format", ["q4_k", "q4_0"])
+def test_a_weight_held_only_as_stored_takes_the_compact_kernels_further_with_avx512(
+    native: NativeKernels, compact_format: str
+) -> None:
+    """With no float32 copy, a batch past the compact kernels' rows is float32 slabs; with
+    AVX-512 the compact kernels (staged tiles, panels) keep batches up to STORED_MAX_ROWS, as
+    a 128-token prompt's prefill chunk. Every size gives the float32 product."""
+    calls: list[tuple[str, int]] = []
+
+    class CountingKernels:
+        avx512 = native.avx512
+
+        def gemv(self, x, weight, bias):
+            calls.append(("compact", x.shape[0]))
+            return native.gemv(x, weight, bias)
+
+        def stored_product(self, x, weight, bias):
+            calls.append(("slabs", x.shape[0]))
+            return native.stored_product(x, weight, bias)
+
+    width = whole_blocks(256, compact_format)
+    weight = np.random.default_rng(3).normal(size=(24, width)).astype(np.float32)
+    linear = Linear(width, 24, True, torch.float32, "cpu")
+    linear.compact, values = stored_weight(weight, compact_format)
+    linear.native = CountingKernels()
+    linear.bias.data.normal_()
+    linear.hold_stored_only()
+    most = STORED_MAX_ROWS if native.avx512 else COMPACT_MAX_ROWS
+    for rows in (COMPACT_MAX_ROWS + 1, most, most + 1):
+        x = torch.randn(rows, width)
+        expected = x.double() @ values.double().T + linear.bias.double()
+        assert_float32_sums(linear(x), expected, x, values)
+    kernels = ["compact", "compact", "slabs"] if native.avx512 else ["slabs", "compact", "slabs"]
+    assert calls == list(zip(kernels, (COMPACT_MAX_ROWS + 1, most, most + 1)))
 
 
 @pytest.mark.parametrize("variant", ["llama", "qwen2"])
