@@ -259,8 +259,9 @@ class Engine(BatchRunner):
             self.decode_step = NativeDecodeStep(self.model, self.kv_pool, attention_kernels)
         # (A GGUF held as stored keeps the compact kernels up to COMPACT_MAX_ROWS rows, with
         # AVX-512 up to STORED_MAX_ROWS: float32 slabs pay 4-5 ms to write each 8192 x 2048
-        # matrix's slab and overtake them only at 16-32 rows on Zen 3; timing them at start-up chose 4 rows within its time budget and
-        # halved a 16-stream run, 16.4 -> 11.1 tok/s on the 1B Q4_K_M shape.)
+        # matrix's slab and overtake them only at 16-32 rows on Zen 3; timing them at start-up
+        # chose 4 rows within its time budget and halved a 16-stream run, 16.4 -> 11.1 tok/s on
+        # the 1B Q4_K_M shape.)
         # (Ranks timing alone could run different numbers of steps, and a step is collective.)
         if single and self.plan.gemm_dtype is not None and not tiled:  # (only native plans)
             # bf16 GEMMs in hardware overtake the compact weights at a number of rows that
