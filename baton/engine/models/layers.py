@@ -16,7 +16,12 @@ from torch import nn
 
 from baton.checkpoint.longrope import LONGROPE, longrope_factor_set
 from baton.checkpoint.model_config import FREQ_FACTORS_ROPE
-from baton.engine.native.formats import COMPACT_MAX_ROWS, STORED_MAX_ROWS, CompactWeight
+from baton.engine.native.formats import (
+    COMPACT_MAX_ROWS,
+    STAGED_FORMATS,
+    STORED_MAX_ROWS,
+    CompactWeight,
+)
 from baton.engine.native.library import NativeKernels
 
 # The batch size oneDNN's packed weights are blocked for where only prefill chunks use them, by
@@ -127,13 +132,18 @@ class Linear(nn.Module):
         """Whether a batch of `rows` rows multiplies the compact weights (else the GEMM): with
         AMX tiles every batch (native/linear/amx_gemm.c, amx_blocks.c: faster than oneDNN's GEMMs at
         prefill sizes too), with panels up to their `panel_max_rows`, else up to
-        `compact_max_rows`; a weight held only as stored, with AVX-512, up to STORED_MAX_ROWS
-        at least."""
+        `compact_max_rows`; a weight held only as stored in STAGED_FORMATS, with AVX-512, up
+        to STORED_MAX_ROWS at least."""
         if self.compact is None:
             return False
         most = max(self.compact_max_rows, self.compact.panel_max_rows)
-        if self.stored_only and self.native is not None and self.native.avx512:
-            most = max(most, STORED_MAX_ROWS)  # rather than float32 slabs
+        if (
+            self.stored_only
+            and self.native is not None
+            and self.native.avx512
+            and self.compact.stored_formats() <= STAGED_FORMATS
+        ):
+            most = max(most, STORED_MAX_ROWS)  # the staged tiles, rather than float32 slabs
         return rows <= most or self.compact.multiplies_any_rows
 
     def gemm_in_gemm_dtype(self, x: torch.Tensor) -> torch.Tensor:

@@ -26,14 +26,17 @@ COMPACT_MAX_ROWS = 32
 # tiles off (SmolLM2's Q4_1 layer shapes, 2 threads): 1.9x faster at 33 rows, 1.45x at 64,
 # 1.09x at 96, even at 128, 0.94x at 144 (docs/benchmarks.md, "AVX-512 without AMX", 325041e).
 PANELS_MAX_ROWS = 128
-# Rows up to which a weight held only as stored (no float32 or bf16 copy: a GGUF's layers) is
-# multiplied by the compact kernels with AVX-512 rather than a float32 slab at a time
+# Rows up to which a weight held only as stored (no float32 or bf16 copy: a GGUF's layers) in
+# STAGED_FORMATS is multiplied by the compact kernels with AVX-512 rather than a float32 slab
+# at a time
 # (slab_products.py). The staged tiles dequantize a stage once for up to 32 rows of x in L1;
 # each slab is written out, packed by oneDNN and read back, an overhead that only long batches
-# pay back. Measured on AMD EPYC Zen 5 (2 threads, the 1B Llama shape's four Q4_K matrices):
-# 230 against 144 GFLOP/s at 128 rows, 208 and 205 at 256, 184 and 281 at 512. (Not measured
-# with AVX2 alone, whose slabs go to torch's BLAS: those keep COMPACT_MAX_ROWS.)
-STORED_MAX_ROWS = 256
+# pay back. Measured on AMD EPYC Zen 5 (2 threads, the 1B Llama shape's four Q4_K matrices,
+# GFLOP/s, staged against slabs): 288 / 118 at 128 rows, 294 / 204 at 256, 305-313 / 197-271
+# at 512, 285 / 164-330 at 1024, 287 / 356 at 2048. (F16's 16-float sweep: 106 / 235 at 256
+# rows. Not measured with AVX2 alone, whose slabs go to torch's BLAS. Those keep
+# COMPACT_MAX_ROWS.)
+STORED_MAX_ROWS = 512
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,9 @@ FORMATS = {
 # AMX multiplies in float32 precision (native/linear/amx_blocks.c) and AVX-512 CPUs also keep in
 # panels of 16 features (native/linear/block_panels.c).
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
+# The formats AVX-512 multiplies from 8 rows in the staged tiles (native/linear/staged_gemm.c):
+# every one but those with 16-float sweeps (compact_gemv.c: bf16, f16 and the block formats).
+STAGED_FORMATS = frozenset(FORMATS) - {"bf16", "f16", *BLOCK_FORMATS}
 # The format of a fused weight whose parts are stored in different formats (CompactWeight.parts).
 PARTS = "parts"
 # The fewest rows a bf16 weight's tiles multiply (linear.c's TILES_MIN_ROWS): one row keeps

@@ -34,6 +34,7 @@ from baton.engine.native.formats import (
     COMPACT_MAX_ROWS,
     FORMATS,
     PARTS,
+    STAGED_FORMATS,
     STORED_MAX_ROWS,
     CompactWeight,
 )
@@ -136,10 +137,12 @@ def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
 
 
 # From 8 rows (STAGED_MIN_ROWS) the staged kernel (staged_gemm.c) takes the product without
-# AVX-512: 12 weight rows a stage, 256 inputs a slice, 32 rows of x a pass. Here inputs span
-# several slices, the last one partial for the 32-weight blocks (608: 256 + 256 + 96), 9 rows
-# tile as 3 + 3 + 3, rows of x take more than one pass (40, 70), and 37 outputs are not whole
-# stages.
+# AVX-512: 12 weight rows a stage, 256 inputs a slice, 32 rows of x a pass, 128 a block; with
+# AVX-512 whole groups of 16 rows take the group tiles (staged_groups512.c), the rest the
+# k-vectorised ones. Here inputs span several slices, the last one partial for the 32-weight
+# blocks (608: 256 + 256 + 96), 9 rows tile as 3 + 3 + 3, rows of x take more than one pass
+# (40, 70: a group and the rest) and block (150: the second one's pass a group and 6 rows), and
+# 37 outputs are not whole stages.
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
 @pytest.mark.parametrize("rows", [1, 2, 3])
 def test_a_few_rows_sum_by_block_as_a_float32_matmul_does(
@@ -160,7 +163,7 @@ def test_a_few_rows_sum_by_block_as_a_float32_matmul_does(
 
 
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
-@pytest.mark.parametrize("rows", [9, 40, 70])
+@pytest.mark.parametrize("rows", [9, 40, 70, 150])
 def test_a_batch_over_several_slices_and_passes_sums_as_a_float32_matmul_does(
     native: NativeKernels, compact_format: str, rows: int
 ) -> None:
@@ -199,13 +202,14 @@ def test_a_linear_uses_compact_weights_up_to_the_row_limit_only(native: NativeKe
     assert calls == [1, COMPACT_MAX_ROWS]
 
 
-@pytest.mark.parametrize("compact_format", ["q4_k", "q4_0"])
-def test_a_weight_held_only_as_stored_takes_the_compact_kernels_further_with_avx512(
+@pytest.mark.parametrize("compact_format", ["q4_k", "q6_k", "f16", "q4_0"])
+def test_a_weight_held_only_as_stored_takes_the_staged_tiles_further_with_avx512(
     native: NativeKernels, compact_format: str
 ) -> None:
     """With no float32 copy, a batch past the compact kernels' rows is float32 slabs; with
-    AVX-512 the compact kernels (staged tiles, panels) keep batches up to STORED_MAX_ROWS, as
-    a 128-token prompt's prefill chunk. Every size gives the float32 product."""
+    AVX-512 the staged tiles keep batches up to STORED_MAX_ROWS, as a 128-token prompt's
+    prefill chunk, where formats with 16-float sweeps keep COMPACT_MAX_ROWS. Every size gives
+    the float32 product."""
     calls: list[tuple[str, int]] = []
 
     class CountingKernels:
@@ -226,12 +230,13 @@ def test_a_weight_held_only_as_stored_takes_the_compact_kernels_further_with_avx
     linear.native = CountingKernels()
     linear.bias.data.normal_()
     linear.hold_stored_only()
-    most = STORED_MAX_ROWS if native.avx512 else COMPACT_MAX_ROWS
+    further = native.avx512 and compact_format in STAGED_FORMATS
+    most = STORED_MAX_ROWS if further else COMPACT_MAX_ROWS
     for rows in (COMPACT_MAX_ROWS + 1, most, most + 1):
         x = torch.randn(rows, width)
         expected = x.double() @ values.double().T + linear.bias.double()
         assert_float32_sums(linear(x), expected, x, values)
-    kernels = ["compact", "compact", "slabs"] if native.avx512 else ["slabs", "compact", "slabs"]
+    kernels = ["compact", "compact", "slabs"] if further else ["slabs", "compact", "slabs"]
     assert calls == list(zip(kernels, (COMPACT_MAX_ROWS + 1, most, most + 1)))
 
 

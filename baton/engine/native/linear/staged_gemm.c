@@ -23,8 +23,10 @@
 #include <stdint.h>
 
 #include "linear.h"
+#include "runtime/thread_buffer.h"
 #include "runtime/thread_pool.h"
 #include "runtime/vector_math.h"
+#include "staged_groups512.h"
 
 /* Inputs per slice: one k-quant super-block (every format's blocks divide it). */
 #define STAGE_K 256
@@ -40,11 +42,18 @@
 /* Rows of x per pass over a stage: their partial sums (a vector each, 8 or 16 floats of a
  * 16-float slot) stay on the stack. */
 #define PASS_ROWS 32
+/* Rows of x whose passes go over a stage before the next stage's (staged_chunk): 128 rows of
+ * 2048-8192 inputs, 1-4 MB, stay in L2/L3, where a 512-row prefill chunk's whole x (16 MB
+ * for 8192 inputs) came from memory for every stage. A multiple of PASS_ROWS. */
+#define BLOCK_ROWS 128
 /* Chunks a thread gets on average (as compact_gemv.c's, for the same reason). */
 #define CHUNKS_PER_THREAD 8
 #define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
 typedef float PassSums[PASS_ROWS][STAGE_FEATURES][16];
+/* A pass holds at most the group tile's two groups, of the stage's rows. */
+_Static_assert(PASS_ROWS == 2 * GROUP_ROWS && STAGE_FEATURES == GROUP_STAGE_FEATURES,
+               "the group tiles take a pass's two groups by a whole stage");
 
 /* sums[r][j] += x[r] . w[j] over `len` inputs, for `rows` rows of x (x_stride apart) and
  * `features` stage rows (STAGE_K apart), both compile-time constants after inlining; 8 floats
@@ -121,6 +130,9 @@ typedef struct {
     float *y;
     const uint8_t *w;
     int64_t m_dim, k_dim, n_dim, row_bytes, features_per_chunk, wide;
+    /* x's whole groups of 16 rows packed for the group tiles (staged_groups512.c), or NULL:
+     * then every row takes the k-vectorised tiles. */
+    const float *groups;
 } StagedLoop;
 
 /* Rows [m0, m0 + rows) of x against weight rows [n0, n0 + features): slice by slice, the
@@ -129,6 +141,14 @@ static void stage_pass(const StagedLoop *l, int64_t m0, int64_t rows, int64_t n0
                        int64_t features) {
     float stage[STAGE_FEATURES * STAGE_K] __attribute__((aligned(64)));
     PassSums sums __attribute__((aligned(64)));
+    float group_sums[2][GROUP_STAGE_FEATURES][GROUP_ROWS] __attribute__((aligned(64))) = {{{0}}};
+    /* The pass's whole groups of 16 rows (m0 is a multiple of PASS_ROWS) take the group
+     * tiles, which multiply every stage row: rows past the weight's end are zeros. */
+    const int64_t groups = l->groups ? rows / GROUP_ROWS : 0;
+    if (groups && features < STAGE_FEATURES)
+        for (int64_t i = features * STAGE_K; i < STAGE_FEATURES * STAGE_K; i++) stage[i] = 0.0f;
+    const int64_t first = groups * GROUP_ROWS; /* the rest's first row in the pass */
+    rows -= first;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < features; j++)
             for (int i = 0; i < 16; i++) sums[r][j][i] = 0.0f;
@@ -151,13 +171,17 @@ static void stage_pass(const StagedLoop *l, int64_t m0, int64_t rows, int64_t n0
                 _mm_prefetch((const char *)slice + slice_bytes + line, _MM_HINT_T0);
             l->dequantize(slice, len, stage + j * STAGE_K);
         }
+        if (groups)
+            baton_group_tiles512(groups, l->groups + ((m0 / GROUP_ROWS) * l->k_dim + k0) * GROUP_ROWS,
+                                 l->k_dim, stage, STAGE_K, len, &group_sums[0][0][0]);
         for (int64_t t = 0, r0 = 0; t < tiles; t++) {
             const int64_t tile_rows = (rows - r0) / (tiles - t);
             for (int64_t j = 0; j < features; j += tile_features_most) {
                 const int64_t tile_features =
                     features - j < tile_features_most ? features - j : tile_features_most;
                 (l->wide ? run_wide_tile : run_tile)((int)tile_rows, (int)tile_features,
-                                                     l->x + (m0 + r0) * l->k_dim + k0, l->k_dim,
+                                                     l->x + (m0 + first + r0) * l->k_dim + k0,
+                                                     l->k_dim,
                                                      stage + j * STAGE_K, len,
                                                      /* rows from r0, their sums from j */
                                                      (float(*)[STAGE_FEATURES][16])sums[r0][j]);
@@ -165,12 +189,18 @@ static void stage_pass(const StagedLoop *l, int64_t m0, int64_t rows, int64_t n0
             r0 += tile_rows;
         }
     }
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t j = 0; j < features; j++)
+            for (int64_t i = 0; i < GROUP_ROWS; i++)
+                l->y[(m0 + g * GROUP_ROWS + i) * l->n_dim + n0 + j] =
+                    group_sums[g][j][i] + (l->bias ? l->bias[n0 + j] : 0.0f);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < features; j++) {
             const float *slot = sums[r][j];
             const float sum = hsum8(_mm256_load_ps(slot)) +
                               (l->wide ? hsum8(_mm256_load_ps(slot + 8)) : 0.0f);
-            l->y[(m0 + r) * l->n_dim + n0 + j] = sum + (l->bias ? l->bias[n0 + j] : 0.0f);
+            l->y[(m0 + first + r) * l->n_dim + n0 + j] =
+                sum + (l->bias ? l->bias[n0 + j] : 0.0f);
         }
 }
 
@@ -179,10 +209,15 @@ static void staged_chunk(const void *arg, int64_t chunk) {
     const int64_t first = chunk * l->features_per_chunk;
     const int64_t end = first + l->features_per_chunk < l->n_dim ? first + l->features_per_chunk
                                                                  : l->n_dim;
-    for (int64_t n0 = first; n0 < end; n0 += STAGE_FEATURES)
-        for (int64_t m0 = 0; m0 < l->m_dim; m0 += PASS_ROWS)
-            stage_pass(l, m0, l->m_dim - m0 < PASS_ROWS ? l->m_dim - m0 : PASS_ROWS, n0,
-                       end - n0 < STAGE_FEATURES ? end - n0 : STAGE_FEATURES);
+    /* A block of rows of x at a time, each stage's passes over it, so that the block's rows
+     * stay in cache from stage to stage (the chunk's weights are read once a block). */
+    for (int64_t block = 0; block < l->m_dim; block += BLOCK_ROWS) {
+        const int64_t block_end = block + BLOCK_ROWS < l->m_dim ? block + BLOCK_ROWS : l->m_dim;
+        for (int64_t n0 = first; n0 < end; n0 += STAGE_FEATURES)
+            for (int64_t m0 = block; m0 < block_end; m0 += PASS_ROWS)
+                stage_pass(l, m0, block_end - m0 < PASS_ROWS ? block_end - m0 : PASS_ROWS, n0,
+                           end - n0 < STAGE_FEATURES ? end - n0 : STAGE_FEATURES);
+    }
 }
 
 void baton_staged_gemm(row_dequantizer dequantize, int avx512, const float *x, int64_t m_dim,
@@ -192,7 +227,15 @@ void baton_staged_gemm(row_dequantizer dequantize, int avx512, const float *x, i
     int64_t per_chunk = (n_dim + chunks_wanted - 1) / chunks_wanted;
     /* Whole stages, so that only the last chunk's last stage is short. */
     per_chunk = (per_chunk + STAGE_FEATURES - 1) / STAGE_FEATURES * STAGE_FEATURES;
-    const StagedLoop loop = {dequantize, x,         bias,      y,      w, m_dim,
-                             k_dim,      n_dim,     row_bytes, per_chunk, avx512};
+    /* The caller's thread packs x's groups for every thread; without the memory, every row
+     * takes the k-vectorised tiles. */
+    static __thread ThreadBuffer group_buffer;
+    const int64_t groups = avx512 ? m_dim / GROUP_ROWS : 0;
+    float *packed =
+        groups ? thread_buffer(&group_buffer, groups * GROUP_ROWS * k_dim * (int64_t)sizeof(float))
+               : 0;
+    if (packed) baton_pack_groups512(x, groups, k_dim, packed);
+    const StagedLoop loop = {dequantize, x,     bias,      y,         w,     m_dim, k_dim,
+                             n_dim,      row_bytes, per_chunk, avx512, packed};
     baton_parallel(staged_chunk, &loop, (n_dim + per_chunk - 1) / per_chunk);
 }
