@@ -51,9 +51,11 @@
 #define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
 typedef float PassSums[PASS_ROWS][STAGE_FEATURES][16];
-/* A pass holds at most the group tile's two groups, of the stage's rows. */
-_Static_assert(PASS_ROWS == 2 * GROUP_ROWS && STAGE_FEATURES == GROUP_STAGE_FEATURES,
-               "the group tiles take a pass's two groups by a whole stage");
+/* A block is whole groups, the rows after its groups fit a pass, and the group tiles take
+ * a whole stage. */
+_Static_assert(BLOCK_ROWS % GROUP_ROWS == 0 && GROUP_ROWS <= PASS_ROWS &&
+                   STAGE_FEATURES == GROUP_STAGE_FEATURES,
+               "the group tiles take whole groups of a block by a whole stage");
 
 /* sums[r][j] += x[r] . w[j] over `len` inputs, for `rows` rows of x (x_stride apart) and
  * `features` stage rows (STAGE_K apart), both compile-time constants after inlining; 8 floats
@@ -136,15 +138,21 @@ typedef struct {
 } StagedLoop;
 
 /* Rows [m0, m0 + rows) of x against weight rows [n0, n0 + features): slice by slice, the
- * features dequantized into the stage, then every tile of x multiplied from it. */
+ * features dequantized into the stage, then every tile of x multiplied from it. With the
+ * group tiles a pass is a block (up to BLOCK_ROWS rows, from a multiple of it), whose whole
+ * groups take them, two at a time, and whose last rows (fewer than a group) the k-vectorised
+ * tiles; else up to PASS_ROWS rows, all in those. */
 static void stage_pass(const StagedLoop *l, int64_t m0, int64_t rows, int64_t n0,
                        int64_t features) {
     float stage[STAGE_FEATURES * STAGE_K] __attribute__((aligned(64)));
     PassSums sums __attribute__((aligned(64)));
-    float group_sums[2][GROUP_STAGE_FEATURES][GROUP_ROWS] __attribute__((aligned(64))) = {{{0}}};
-    /* The pass's whole groups of 16 rows (m0 is a multiple of PASS_ROWS) take the group
-     * tiles, which multiply every stage row: rows past the weight's end are zeros. */
+    float group_sums[BLOCK_ROWS / GROUP_ROWS][GROUP_STAGE_FEATURES][GROUP_ROWS]
+        __attribute__((aligned(64)));
+    /* The group tiles multiply every stage row: rows past the weight's end are zeros. */
     const int64_t groups = l->groups ? rows / GROUP_ROWS : 0;
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t j = 0; j < GROUP_STAGE_FEATURES; j++)
+            for (int i = 0; i < GROUP_ROWS; i++) group_sums[g][j][i] = 0.0f;
     if (groups && features < STAGE_FEATURES)
         for (int64_t i = features * STAGE_K; i < STAGE_FEATURES * STAGE_K; i++) stage[i] = 0.0f;
     const int64_t first = groups * GROUP_ROWS; /* the rest's first row in the pass */
@@ -171,9 +179,10 @@ static void stage_pass(const StagedLoop *l, int64_t m0, int64_t rows, int64_t n0
                 _mm_prefetch((const char *)slice + slice_bytes + line, _MM_HINT_T0);
             l->dequantize(slice, len, stage + j * STAGE_K);
         }
-        if (groups)
-            baton_group_tiles512(groups, l->groups + ((m0 / GROUP_ROWS) * l->k_dim + k0) * GROUP_ROWS,
-                                 l->k_dim, stage, STAGE_K, len, &group_sums[0][0][0]);
+        for (int64_t g = 0; g < groups; g += 2)
+            baton_group_tiles512(groups - g < 2 ? groups - g : 2,
+                                 l->groups + ((m0 / GROUP_ROWS + g) * l->k_dim + k0) * GROUP_ROWS,
+                                 l->k_dim, stage, STAGE_K, len, &group_sums[g][0][0]);
         for (int64_t t = 0, r0 = 0; t < tiles; t++) {
             const int64_t tile_rows = (rows - r0) / (tiles - t);
             for (int64_t j = 0; j < features; j += tile_features_most) {
@@ -210,12 +219,14 @@ static void staged_chunk(const void *arg, int64_t chunk) {
     const int64_t end = first + l->features_per_chunk < l->n_dim ? first + l->features_per_chunk
                                                                  : l->n_dim;
     /* A block of rows of x at a time, each stage's passes over it, so that the block's rows
-     * stay in cache from stage to stage (the chunk's weights are read once a block). */
+     * stay in cache from stage to stage (the chunk's weights are read once a block). With
+     * the group tiles the block is one pass: each stage dequantized once for all its rows. */
+    const int64_t pass_rows = l->groups ? BLOCK_ROWS : PASS_ROWS;
     for (int64_t block = 0; block < l->m_dim; block += BLOCK_ROWS) {
         const int64_t block_end = block + BLOCK_ROWS < l->m_dim ? block + BLOCK_ROWS : l->m_dim;
         for (int64_t n0 = first; n0 < end; n0 += STAGE_FEATURES)
-            for (int64_t m0 = block; m0 < block_end; m0 += PASS_ROWS)
-                stage_pass(l, m0, block_end - m0 < PASS_ROWS ? block_end - m0 : PASS_ROWS, n0,
+            for (int64_t m0 = block; m0 < block_end; m0 += pass_rows)
+                stage_pass(l, m0, block_end - m0 < pass_rows ? block_end - m0 : pass_rows, n0,
                            end - n0 < STAGE_FEATURES ? end - n0 : STAGE_FEATURES);
     }
 }
