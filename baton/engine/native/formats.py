@@ -28,15 +28,13 @@ COMPACT_MAX_ROWS = 32
 PANELS_MAX_ROWS = 128
 # Rows up to which a weight held only as stored (no float32 or bf16 copy: a GGUF's layers) in
 # STAGED_FORMATS is multiplied by the compact kernels with AVX-512 rather than a float32 slab
-# at a time
-# (slab_products.py). The staged tiles dequantize a stage once for up to 32 rows of x in L1;
-# each slab is written out, packed by oneDNN and read back, an overhead that only long batches
-# pay back. Measured on AMD EPYC Zen 5 (2 threads, the 1B Llama shape's four Q4_K matrices,
-# GFLOP/s, staged against slabs): 288 / 118 at 128 rows, 294 / 204 at 256, 305-313 / 197-271
-# at 512, 285 / 164-330 at 1024, 287 / 356 at 2048. (F16's 16-float sweep: 106 / 235 at 256
-# rows. Not measured with AVX2 alone, whose slabs go to torch's BLAS. Those keep
-# COMPACT_MAX_ROWS.)
-STORED_MAX_ROWS = 512
+# at a time (slab_products.py). The staged tiles dequantize a stage once for a block of 128
+# rows of x; each slab is written out, packed by oneDNN and read back, an overhead that only
+# long batches pay back. Measured on AMD EPYC Zen 5 (2 threads, the 1B Llama shape's four Q4_K matrices,
+# GFLOP/s, staged against slabs, at c8128a1): 323 / 265 at 512 rows, 335 / 327 at 1024 (Q6_K:
+# 332 / 291), 326 / 384 at 2048. (F16's 16-float sweep: 106 / 235 at 256 rows. Not measured
+# with AVX2 alone, whose slabs go to torch's BLAS. Those keep COMPACT_MAX_ROWS.)
+STORED_MAX_ROWS = 1024
 
 
 @dataclass(frozen=True)
