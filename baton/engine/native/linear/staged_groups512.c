@@ -56,10 +56,9 @@ WIDE static void pack_group(const void *arg, int64_t chunk) {
     }
 }
 
-int baton_pack_groups512(const float *x, int64_t groups, int64_t k_dim, float *packed) {
+void baton_pack_groups512(const float *x, int64_t groups, int64_t k_dim, float *packed) {
     const PackLoop loop = {x, packed, k_dim};
     baton_parallel(pack_group, &loop, groups);
-    return 0;
 }
 
 /* sums[g][j] (16 rows' partial sums each) += the groups' inputs [0, len) times stage rows j,
