@@ -3,7 +3,8 @@ paused for the server, loses no reply, and has them resumed once it has read."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -73,13 +74,30 @@ class _Wiring:
                 deltas += [item for item in reply.items if isinstance(item, GenerateDelta)]
         return deltas
 
-    def pauses(self) -> list[PauseRid]:
-        """What the router has sent the scheduler so far (all of it pauses here)."""
+    def read_until(
+        self, client_id: bytes, done: Callable[[list[GenerateDelta]], bool], timeout: float = 10.0
+    ) -> list[GenerateDelta]:
+        """The deltas for a client until `done` holds for them (or `timeout` seconds): what
+        was sent may still be on its way, the more so on a loaded machine."""
+        deltas = self.read(client_id)
+        deadline = time.monotonic() + timeout
+        while not done(deltas) and time.monotonic() < deadline:
+            if self.clients[client_id].poll(50):
+                deltas += self.read(client_id)
+        return deltas
+
+    def to_scheduler(self, at_least: int = 0) -> list[SchedulerMessage]:
+        """What the router has sent the scheduler so far: the first `at_least` messages waited
+        for up to 10 s each, then whatever follows within 100 ms of the one before."""
         messages = []
-        while self.scheduler.poll(100):
-            message = self.scheduler_codec.decode_or_none(self.scheduler.recv())
-            assert isinstance(message, PauseRid)
-            messages.append(message)
+        while self.scheduler.poll(10_000 if len(messages) < at_least else 100):
+            messages.append(self.scheduler_codec.decode_or_none(self.scheduler.recv()))
+        return messages
+
+    def pauses(self, at_least: int = 0) -> list[PauseRid]:
+        """What the router has sent the scheduler so far, all of it pauses here."""
+        messages = self.to_scheduler(at_least)
+        assert all(isinstance(message, PauseRid) for message in messages)
         return messages
 
 
@@ -126,7 +144,7 @@ def test_a_client_that_stops_reading_is_paused_for_the_server_and_resumed_once_i
         read_by_b += wiring.read(CLIENT_B)
         if sent_steps % 100 == 0:
             pauses = wiring.pauses()
-    pauses = pauses or wiring.pauses()
+    pauses = pauses or wiring.pauses(at_least=2)
     rids = {make_rid(CLIENT_A, "r1"), make_rid(CLIENT_A, "r2")}
     assert {(p.rid, p.paused, p.holder) for p in pauses} == {(r, True, "server") for r in rids}
     assert wiring.router.stalled and sent_steps < MAX_STEPS
@@ -134,14 +152,20 @@ def test_a_client_that_stops_reading_is_paused_for_the_server_and_resumed_once_i
     # The steps in flight when the pause landed, and a request admitted meanwhile: held here.
     wiring.deliver(SchedulerOutputs(steps=steps))
     wiring.deliver(SchedulerOutputs(started=[request_started(CLIENT_A, "r3", [])]))
-    assert wiring.pauses() == [PauseRid(rid=make_rid(CLIENT_A, "r3"), paused=True, holder="server")]
+    assert wiring.pauses(at_least=1) == [
+        PauseRid(rid=make_rid(CLIENT_A, "r3"), paused=True, holder="server")
+    ]
     final = [step_output(CLIENT_A, "r3", chunk, reason="length")]
     wiring.deliver(SchedulerOutputs(steps=final))
-    read_by_b += wiring.read(CLIENT_B)
-    assert _texts(read_by_b) == {"b1": CHUNK_TEXT * sent_steps}
+    expected_b = CHUNK_TEXT * sent_steps
+    read_by_b += wiring.read_until(
+        CLIENT_B, lambda more: len(_texts(read_by_b + more).get("b1", "")) >= len(expected_b)
+    )
+    assert _texts(read_by_b) == {"b1": expected_b}
 
     read_by_a: list[GenerateDelta] = []
-    for _ in range(200):  # A reads; the router retries its backlog meanwhile
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # A reads; the router retries its backlog meanwhile
         read_by_a += wiring.read(CLIENT_A)
         wiring.router.retry_backlogs()
         if not wiring.router.stalled and read_by_a and read_by_a[-1].finished:
@@ -153,7 +177,7 @@ def test_a_client_that_stops_reading_is_paused_for_the_server_and_resumed_once_i
         "r2": CHUNK_TEXT * (sent_steps + 1),
         "r3": CHUNK_TEXT,
     }
-    resumed = wiring.pauses()
+    resumed = wiring.pauses(at_least=3)
     assert {(p.rid, p.paused, p.holder) for p in resumed} == {
         (rid, False, "server") for rid in (*rids, make_rid(CLIENT_A, "r3"))
     }
@@ -178,9 +202,7 @@ def test_a_stalled_client_whose_backlog_passes_its_bound_counts_as_gone(
     for index in range(8):  # new requests, each with its first reply held in the backlog
         wiring.deliver(SchedulerOutputs(started=[request_started(CLIENT_A, f"n{index}", [])]))
     assert not wiring.router.stalled  # the backlog is gone with the client
-    messages = []
-    while wiring.scheduler.poll(100):
-        messages.append(wiring.scheduler_codec.decode_or_none(wiring.scheduler.recv()))
+    messages = wiring.to_scheduler(at_least=1)
     aborted = {message.rid for message in messages if isinstance(message, AbortRid)}
     assert make_rid(CLIENT_A, "r1") in aborted
     wiring.deliver(SchedulerOutputs(started=[request_started(CLIENT_B, "b1", [])]))
