@@ -5,6 +5,7 @@
 
 #include "block_formats.h"
 #include "factored_row.h"
+#include "q6_k_bytes512.h"
 #include "row_sweeps.h"
 #include "runtime/vector_math.h"
 
@@ -63,26 +64,17 @@ WIDE void baton_factored_q4_k_row512(const void *arg, int64_t chunk) {
 }
 
 /* One row of Q6_K with AVX-512 (a Q4_K_M file's head and half its v and down matrices). A half
- * super-block's 128 six-bit values are put together in the byte domain, 64 bytes a vector:
- * its 64 bytes of nibbles hold weights 0-63 (low nibbles) and 64-127 (high nibbles), and its
- * 32 bytes of high bits, broadcast to both 256-bit halves, give each of those its top two bits
- * with a shift per half. The 128 bytes, in weight order, are then widened 16 at a time (a
- * sub-block, with its own scale); the 32 of w = d * scale * (q - 32) goes with the sums of x
- * by 16, as in the 8-float sweep. Per 16 weights: one widening, conversion, product and FMA,
- * where widening the nibbles and the high bits separately took about twice the instructions.
- */
+ * super-block's 128 six-bit values are put together in the byte domain, 64 bytes a vector
+ * (q6_k_bytes512.h), then widened 16 at a time in weight order (a sub-block, with its own
+ * scale); the 32 of w = d * scale * (q - 32) goes with the sums of x by 16, as in the 8-float
+ * sweep. Per 16 weights: one widening, conversion, product and FMA, where widening the nibbles
+ * and the high bits separately took about twice the instructions. */
 WIDE void baton_factored_q6_k_row512(const void *arg, int64_t chunk) {
     const RowLoop *g = arg;
     const int64_t n_begin = chunk * g->rows_per_chunk;
     const int64_t n_end =
         n_begin + g->rows_per_chunk < g->n_dim ? n_begin + g->rows_per_chunk : g->n_dim;
     const int64_t supers = g->k_dim / 256;
-    const __m512i low_nibbles = _mm512_set1_epi8(0x0F), top_bits = _mm512_set1_epi8(0x30);
-    /* As 16-bit lanes: the low 256 bits' high bits shifted by the first count, the high
-     * 256 bits' by the second (a byte's own bits land in place; what crosses from its
-     * neighbour is masked off). */
-    const __m512i shift_first = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i shift_second = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
     for (int64_t n = n_begin; n < n_end; n++) {
         const uint8_t *row = g->w + n * g->row_bytes;
         __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -98,27 +90,11 @@ WIDE void baton_factored_q6_k_row512(const void *arg, int64_t chunk) {
             mins = _mm512_fmadd_ps(_mm512_loadu_ps(scales.dl),
                                    _mm512_loadu_ps(g->half_sums + super * 16), mins);
             for (int h = 0; h < 2; h++) {
-                const __m512i lows = _mm512_loadu_si512(block + 64 * h);
-                const __m512i highs = _mm512_broadcast_i64x4(
-                    _mm256_loadu_si256((const __m256i *)(block + 128 + 32 * h)));
-                /* Weights 0-63: low nibbles, high bits 0-1 (first 32) and 2-3 (next 32). */
-                const __m512i first = _mm512_ternarylogic_epi32(
-                    lows, low_nibbles, _mm512_and_si512(_mm512_sllv_epi16(highs, shift_first), top_bits),
-                    0xEA); /* (a & b) | c */
-                /* Weights 64-127: high nibbles, high bits 4-5 and 6-7. */
-                const __m512i second = _mm512_ternarylogic_epi32(
-                    _mm512_srli_epi16(lows, 4), low_nibbles,
-                    _mm512_and_si512(_mm512_srlv_epi16(highs, shift_second), top_bits), 0xEA);
+                __m512i first, second;
+                q6_k_half_bytes512(block, h, &first, &second);
                 const float *xs = g->x + super * 256 + 128 * h;
                 for (int sub = 0; sub < 8; sub++) {
-                    const __m512i bytes = sub < 4 ? first : second;
-                    __m128i part;
-                    switch (sub & 3) {
-                    case 0: part = _mm512_castsi512_si128(bytes); break;
-                    case 1: part = _mm512_extracti32x4_epi32(bytes, 1); break;
-                    case 2: part = _mm512_extracti32x4_epi32(bytes, 2); break;
-                    default: part = _mm512_extracti32x4_epi32(bytes, 3); break;
-                    }
+                    const __m128i part = quarter512(sub < 4 ? first : second, sub & 3);
                     const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(part));
                     const __m512 dot = _mm512_mul_ps(_mm512_loadu_ps(xs + 16 * sub), w);
                     acc[sub & 1] = _mm512_fmadd_ps(_mm512_set1_ps(scales.dl[8 * h + sub]), dot,

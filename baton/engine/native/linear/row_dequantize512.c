@@ -9,6 +9,7 @@
 
 #include "block_formats.h"
 #include "linear.h"
+#include "q6_k_bytes512.h"
 
 #define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
@@ -39,42 +40,22 @@ WIDE static void dequantize_row_q4_k_512(const uint8_t *row, int64_t k_dim, floa
     }
 }
 
-/* Q6_K: a half super-block's 128 six-bit values put together 64 bytes a vector, as the one-row
- * sweep does (factored_row512.c), then 16 at a time widened, less 32, times d * scale. */
+/* Q6_K: a half super-block's 128 six-bit values put together 64 bytes a vector
+ * (q6_k_bytes512.h), less 32, then 16 at a time widened and times d * scale. */
 WIDE static void dequantize_row_q6_k_512(const uint8_t *row, int64_t k_dim, float *dst) {
-    const __m512i low_nibbles = _mm512_set1_epi8(0x0F), top_bits = _mm512_set1_epi8(0x30);
-    const __m512i shift_first = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i shift_second = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
     const __m512i offset = _mm512_set1_epi8(32);
     for (int64_t super = 0; super < k_dim / 256; super++) {
         const uint8_t *block = row + super * 210;
         SuperScales scales;
         q6_k_super_scales(block, &scales);
         for (int h = 0; h < 2; h++) {
-            const __m512i lows = _mm512_loadu_si512(block + 64 * h);
-            const __m512i highs = _mm512_broadcast_i64x4(
-                _mm256_loadu_si256((const __m256i *)(block + 128 + 32 * h)));
-            const __m512i quarters[2] = {
-                _mm512_sub_epi8(
-                    _mm512_ternarylogic_epi32(
-                        lows, low_nibbles,
-                        _mm512_and_si512(_mm512_sllv_epi16(highs, shift_first), top_bits), 0xEA),
-                    offset),
-                _mm512_sub_epi8(
-                    _mm512_ternarylogic_epi32(
-                        _mm512_srli_epi16(lows, 4), low_nibbles,
-                        _mm512_and_si512(_mm512_srlv_epi16(highs, shift_second), top_bits), 0xEA),
-                    offset)};
+            __m512i first, second;
+            q6_k_half_bytes512(block, h, &first, &second);
+            const __m512i quarters[2] = {_mm512_sub_epi8(first, offset),
+                                         _mm512_sub_epi8(second, offset)};
             float *out = dst + super * 256 + 128 * h;
             for (int sub = 0; sub < 8; sub++) {
-                const __m512i bytes = quarters[sub / 4];
-                __m128i part;
-                switch (sub & 3) {
-                case 0: part = _mm512_castsi512_si128(bytes); break;
-                case 1: part = _mm512_extracti32x4_epi32(bytes, 1); break;
-                case 2: part = _mm512_extracti32x4_epi32(bytes, 2); break;
-                default: part = _mm512_extracti32x4_epi32(bytes, 3); break;
-                }
+                const __m128i part = quarter512(quarters[sub / 4], sub & 3);
                 const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part));
                 _mm512_storeu_ps(out + 16 * sub,
                                  _mm512_mul_ps(_mm512_set1_ps(scales.dl[8 * h + sub]), q));
