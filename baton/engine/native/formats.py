@@ -30,10 +30,10 @@ PANELS_MAX_ROWS = 128
 # STAGED_FORMATS is multiplied by the compact kernels with AVX-512 rather than a float32 slab
 # at a time (slab_products.py). The staged tiles dequantize a stage once for a block of 128
 # rows of x; each slab is written out, packed by oneDNN and read back, an overhead that only
-# long batches pay back. Measured on AMD EPYC Zen 5 (2 threads, the 1B Llama shape's four Q4_K matrices,
-# GFLOP/s, staged against slabs, at c8128a1): 323 / 265 at 512 rows, 335 / 327 at 1024 (Q6_K:
-# 332 / 291), 326 / 384 at 2048. (F16's 16-float sweep: 106 / 235 at 256 rows. Not measured
-# with AVX2 alone, whose slabs go to torch's BLAS. Those keep COMPACT_MAX_ROWS.)
+# long batches pay back. Measured on AMD EPYC Zen 5 (2 threads, the 1B Llama shape's four
+# Q4_K matrices, GFLOP/s, staged against slabs, at c8128a1): 323 / 265 at 512 rows, 335 / 327
+# at 1024 (Q6_K: 332 / 291), 326 / 384 at 2048. (F16's 16-float sweep: 106 / 235 at 256 rows.
+# Not measured with AVX2 alone, whose slabs go to torch's BLAS. Those keep COMPACT_MAX_ROWS.)
 STORED_MAX_ROWS = 1024
 
 
