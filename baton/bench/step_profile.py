@@ -40,8 +40,11 @@ def _ms(work: Callable[[], object], repeats: int) -> float:
 def _batch(engine: Engine, starts: list[int], q_lens: list[int]) -> ForwardBatch:
     pages = -(-(max(starts) + max(q_lens)) // engine.page_size)
     rows = range(len(q_lens))
+    # Distinct tokens, spread over the vocabulary: a mixture of experts routes each to its own
+    # experts, as a served batch's rows are; one token repeated would read 8 experts a layer.
+    tokens = [(7 + 7919 * i) % engine.vocab_size for i in range(sum(q_lens))]
     return ForwardBatch(
-        [7] * sum(q_lens), starts, q_lens, [list(range(r * pages, (r + 1) * pages)) for r in rows],
+        tokens, starts, q_lens, [list(range(r * pages, (r + 1) * pages)) for r in rows],
         list(rows), list(rows), [_GREEDY] * len(q_lens), [None] * len(q_lens), [[] for _ in rows],
     )  # fmt: skip
 

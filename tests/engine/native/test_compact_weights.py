@@ -136,6 +136,20 @@ def test_the_kernel_sums_as_a_float32_matmul_does_bias_included(
     check_against_float64(native, compact_format, rows, out_features=71, in_features=width)
 
 
+# With AVX-512, two to seven rows of Q4_K and Q6_K take the 16-float sweeps while the rows fit L1
+# (wide_sweeps512.c: rows x inputs x 4 bytes <= 40 KB), half a super-block dequantized into
+# registers at a time: 768 inputs at 2-7 rows, 2560 at 4 (the limit) and 5 (past it: the 8-float
+# sweep); Q5_K has no such sweep (the control).
+@pytest.mark.parametrize("compact_format", ["q4_k", "q6_k", "q5_k"])
+@pytest.mark.parametrize(
+    ("rows", "in_features"), [(2, 768), (3, 768), (5, 768), (7, 768), (4, 2560), (5, 2560)]
+)
+def test_two_to_seven_rows_of_k_quants_sum_as_a_float32_matmul_does(
+    native: NativeKernels, compact_format: str, rows: int, in_features: int
+) -> None:
+    check_against_float64(native, compact_format, rows, out_features=37, in_features=in_features)
+
+
 # From 8 rows (STAGED_MIN_ROWS) the staged kernel (staged_gemm.c) takes the product without
 # AVX-512: 12 weight rows a stage, 256 inputs a slice, 32 rows of x a pass, 128 a block; with
 # AVX-512 whole groups of 16 rows take the group tiles (staged_groups512.c), the rest the

@@ -89,8 +89,12 @@ def routing(rows: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     return experts, weights
 
 
+# Up to 16 rows of its busiest expert, a batch's experts are shared out among the threads, each
+# expert's products on one (moe_experts.c, EXPERTS_APART_MAX_ROWS); past it, each product among
+# them: 16 rows on the same experts are the last batch of the first kind, 17 the first of the
+# second.
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
-@pytest.mark.parametrize("rows", [1, 3, 40])
+@pytest.mark.parametrize("rows", [1, 3, 16, 17, 40])
 @pytest.mark.parametrize("kind", ["disjoint", "same"])
 def test_the_kernel_is_the_dense_float64_reference(
     native: NativeKernels, compact_format: str, rows: int, kind: str

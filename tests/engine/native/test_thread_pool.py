@@ -119,7 +119,8 @@ def test_loops_survive_threads_descheduled_at_every_critical_point(
 ) -> None:
     """Sleeps where a worker reads the loop, where it checks a range's end and where the caller
     publishes a range made the old protocol run chunks twice (3-4 threads) or hang (2 threads,
-    a finished count past the loop's chunks) within ten loops."""
+    a finished count past the loop's chunks) within ten loops. A loop started inside a chunk
+    that waited for the (busy) pool instead of running there hangs too."""
     result = subprocess.run(
         [str(stress_driver), "3000"],
         env={**os.environ, "OMP_NUM_THREADS": str(threads)},

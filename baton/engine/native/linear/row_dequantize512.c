@@ -8,61 +8,29 @@
 #include <stdint.h>
 
 #include "block_formats.h"
+#include "kquant_halves512.h"
 #include "linear.h"
-#include "q6_k_bytes512.h"
 
 #define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
-/* Q4_K: each 16 bytes of a pair's 32 are widened once for the low nibbles (sub-block 2p) and
- * the high ones (2p + 1). */
-WIDE static void dequantize_row_q4_k_512(const uint8_t *row, int64_t k_dim, float *dst) {
-    const __m512i low_nibble = _mm512_set1_epi32(0x0F);
-    for (int64_t super = 0; super < k_dim / 256; super++) {
-        const uint8_t *block = row + super * 144;
-        SuperScales scales;
-        k_super_scales(block, &scales);
-        float *out = dst + super * 256;
-        for (int pair = 0; pair < 4; pair++) {
-            const uint8_t *quants = block + 16 + 32 * pair;
-            for (int half = 0; half < 2; half++) {
-                const __m512i bytes =
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(quants + 16 * half)));
-                for (int high = 0; high < 2; high++) {
-                    const int sub = 2 * pair + high;
-                    const __m512 q = _mm512_cvtepi32_ps(
-                        high ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, low_nibble));
-                    _mm512_storeu_ps(out + 32 * sub + 16 * half,
-                                     _mm512_fmsub_ps(_mm512_set1_ps(scales.dl[sub]), q,
-                                                     _mm512_set1_ps(scales.ml[sub])));
-                }
-            }
-        }
+/* A row of FMT's super-blocks (SUPER_BYTES each, scales by PREPARE), half a block at a time. */
+#define DEFINE_ROW_DEQUANTIZER(FMT, SUPER_BYTES, PREPARE)                                        \
+    WIDE static void dequantize_row_##FMT##_512(const uint8_t *row, int64_t k_dim, float *dst) { \
+        for (int64_t super = 0; super < k_dim / 256; super++) {                                 \
+            const uint8_t *block = row + super * (SUPER_BYTES);                                 \
+            SuperScales scales;                                                                 \
+            PREPARE(block, &scales);                                                            \
+            for (int h = 0; h < 2; h++) {                                                       \
+                __m512 w[8];                                                                    \
+                FMT##_half512(block, &scales, h, w);                                            \
+                for (int v = 0; v < 8; v++)                                                     \
+                    _mm512_storeu_ps(dst + super * 256 + 128 * h + 16 * v, w[v]);               \
+            }                                                                                   \
+        }                                                                                       \
     }
-}
 
-/* Q6_K: a half super-block's 128 six-bit values put together 64 bytes a vector
- * (q6_k_bytes512.h), less 32, then 16 at a time widened and times d * scale. */
-WIDE static void dequantize_row_q6_k_512(const uint8_t *row, int64_t k_dim, float *dst) {
-    const __m512i offset = _mm512_set1_epi8(32);
-    for (int64_t super = 0; super < k_dim / 256; super++) {
-        const uint8_t *block = row + super * 210;
-        SuperScales scales;
-        q6_k_super_scales(block, &scales);
-        for (int h = 0; h < 2; h++) {
-            __m512i first, second;
-            q6_k_half_bytes512(block, h, &first, &second);
-            const __m512i quarters[2] = {_mm512_sub_epi8(first, offset),
-                                         _mm512_sub_epi8(second, offset)};
-            float *out = dst + super * 256 + 128 * h;
-            for (int sub = 0; sub < 8; sub++) {
-                const __m128i part = quarter512(quarters[sub / 4], sub & 3);
-                const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(part));
-                _mm512_storeu_ps(out + 16 * sub,
-                                 _mm512_mul_ps(_mm512_set1_ps(scales.dl[8 * h + sub]), q));
-            }
-        }
-    }
-}
+DEFINE_ROW_DEQUANTIZER(q4_k, 144, k_super_scales)
+DEFINE_ROW_DEQUANTIZER(q6_k, 210, q6_k_super_scales)
 
 row_dequantizer baton_row_dequantizer512(int fmt) {
     switch (fmt) {

@@ -105,11 +105,18 @@ static int64_t drain(Range *range, uint32_t epoch) {
     }
 }
 
+/* Set while this thread runs a loop's chunks: a loop a chunk starts (a mixture of experts'
+ * block runs each expert's products in a chunk of its own) runs on this thread alone, since the
+ * other threads are busy with the outer loop and the caller's mutex is held. */
+static __thread int inside_loop;
+
 /* Participant `self` of loop `epoch`: its own range first, then the others'. */
 static void run_chunks(int self, uint32_t epoch, int participants) {
     int64_t ran = 0;
+    inside_loop = 1;
     for (int i = 0; i < participants; i++)
         ran += drain(&pool.ranges[(self + i) % participants], epoch);
+    inside_loop = 0;
     atomic_fetch_add_explicit(&pool.ranges[self].done, ran, memory_order_release);
 }
 
@@ -155,7 +162,7 @@ void baton_parallel(chunk_fn fn, const void *ctx, int64_t chunks) {
     /* The caller's OpenMP thread count (torch.set_num_threads on the engine's thread) is the
      * number of threads the engine may use. */
     const int threads = omp_get_max_threads();
-    if (threads <= 1 || chunks <= 1) {
+    if (threads <= 1 || chunks <= 1 || inside_loop) {
         for (int64_t chunk = 0; chunk < chunks; chunk++) fn(ctx, chunk);
         return;
     }
