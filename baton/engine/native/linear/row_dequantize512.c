@@ -20,7 +20,7 @@
             const uint8_t *block = row + super * (SUPER_BYTES);                                 \
             SuperScales scales;                                                                 \
             PREPARE(block, &scales);                                                            \
-            for (int h = 0; h < 2; h++) {                                                       \
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {                               \
                 __m512 w[8];                                                                    \
                 FMT##_half512(block, &scales, h, w);                                            \
                 for (int v = 0; v < 8; v++)                                                     \
