@@ -15,6 +15,7 @@ from torch import nn
 from baton.checkpoint.model_config import ModelConfig
 from baton.distributed.pipeline_parallel import PipelineParallel
 from baton.engine.models.layers import Linear
+from baton.engine.models.moe import SparseMoE
 from baton.engine.models.parallel_layers import ModelShards
 from baton.engine.models.stored_experts import hold_stored_experts
 from baton.engine.models.weight_targets import WeightTarget, local_compact_weights
@@ -71,12 +72,14 @@ class CompactWeights:
         if self.config.tie_word_embeddings and self.pipeline.is_last:
             owners[id(self.embed_tokens)] = self.lm_head  # the head multiplies by the embedding
         parts: dict[Linear, dict[int, tuple[str, CompactWeight]]] = {}
-        # A mixture of experts' experts go to their blocks (stored_experts.py), all at once.
+        # A mixture of experts' experts go to their blocks (stored_experts.py), all at once:
+        # this rank's (another rank's pass by, unread).
         moe = self.config.moe
         expert_names = {
             name
-            for layer in (self.layer_range if moe is not None else ())
-            for expert in range(moe.num_experts)
+            for layer, decoder_layer in zip(self.layer_range, self.layers)
+            if isinstance(decoder_layer.mlp, SparseMoE)
+            for expert in range(decoder_layer.mlp.held[0], sum(decoder_layer.mlp.held))
             for name in moe.expert_weight_names(layer, expert)
         }
         experts: dict[str, CompactWeight] = {}

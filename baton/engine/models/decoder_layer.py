@@ -163,7 +163,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, norms, device)
         if sparse:
             self.mlp: GatedMLP | SparseMoE = SparseMoE(
-                config.hidden_size, config.moe, dtype, device
+                config.hidden_size, config.moe, dtype, device, tp
             )
             return
         self.mlp = self.mlp_class(

@@ -5,6 +5,11 @@ The experts' weights are held stacked ([experts, 2 x intermediate, hidden] gate 
 [experts, hidden, intermediate] down), so an expert's are one slice, read once a batch however
 many of its tokens chose it; experts no token chose are not read at all, which is what makes a
 model of few active parameters fast where bandwidth is scarce.
+
+With several tensor-parallel ranks each rank holds an equal share of whole experts (expert
+parallelism, as vLLM's `--enable-expert-parallel`: a GGUF's blocks need no cutting, and a rank
+reads only its own experts), routes every token over all of them, multiplies the assignments
+to its own and the ranks add their partial sums; a shared expert joins on the first rank.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from baton.checkpoint.moe_config import MoEConfig
+from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.models.layers import empty_parameter
 from baton.engine.models.mlp import GatedMLP
+from baton.engine.models.parallel_layers import all_reduce_sum
 from baton.engine.native.library import NativeKernels
 from baton.engine.native.structs import ExpertMatrices
 
@@ -24,21 +31,29 @@ class SparseMoE(nn.Module):
     """Routed experts, and a gated shared expert where the model has one (Qwen2-MoE)."""
 
     def __init__(
-        self, hidden_size: int, moe: MoEConfig, dtype: torch.dtype, device: torch.device | str
+        self,
+        hidden_size: int,
+        moe: MoEConfig,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        tp: TensorParallel | None = None,
     ) -> None:
         super().__init__()
         self.moe = moe
-        features = moe.expert_intermediate_size
+        self.tp = tp if tp is not None and tp.size > 1 else None
+        # The experts this rank holds, [first, first + count): all of them in one process.
+        self.held = self.tp.share(moe.num_experts, "experts") if self.tp else (0, moe.num_experts)
+        features, count = moe.expert_intermediate_size, self.held[1]
         # A plain weight, not a Linear: never packed for oneDNN, so the native decode step
         # reads it as it is (a few hundred KB a layer: no compact copy to speak of).
         self.router = empty_parameter(moe.num_experts, hidden_size, dtype=dtype, device=device)
         self.experts_gate_up = empty_parameter(
-            moe.num_experts, 2 * features, hidden_size, dtype=dtype, device=device
+            count, 2 * features, hidden_size, dtype=dtype, device=device
         )
         self.experts_down = empty_parameter(
-            moe.num_experts, hidden_size, features, dtype=dtype, device=device
+            count, hidden_size, features, dtype=dtype, device=device
         )
-        shared = moe.shared_intermediate_size
+        shared = moe.shared_intermediate_size if self.tp is None or self.tp.rank == 0 else 0
         self.shared_expert = GatedMLP(hidden_size, shared, False, dtype, device) if shared else None
         # [1, hidden], plain as the router is (and read as it is by the native decode step).
         self.shared_expert_gate = (
@@ -52,8 +67,8 @@ class SparseMoE(nn.Module):
     def hold_stored_experts(self, stored: ExpertMatrices, native: NativeKernels) -> None:
         """Multiply the experts from their stored weights only (moe_experts.c reads each
         expert's compact weight: GGUF blocks, bf16, f16), freeing the stacked float32 ones."""
-        if stored.num_experts != self.moe.num_experts:
-            raise ValueError(f"{stored.num_experts} stored experts for {self.moe.num_experts}")
+        if stored.num_experts != self.held[1]:
+            raise ValueError(f"{stored.num_experts} stored experts for {self.held[1]}")
         self.stored, self.native = stored, native
         for name in ("experts_gate_up", "experts_down"):
             setattr(self, name, nn.Parameter(torch.empty(0), requires_grad=False))
@@ -67,24 +82,31 @@ class SparseMoE(nn.Module):
         routing probabilities, summed expert by expert in ascending order (as transformers
         sums them), then the shared expert's."""
         weights, experts = self.route(x)
+        if self.tp is not None:
+            first, count = self.held
+            local = experts - first
+            # -1: another rank's expert (moe_experts.c and _experts leave it out).
+            experts = torch.where((local >= 0) & (local < count), local, -1)
         if self.stored is not None:
             out = self.native.moe_experts(x, experts, weights, self.stored)
         else:
             out = self._experts(x, weights, experts)
         if self.shared_expert is not None:
             out += torch.sigmoid(F.linear(x, self.shared_expert_gate)) * self.shared_expert(x)
-        return out
+        return out if self.tp is None else all_reduce_sum(self.tp, out)
 
     def _experts(
         self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
     ) -> torch.Tensor:
-        """The routed experts from the stacked parameters, in torch."""
+        """The routed experts this rank holds (`experts`: their indices among them, -1 for
+        another rank's) from the stacked parameters, in torch."""
         out = torch.zeros_like(x)
         flat = experts.flatten()
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.moe.num_experts).tolist()
+        order = torch.argsort(flat, stable=True)  # (another rank's, -1, first)
+        held = flat >= 0
+        counts = torch.bincount(flat[held], minlength=self.held[1]).tolist()
         features = self.moe.expert_intermediate_size
-        start = 0
+        start = int((~held).sum())
         for expert, count in enumerate(counts):
             if not count:
                 continue

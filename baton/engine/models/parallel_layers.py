@@ -5,7 +5,8 @@ q/k/v and gate/up are column-parallel (a rank holds its heads' and features' out
 needs no collective), o and down row-parallel (the matching input columns: `RowParallelLinear`
 sums the ranks' partial products), the embedding and the LM head vocabulary-parallel
 (`VocabShard`). With fewer KV heads than ranks, each rank holds a copy of the one KV head its q
-heads group over. A single process (size 1) holds every weight whole and uses none of this.
+heads group over; a mixture of experts' ranks each hold a share of whole experts (moe.py).
+A single process (size 1) holds every weight whole and uses none of this.
 """
 
 from __future__ import annotations
@@ -97,17 +98,15 @@ class ModelShards:
     # padded with zero rows where the ranks do not divide the vocabulary.
     vocab: tuple[int, int]
     local_config: ModelConfig
+    # A mixture of experts' experts this rank holds (SparseMoE.held): (0, 0) for a dense model.
+    experts: tuple[int, int] = (0, 0)
 
     @classmethod
     def of(cls, config: ModelConfig, tp: TensorParallel) -> ModelShards:
         """The shards of `config`'s model on `tp`'s rank; ConfigurationError, in one line
         naming the model's number and the size, where the ranks cannot divide it."""
-        if config.moe is not None and tp.size > 1:
-            raise ConfigurationError(
-                "a mixture-of-experts model's experts are not sharded over ranks: "
-                "--tensor-parallel-size 1 (--pipeline-parallel-size splits its layers)"
-            )
         try:
+            experts = tp.share(config.moe.num_experts, "experts") if config.moe else (0, 0)
             q_heads = tp.share(config.num_heads, "attention heads")
             intermediate = tp.share(config.intermediate_size, "MLP intermediate features")
             if config.num_kv_heads >= tp.size:
@@ -130,7 +129,7 @@ class ModelShards:
             num_kv_heads=kv_heads[1],
             intermediate_size=intermediate[1],
         )
-        return cls(tp, q_heads, kv_heads, intermediate, (tp.rank * rows, rows), local)
+        return cls(tp, q_heads, kv_heads, intermediate, (tp.rank * rows, rows), local, experts)
 
     def head_rows(self, heads: tuple[int, int]) -> Shard:
         """The rows of a q, k or v projection (weight or bias) holding `heads`."""

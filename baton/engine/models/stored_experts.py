@@ -36,13 +36,14 @@ def hold_stored_experts(
     held: set[str] = set()
     if moe is None:
         return held
-    holding = 0
+    holding, count = 0, moe.num_experts
     hidden, features = config.hidden_size, moe.expert_intermediate_size
     for layer, decoder_layer in layers:
         block = decoder_layer.mlp
         if not isinstance(block, SparseMoE) or block.experts_gate_up.dtype != torch.float32:
             continue
-        names = [moe.expert_weight_names(layer, expert) for expert in range(moe.num_experts)]
+        first, count = block.held  # (this rank's experts)
+        names = [moe.expert_weight_names(layer, e) for e in range(first, first + count)]
         if any(name not in stored for triple in names for name in triple):
             continue
         gate, up, down = ([stored[triple[i]] for triple in names] for i in range(3))
@@ -57,5 +58,8 @@ def hold_stored_experts(
         held.update(name for triple in names for name in triple)
         holding += 1
     if holding:
-        logger.info("%d mixture-of-experts layers multiply their experts as stored", holding)
+        share = "" if count == moe.num_experts else f" ({count} of {moe.num_experts} on this rank)"
+        logger.info(
+            "%d mixture-of-experts layers multiply their experts as stored%s", holding, share
+        )
     return held

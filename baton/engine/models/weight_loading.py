@@ -48,7 +48,7 @@ class WeightLoading:
                 continue
             if name == "lm_head.weight" and self.config.tie_word_embeddings:
                 continue
-            if not self.holds(name):  # another pipeline stage's
+            if not self.holds(name):  # another pipeline stage's or tensor-parallel rank's
                 continue
             target = targets.get(name)
             if target is None:
@@ -87,12 +87,29 @@ class WeightLoading:
         )
 
     def holds(self, name: str) -> bool:
-        """Whether checkpoint tensor `name` belongs to this pipeline stage (every one does to a
-        single stage): its layers', or the embedding, norm and head it holds."""
+        """Whether checkpoint tensor `name` belongs to this rank (every one does to a single
+        process): its pipeline stage's layers, or the embedding, norm and head it holds; of a
+        mixture of experts, with several tensor-parallel ranks, its own experts' and (the first
+        rank's) the shared expert's."""
+        if name.startswith("model.layers."):
+            layer, rest = name.split(".", 3)[2:]
+            if int(layer) not in self.layer_range:
+                return False
+            return self.config.moe is None or self.shards.tp.size == 1 or self._holds_part(rest)
         if self.pipeline.size == 1:
             return True
-        if name.startswith("model.layers."):
-            return int(name.split(".")[2]) in self.layer_range
         if name.startswith("model.embed_tokens."):
             return self.holds_embedding
         return self.pipeline.is_last  # the final norm, the LM head
+
+    def _holds_part(self, rest: str) -> bool:
+        """Whether this tensor-parallel rank holds a layer's tensor named `rest` after
+        "model.layers.N.": an expert's of its share, a shared expert's on the first rank."""
+        block = f"{self.config.moe.prefix}."
+        if not rest.startswith(block):
+            return True
+        part = rest[len(block) :]
+        if part.startswith("experts."):
+            first, count = self.shards.experts
+            return first <= int(part.split(".")[1]) < first + count
+        return not part.startswith("shared_expert") or self.shards.tp.rank == 0

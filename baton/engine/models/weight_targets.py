@@ -134,7 +134,8 @@ def _expert_targets(
     prefix: str, layer: int, block: SparseMoE, hidden: int
 ) -> dict[str, WeightTarget]:
     """A mixture-of-experts layer's tensors: its router, each expert's gate, up and down (into
-    their slices of the stacked weights) and a shared expert with its gate."""
+    their slices of the stacked weights: this rank's experts only) and a shared expert with its
+    gate (where the block holds it)."""
     moe = block.moe
     features = moe.expert_intermediate_size
     block_prefix = f"{prefix}{moe.prefix}."
@@ -144,13 +145,14 @@ def _expert_targets(
         )
     }
     # A block holding its experts' stored weights (stored_experts.py) has no float32 ones.
-    for expert in range(moe.num_experts if block.stored is None else 0):
-        gate, up, down = moe.expert_weight_names(layer, expert)
-        stacked = block.experts_gate_up[expert]
+    first, count = block.held
+    for local in range(count if block.stored is None else 0):
+        gate, up, down = moe.expert_weight_names(layer, first + local)
+        stacked = block.experts_gate_up[local]
         targets[gate] = WeightTarget(stacked, slice(0, features), (features, hidden))
         targets[up] = WeightTarget(stacked, slice(features, 2 * features), (features, hidden))
         targets[down] = WeightTarget(
-            block.experts_down[expert], slice(0, hidden), (hidden, features)
+            block.experts_down[local], slice(0, hidden), (hidden, features)
         )
     if block.shared_expert is not None:
         shared = block.shared_expert

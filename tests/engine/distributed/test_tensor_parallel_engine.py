@@ -1,9 +1,10 @@
 """Tensor parallelism in the engine: two ranks over gloo, each holding its shard of the model,
 give a single process's greedy tokens (Llama with GQA, o bias and a vocabulary the ranks do not
 divide; Qwen2's qkv bias and tied head from bf16 weights; Qwen3's q/k norms; a GGUF held as
-stored; one KV head copied on both ranks; a draft model run whole on each rank), and the same
-tokens on both ranks, sampled ones too; what the ranks cannot divide is refused at start-up in
-one line."""
+stored; one KV head copied on both ranks; a draft model run whole on each rank; mixtures of
+experts, each rank holding half of them: float32 in torch, bf16 and a GGUF's blocks in the
+native expert kernel, a shared expert on the first rank), and the same tokens on both ranks,
+sampled ones too; what the ranks cannot divide is refused at start-up in one line."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from baton.engine.batch.forward_batch import ForwardBatch
 from baton.engine.batch.seeded_uniforms import seeded_uniforms
 from baton.engine.cpu.capabilities import detect_cpu_capabilities
 from baton.engine.engine import Engine
+from baton.engine.models.moe import SparseMoE
 from baton.hardware import isa_rank
 from baton.sampling_params import SamplingParams
 
@@ -143,6 +145,12 @@ def serve_cases(cases: list[Case], ranks: Ranks) -> dict[str, dict[str, Any]]:
             "native_step": engine.decode_step is not None,
             "kv_heads": engine.kv_pool.k_cache(0).shape[-2],
             "draft_kv_heads": draft.kv_pool.k_cache(0).shape[-2] if draft else None,
+            # Each mixture-of-experts layer's experts: which, held as stored, a shared expert.
+            "experts": [
+                (layer.mlp.held, layer.mlp.stored is not None, layer.mlp.shared_expert is not None)
+                for layer in engine.model.layers
+                if isinstance(layer.mlp, SparseMoE)
+            ],
         }
     return results
 
@@ -153,7 +161,16 @@ def cases(tiny_model_factory: Callable[..., Path], tmp_path_factory: pytest.Temp
         "llama", vocab_size=301, head_dim=32, intermediate_size=192, **PLAIN_ROPE
     )
     gguf = export_gguf(gguf_source, "float32", tmp_path_factory.mktemp("gguf") / "t.gguf", "Q8_0")
-    load_checkpoint(str(gguf))  # its metadata converted once, not by both ranks at once
+    # Every layer sparse (as llama.cpp's MoE files are), each expert whole on one rank: its
+    # 64 features whole Q8_0 blocks.
+    moe_source = tiny_model_factory(
+        "qwen3_moe", vocab_size=300, mlp_only_layers=[], moe_intermediate_size=64
+    )
+    moe_gguf = export_gguf(
+        moe_source, "float32", tmp_path_factory.mktemp("gguf") / "moe.gguf", "Q8_0"
+    )
+    for path in (gguf, moe_gguf):
+        load_checkpoint(str(path))  # its metadata converted once, not by both ranks at once
     llama = str(tiny_model_factory("llama"))
     # The target as its own draft model: every draft is accepted, so rows verify several.
     speculative = {"method": "draft_model", "model": llama, "num_speculative_tokens": 3}
@@ -166,6 +183,23 @@ def cases(tiny_model_factory: Callable[..., Path], tmp_path_factory: pytest.Temp
         Case("one_kv_head", str(tiny_model_factory("qwen3", num_key_value_heads=1)), hf=True),
         # Each rank's q/k norm heads, post-norms after the row-parallel sums, windowed layers.
         Case("gemma3", str(tiny_model_factory("gemma3")), hf=True),
+        # Three of six experts a rank, routed over all six; a shared expert and bf16 experts
+        # multiplied as stored (their widths whole blocks of 32); a GGUF's experts read where
+        # the file maps them.
+        Case("qwen3_moe", str(tiny_model_factory("qwen3_moe")), hf=True),
+        Case(
+            "qwen2_moe",
+            str(
+                tiny_model_factory(
+                    "qwen2_moe",
+                    weights_dtype=torch.bfloat16,
+                    moe_intermediate_size=64,
+                    shared_expert_intermediate_size=96,
+                )
+            ),
+            hf=True,
+        ),
+        Case("gguf_qwen3_moe_q8_0", str(moe_gguf)),
     ]
 
 
@@ -184,7 +218,19 @@ def served(cases: list[Case]) -> tuple[dict, dict, dict]:
 
 
 @pytest.mark.parametrize(
-    "name", ["llama", "qwen2", "qwen3", "gguf_q8_0", "one_kv_head", "draft_model", "gemma3"]
+    "name",
+    [
+        "llama",
+        "qwen2",
+        "qwen3",
+        "gguf_q8_0",
+        "one_kv_head",
+        "draft_model",
+        "gemma3",
+        "qwen3_moe",
+        "qwen2_moe",
+        "gguf_qwen3_moe_q8_0",
+    ],
 )
 def test_two_ranks_give_one_process_greedy_tokens(
     served: tuple[dict, dict, dict], cases: list[Case], name: str
@@ -222,6 +268,23 @@ def test_ranks_hold_their_kv_heads_and_step_op_by_op(served: tuple[dict, dict, d
     assert single["gguf_q8_0"]["native_step"] == bool(NATIVE)
 
 
+def test_each_rank_holds_half_of_every_layers_experts(served: tuple[dict, dict, dict]) -> None:
+    """Three of six experts a rank, in every sparse layer (Qwen3-MoE's middle one is dense;
+    Qwen2-MoE's every second is sparse); bf16 experts and a GGUF's held as stored (where the
+    native kernels run); the shared expert on the first rank only."""
+    rank0, rank1, single = served
+    stored = bool(NATIVE)
+    for name, layers, as_stored in (
+        ("qwen3_moe", 2, False),
+        ("qwen2_moe", 1, stored),
+        ("gguf_qwen3_moe_q8_0", 3, stored),
+    ):
+        shared = name == "qwen2_moe"
+        assert rank0[name]["experts"] == [((0, 3), as_stored, shared)] * layers, name
+        assert rank1[name]["experts"] == [((3, 3), as_stored, False)] * layers, name
+        assert single[name]["experts"] == [((0, 6), as_stored, shared)] * layers, name
+
+
 @pytest.mark.parametrize(
     ("overrides", "size", "message"),
     [
@@ -238,14 +301,20 @@ def test_ranks_hold_their_kv_heads_and_step_op_by_op(served: tuple[dict, dict, d
             "KV heads (2) are fewer than the ranks and do not divide --tensor-parallel-size 3",
         ),
         ({"intermediate_size": 161}, 2, "MLP intermediate features (161) do not divide"),
+        (
+            {"variant": "qwen3_moe", "num_attention_heads": 8, "intermediate_size": 168},
+            4,
+            "experts (6) do not divide evenly over --tensor-parallel-size 4",
+        ),
     ],
-    ids=["heads", "kv_heads", "kv_heads_fewer", "intermediate"],
+    ids=["heads", "kv_heads", "kv_heads_fewer", "intermediate", "experts"],
 )
 def test_what_the_ranks_cannot_divide_is_refused_in_one_line(
     tiny_model_factory: Callable[..., Path], overrides: dict, size: int, message: str
 ) -> None:
     """Refused before any weight is read or any rank is waited for."""
-    model = tiny_model_factory("qwen3", **overrides)
+    overrides = dict(overrides)
+    model = tiny_model_factory(overrides.pop("variant", "qwen3"), **overrides)
     with pytest.raises(ConfigurationError) as refused:
         Engine(engine_config(str(model)), tp=TensorParallel(rank=0, size=size))
     assert "\n" not in str(refused.value)

@@ -17,7 +17,6 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 from baton import LLM, SamplingParams
 from baton.checkpoint.load import load_checkpoint
 from baton.checkpoint.moe_config import MoEConfig
-from baton.config import ConfigurationError
 from baton.distributed.tensor_parallel import TensorParallel
 from baton.engine.models.moe import SparseMoE
 from baton.engine.models.parallel_layers import ModelShards
@@ -151,14 +150,19 @@ def test_routing_ties_and_order_are_transformers() -> None:
         torch.testing.assert_close(weights, their_weights, rtol=0, atol=0)
 
 
-def test_experts_over_tensor_parallel_ranks_are_refused_in_one_line(
+def test_each_rank_holds_its_share_of_whole_experts(
     tiny_model_factory: Callable[..., Path],
 ) -> None:
+    """Two ranks of the tiny Qwen3-MoE's six experts: three each, the router over all six (the
+    tokens: tests/engine/distributed/test_tensor_parallel_engine.py)."""
     config = load_checkpoint(str(tiny_model_factory("qwen3_moe"))).config
-    with pytest.raises(ConfigurationError) as refused:
-        ModelShards.of(config, TensorParallel(rank=0, size=2))
-    assert "\n" not in str(refused.value)
-    assert "experts are not sharded over ranks" in str(refused.value)
+    for rank, first in ((0, 0), (1, 3)):
+        tp = TensorParallel(rank=rank, size=2)
+        ModelShards.of(config, tp)  # (no refusal)
+        block = SparseMoE(config.hidden_size, config.moe, torch.float32, "cpu", tp)
+        assert block.held == (first, 3)
+        assert block.experts_gate_up.shape[0] == block.experts_down.shape[0] == 3
+        assert block.router.shape[0] == 6
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

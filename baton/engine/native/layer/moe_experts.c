@@ -22,6 +22,10 @@
  * microseconds of work, and the activation ran on one thread. */
 #define EXPERTS_APART_MAX_ROWS 16
 
+/* An assignment to an expert another tensor-parallel rank holds (each holds a share of whole
+ * experts, engine/models/moe.py): this rank's sum leaves it out. */
+#define OTHER_RANKS_EXPERT (-1)
+
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* What every expert's products read: the block's matrices, its rows and how they are grouped. */
@@ -87,8 +91,9 @@ static void expert_task(const void *arg, int64_t chunk) {
  * e < num_experts: separate matrices, so that a GGUF's stacked experts are read where the file
  * maps them (no fused copy). A row's experts are added in ascending expert order, each product
  * rounded before its weight multiplies it: transformers' order, so float32 results match its
- * float32 reference's arithmetic (and do not depend on which thread took an expert). Returns
- * 0, -1 if memory ran out (or a product failed), -2 for an expert id out of range. */
+ * float32 reference's arithmetic (and do not depend on which thread took an expert). An
+ * expert id of -1 is another rank's expert, left out. Returns 0, -1 if memory ran out (or a
+ * product failed), -2 for an expert id out of range. */
 int baton_moe_experts(const Matrix *gate, const Matrix *up, const Matrix *down,
                       int64_t num_experts, const float *x, int64_t rows, const int64_t *experts,
                       const float *weights, int64_t top_k, float *out) {
@@ -100,9 +105,11 @@ int baton_moe_experts(const Matrix *gate, const Matrix *up, const Matrix *down,
         &order_buffer, (int64_t)sizeof(int64_t) * (2 * num_experts + 1 + assignments));
     if (!starts) return -1;
     int64_t *order = starts + num_experts + 1, *chosen = order + assignments;
-    /* A counting sort, stable: an expert's rows in token order. */
+    /* A counting sort, stable: an expert's rows in token order (an assignment to another
+     * rank's expert, -1, left out). */
     memset(starts, 0, sizeof(int64_t) * (size_t)(num_experts + 1));
     for (int64_t a = 0; a < assignments; a++) {
+        if (experts[a] == OTHER_RANKS_EXPERT) continue;
         if (experts[a] < 0 || experts[a] >= num_experts) return -2;
         starts[experts[a] + 1]++;
     }
@@ -112,20 +119,22 @@ int baton_moe_experts(const Matrix *gate, const Matrix *up, const Matrix *down,
         if (starts[e + 1]) chosen[chosen_count++] = e;
         starts[e + 1] += starts[e];
     }
-    for (int64_t a = 0, *next = starts; a < assignments; a++) order[next[experts[a]]++] = a;
+    for (int64_t a = 0, *next = starts; a < assignments; a++)
+        if (experts[a] != OTHER_RANKS_EXPERT) order[next[experts[a]]++] = a;
     /* (`next` advanced each expert's start to its end: starts[e] is now expert e's end, and
      * expert e's rows begin at starts[e - 1], 0 for the first.) */
+    const int64_t placed = starts[num_experts - 1]; /* the assignments to these experts */
     const Experts ex = {gate, up, down, x, order, starts, top_k};
     memset(out, 0, sizeof(float) * (size_t)(rows * hidden));
     if (most <= EXPERTS_APART_MAX_ROWS) {
         /* Every assignment's product first, then the sums in the order below: the same. */
         float *products =
-            thread_buffer(&product_buffer, (int64_t)sizeof(float) * assignments * hidden);
+            thread_buffer(&product_buffer, (int64_t)sizeof(float) * (placed + 1) * hidden);
         if (!products) return -1;
         ApartLoop loop = {&ex, chosen, products, hidden, 0};
         baton_parallel(expert_task, &loop, chosen_count);
         if (atomic_load_explicit(&loop.failed, memory_order_relaxed)) return -1;
-        add_products(&ex, 0, assignments, products, weights, hidden, out);
+        add_products(&ex, 0, placed, products, weights, hidden, out);
         return 0;
     }
     float *down_rows = thread_buffer(&product_buffer, (int64_t)sizeof(float) * most * hidden);
