@@ -112,9 +112,28 @@ WIDE void baton_pack_rows(const float *x, int64_t m_dim, int64_t k_dim, int64_t 
     }
 }
 
+/* y[r, n] = row r's sum (its `chains` accumulators of 16 lanes each, acc[r * chains ..]) +
+ * bias[n], for r < rows: from 12 rows (one chain a row) the rows' sums are taken together
+ * (lane_sums16; below, one horizontal sum a row measured as fast). */
+WIDE static inline __attribute__((always_inline)) void store_row_sums(
+    const __m512 *acc, int rows, int chains, const float *bias, int64_t n, int64_t n_dim,
+    float *y) {
+    float sums[WIDE_ROWS_PER_PASS];
+    if (rows >= 12) {
+        _mm512_storeu_ps(sums, lane_sums16(acc));
+    } else {
+        for (int r = 0; r < rows; r++) {
+            __m512 sum = acc[r * chains];
+            for (int c = 1; c < chains; c++) sum = _mm512_add_ps(sum, acc[r * chains + c]);
+            sums[r] = _mm512_reduce_add_ps(sum);
+        }
+    }
+    const float add = bias ? bias[n] : 0.0f;
+    for (int r = 0; r < rows; r++) y[r * n_dim + n] = sums[r] + add;
+}
+
 /* As DEFINE_SWEEP, 16 floats a vector and up to WIDE_ROWS_PER_PASS rows of x packed by
- * pack_rows; at least four FMA chains at any number of rows. From 12 rows the rows' sums are
- * taken together (lane_sums16; below, one horizontal sum a row measured as fast). */
+ * baton_pack_rows; at least four FMA chains at any number of rows. */
 #define DEFINE_WIDE_SWEEP(FMT, DEQUANT, SUPER_BYTES, SUBS, PREPARE)                              \
     WIDE static inline __attribute__((always_inline)) void sweep16_##FMT(                        \
         const float *x, int64_t k_dim, const uint8_t *w, int64_t row_bytes, int64_t n_begin,    \
@@ -142,18 +161,7 @@ WIDE void baton_pack_rows(const float *x, int64_t m_dim, int64_t k_dim, int64_t 
                     }                                                                           \
                 }                                                                               \
             }                                                                                   \
-            float sums[WIDE_ROWS_PER_PASS];                                                     \
-            if (rows >= 12) {                                                                   \
-                _mm512_storeu_ps(sums, lane_sums16(acc));                                       \
-            } else {                                                                            \
-                for (int r = 0; r < rows; r++) {                                                \
-                    __m512 sum = acc[r * chains];                                               \
-                    for (int c = 1; c < chains; c++) sum = _mm512_add_ps(sum, acc[r * chains + c]); \
-                    sums[r] = _mm512_reduce_add_ps(sum);                                        \
-                }                                                                               \
-            }                                                                                   \
-            const float add = bias ? bias[n] : 0.0f;                                            \
-            for (int r = 0; r < rows; r++) y[r * n_dim + n] = sums[r] + add;                    \
+            store_row_sums(acc, rows, chains, bias, n, n_dim, y);                              \
         }                                                                                       \
     }                                                                                           \
                                                                                                 \
@@ -200,18 +208,7 @@ DEFINE_WIDE_SWEEP(q4_1, dq16_q4_1, 20, 1, no_super_scales)
                     }                                                                           \
                 }                                                                               \
             }                                                                                   \
-            float sums[WIDE_ROWS_PER_PASS];                                                     \
-            if (rows >= 12) {                                                                   \
-                _mm512_storeu_ps(sums, lane_sums16(acc));                                       \
-            } else {                                                                            \
-                for (int r = 0; r < rows; r++) {                                                \
-                    __m512 sum = acc[r * chains];                                               \
-                    for (int c = 1; c < chains; c++) sum = _mm512_add_ps(sum, acc[r * chains + c]); \
-                    sums[r] = _mm512_reduce_add_ps(sum);                                        \
-                }                                                                               \
-            }                                                                                   \
-            const float add = bias ? bias[n] : 0.0f;                                            \
-            for (int r = 0; r < rows; r++) y[r * n_dim + n] = sums[r] + add;                    \
+            store_row_sums(acc, rows, chains, bias, n, n_dim, y);                              \
         }                                                                                       \
     }                                                                                           \
                                                                                                 \
