@@ -92,8 +92,8 @@ class WeightLoading:
         mixture of experts, with several tensor-parallel ranks, its own experts' and (the first
         rank's) the shared expert's."""
         if name.startswith("model.layers."):
-            layer, rest = name.split(".", 3)[2:]
-            if int(layer) not in self.layer_range:
+            layer, _, rest = name.removeprefix("model.layers.").partition(".")
+            if self.pipeline.size > 1 and int(layer) not in self.layer_range:
                 return False
             return self.config.moe is None or self.shards.tp.size == 1 or self._holds_part(rest)
         if self.pipeline.size == 1:
