@@ -98,15 +98,14 @@ class ModelShards:
     # padded with zero rows where the ranks do not divide the vocabulary.
     vocab: tuple[int, int]
     local_config: ModelConfig
-    # A mixture of experts' experts this rank holds (SparseMoE.held): (0, 0) for a dense model.
-    experts: tuple[int, int] = (0, 0)
 
     @classmethod
     def of(cls, config: ModelConfig, tp: TensorParallel) -> ModelShards:
         """The shards of `config`'s model on `tp`'s rank; ConfigurationError, in one line
         naming the model's number and the size, where the ranks cannot divide it."""
         try:
-            experts = tp.share(config.moe.num_experts, "experts") if config.moe else (0, 0)
+            if config.moe is not None:  # (each rank's share: SparseMoE.held)
+                tp.share(config.moe.num_experts, "experts")
             q_heads = tp.share(config.num_heads, "attention heads")
             intermediate = tp.share(config.intermediate_size, "MLP intermediate features")
             if config.num_kv_heads >= tp.size:
@@ -129,7 +128,7 @@ class ModelShards:
             num_kv_heads=kv_heads[1],
             intermediate_size=intermediate[1],
         )
-        return cls(tp, q_heads, kv_heads, intermediate, (tp.rank * rows, rows), local, experts)
+        return cls(tp, q_heads, kv_heads, intermediate, (tp.rank * rows, rows), local)
 
     def head_rows(self, heads: tuple[int, int]) -> Shard:
         """The rows of a q, k or v projection (weight or bias) holding `heads`."""

@@ -11,6 +11,7 @@ from torch import nn
 
 from baton.checkpoint.model_config import CheckpointError, ModelConfig
 from baton.distributed.pipeline_parallel import PipelineParallel
+from baton.engine.models.moe import SparseMoE
 from baton.engine.models.parallel_layers import ModelShards
 from baton.engine.models.weight_targets import WeightTarget, weight_targets
 from baton.engine.native.formats import CompactWeight
@@ -95,21 +96,25 @@ class WeightLoading:
             layer, _, rest = name.removeprefix("model.layers.").partition(".")
             if self.pipeline.size > 1 and int(layer) not in self.layer_range:
                 return False
-            return self.config.moe is None or self.shards.tp.size == 1 or self._holds_part(rest)
+            return self.shards.tp.size == 1 or self._holds_part(int(layer), rest)
         if self.pipeline.size == 1:
             return True
         if name.startswith("model.embed_tokens."):
             return self.holds_embedding
         return self.pipeline.is_last  # the final norm, the LM head
 
-    def _holds_part(self, rest: str) -> bool:
-        """Whether this tensor-parallel rank holds a layer's tensor named `rest` after
-        "model.layers.N.": an expert's of its share, a shared expert's on the first rank."""
-        block = f"{self.config.moe.prefix}."
-        if not rest.startswith(block):
+    def _holds_part(self, layer: int, rest: str) -> bool:
+        """Whether this tensor-parallel rank holds layer `layer`'s tensor named `rest` after
+        "model.layers.N.": of a mixture of experts, its own experts' (`SparseMoE.held`) and
+        the shared expert's where its block has one (the first rank's)."""
+        if layer not in self.layer_range:
+            return True  # (a layer the model has not: named as unexpected)
+        block = self.layers[layer - self.layer_range.start].mlp
+        prefix = f"{self.config.moe.prefix}." if isinstance(block, SparseMoE) else None
+        if prefix is None or not rest.startswith(prefix):
             return True
-        part = rest[len(block) :]
+        part = rest[len(prefix) :]
         if part.startswith("experts."):
-            first, count = self.shards.experts
+            first, count = block.held
             return first <= int(part.split(".")[1]) < first + count
-        return not part.startswith("shared_expert") or self.shards.tp.rank == 0
+        return not part.startswith("shared_expert") or block.shared_expert is not None

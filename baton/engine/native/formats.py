@@ -69,7 +69,8 @@ FORMATS = {
 # panels of 16 features (native/linear/block_panels.c).
 BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
 # The formats AVX-512 multiplies from 8 rows in the staged tiles (native/linear/staged_gemm.c):
-# every one but those with 16-float sweeps (compact_gemv.c: bf16, f16 and the block formats).
+# every one but those whose 16-float sweeps take any number of rows (wide_sweeps512.c: bf16,
+# f16 and the block formats; Q4_K's and Q6_K's stop at 7).
 STAGED_FORMATS = frozenset(FORMATS) - {"bf16", "f16", *BLOCK_FORMATS}
 # The format of a fused weight whose parts are stored in different formats (CompactWeight.parts).
 PARTS = "parts"

@@ -10,9 +10,9 @@
  * for up to 32 rows, and a tile of 4 rows of x by 3 weight rows runs 12 FMAs for 7 loads from
  * L1: 62-66 GFMA/s at 16-32 rows, 1.3-1.6x the sweep's rate.
  *
- * With AVX-512 (the k-quants and IQ4, which have no 16-float sweeps) the tiles take 16 inputs
- * a vector, 6 rows of x by 4 weight rows: 24 sums in the 32 zmm registers, 10 loads for 24
- * FMAs, on the same stage; and whole groups of 16 rows take the group tiles instead
+ * With AVX-512 (the k-quants and IQ4, whose 16-float sweeps, where any, stop at 7 rows) the
+ * tiles take 16 inputs a vector, 6 rows of x by 4 weight rows: 24 sums in the 32 zmm
+ * registers, 10 loads for 24 FMAs, on the same stage; and whole groups of 16 rows take the group tiles instead
  * (staged_groups512.c: 16 rows a vector, each stage weight broadcast, 1.13-1.42x at 16-128
  * rows on a Zen 5), a block of 128 rows a pass, so that a stage is dequantized once for it.
  *
