@@ -200,11 +200,16 @@ static void stage_pass(const StagedLoop *l, int64_t m0, int64_t rows, int64_t n0
             r0 += tile_rows;
         }
     }
+    /* Row by row, each row's features side by side: a row's stores land in one or two lines
+     * (feature by feature, each went to 16 rows' lines: on a Zen 5, 10 % of a 128-token
+     * prefill of the Qwen3-30B-A3B shape; the 1B Llama's Q4_K layers ran 1.10x at 128 and
+     * 512 rows, the 30B's expert matrices 1.24x at 128, once the stores went row by row). */
     for (int64_t g = 0; g < groups; g++)
-        for (int64_t j = 0; j < features; j++)
-            for (int64_t i = 0; i < GROUP_ROWS; i++)
-                l->y[(m0 + g * GROUP_ROWS + i) * l->n_dim + n0 + j] =
-                    group_sums[g][j][i] + (l->bias ? l->bias[n0 + j] : 0.0f);
+        for (int64_t i = 0; i < GROUP_ROWS; i++) {
+            float *y = l->y + (m0 + g * GROUP_ROWS + i) * l->n_dim + n0;
+            for (int64_t j = 0; j < features; j++)
+                y[j] = group_sums[g][j][i] + (l->bias ? l->bias[n0 + j] : 0.0f);
+        }
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < features; j++) {
             const float *slot = sums[r][j];
