@@ -30,8 +30,9 @@ from baton.engine.models.gemma import GemmaDecoderLayer
 from baton.engine.models.layers import Linear
 from baton.engine.models.mlp import GatedMLP
 from baton.engine.models.moe import SparseMoE
+from baton.engine.native.attention_kernels import kv_element_type
 from baton.engine.native.formats import COMPACT_MAX_ROWS
-from baton.engine.native.library import NativeKernels, kv_element_type
+from baton.engine.native.library import NativeKernels
 from baton.engine.native.structs import (
     DecodeModelArgs,
     DecoderLayerArgs,

@@ -28,17 +28,10 @@ from baton.engine.graphs.decode_graphs import DecodeGraphs
 from baton.engine.kv.cache_dtype import kv_cache_dtype
 from baton.engine.kv.pool import KVPool
 from baton.engine.kv.sizing import kv_pool_pages, page_bytes
-from baton.engine.memory_fit import (
-    available_memory_bytes,
-    check_fits,
-    expected_weight_bytes,
-    memory_in_use,
-    mib,
-    return_freed_heap,
-)
-from baton.engine.models.causal_lm import CausalLM, pipeline_stages
+from baton.engine.memory_fit import memory_in_use, mib
+from baton.engine.model_setup import ModelPlacement, build_model
+from baton.engine.models.causal_lm import pipeline_stages
 from baton.engine.models.parallel_layers import ModelShards
-from baton.engine.models.stored_weights import load_as_stored
 from baton.engine.native.formats import COMPACT_MAX_ROWS
 from baton.engine.native.library import native_kernels_for
 from baton.engine.sampling.grammar_masks import GrammarMasks
@@ -46,7 +39,6 @@ from baton.engine.sampling.logit_adjustments import BadWordTokens
 from baton.engine.sampling.sampler import Sampler
 from baton.engine.sampling.token_counts import SlotTokenCounts
 from baton.engine.speculation.setup import TargetEngine, make_speculator
-from baton.engine.weights.checkpoint_tensors import iter_compact_weights, iter_weights
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +113,6 @@ class Engine(BatchRunner):
         # says, and where the computation is float32, RoPE + K/V store and decode attention
         # reading the pages in place.
         native = native_kernels_for(self.cpu) if self.device.type == "cpu" else None
-        tiled = 0
         self.plan = choose_compute_plan(
             config.dtype,
             model_config.torch_dtype,
@@ -140,80 +131,20 @@ class Engine(BatchRunner):
         self.page_size = config.page_size
         self.num_pages = kv_pool_pages(config, sizing_config, self.kv_dtype, self.max_model_len)
         self.gemm_dtype = _TORCH_DTYPES[self.plan.gemm_dtype] if self.plan.gemm_dtype else None
-        compact = native is not None and self.plan.compact_small_batches
-        # (The compact kernels multiply float32 rows: a GGUF computed in bf16 is widened.)
-        held_as_stored = self.checkpoint.gguf_file is not None and self.dtype == torch.float32
-        if self.device.type == "cpu":
-            element_bytes = torch.finfo(self.gemm_dtype or self.dtype).bits // 8
-            kv_bytes = self.num_pages * page_bytes(local_config, self.page_size, self.kv_dtype)
-            # Block formats' panels (AVX-512) and tiles (AMX): once more each.
-            block_copies = int(native is not None and native.avx512) + int(self.plan.amx_tiles)
-            weight_bytes = expected_weight_bytes(
-                self.checkpoint,
-                element_bytes,
-                compact and held_as_stored,
-                block_copies,
-                stored_copy=compact,
-            )
-            # (Each rank holds about its share of the weights.)
-            share = self.tp.size * model_config.num_layers // len(stages[self.pp.stage])
-            check_fits(-(-weight_bytes // share), kv_bytes, available_memory_bytes())
-        memory_before_weights = memory_in_use(self.device)
-        self.model = CausalLM(
-            model_config,
-            self.dtype,
-            self.device,
-            self.gemm_dtype,
-            self.tp,
-            self.pp,
+        # (Each rank holds about its share of the weights.)
+        share = self.tp.size * model_config.num_layers // len(stages[self.pp.stage])
+        placement = ModelPlacement(
+            device=self.device,
+            dtype=self.dtype,
+            gemm_dtype=self.gemm_dtype,
+            tp=self.tp,
+            pp=self.pp,
             context_length=self.max_model_len,
+            kv_pool_bytes=self.num_pages * page_bytes(local_config, self.page_size, self.kv_dtype),
+            weights_share=share,
         )
-        if compact and held_as_stored:
-            layers = load_as_stored(self.model, self.checkpoint, native)
-            logger.info(
-                "%d linear layers%s hold only the file's blocks: small batches multiply them in "
-                "the compact kernels, larger ones a float32 slab at a time",
-                layers,
-                " and the embedding" if self.model.embedding_stored is not None else "",
-            )
-        else:
-            self.model.load_weights(iter_weights(self.checkpoint, native))
-        if compact:
-            if not held_as_stored:
-                stored = self.model.local_compact_weights(iter_compact_weights(self.checkpoint))
-                attached = self.model.attach_compact_weights(stored, native)
-                # (With bf16 GEMMs, start-up then times how many rows the layers keep: logged
-                # below.)
-                logger.info(
-                    "%d linear layers read their stored weights in batches of up to %d rows",
-                    len(attached),
-                    COMPACT_MAX_ROWS,
-                )
-            if self.plan.amx_tiles and not native.amx:
-                logger.warning("this CPU has AMX, but Linux refused its tiles: no AMX here")
-            elif self.plan.amx_tiles:
-                tiled = self.model.tile_compact_weights(native)
-                logger.info("%d linear layers multiply batches of several rows in AMX tiles", tiled)
-            elif self.plan.bf16_dot_tiles and native.bf16_dot:
-                tiled = self.model.tile_compact_weights(native)
-                logger.info(
-                    "%d linear layers multiply batches of several rows in bf16 dot products "
-                    "(AVX512_BF16)",
-                    tiled,
-                )
-            if native.avx512:
-                panelled = self.model.panel_compact_weights(native)
-                logger.info("%d linear layers multiply small batches in panels", panelled)
-        # (The kernels read a KV cache of any --kv-cache-dtype, widening as they load.)
-        float32_kernels = self.dtype == torch.float32 and model_config.head_dim % 8 == 0
-        attention_kernels = native if float32_kernels else None
-        if attention_kernels is not None:
-            self.model.use_native_kernels(attention_kernels)
-        if self.plan.pack_weights:
-            self.model.pack_linear_weights()
-        if self.device.type == "cpu":
-            return_freed_heap()
-        weights_bytes = memory_in_use(self.device) - memory_before_weights
+        built = build_model(model_config, self.checkpoint, self.plan, native, placement)
+        self.model, tiled, attention_kernels = built.model, built.tiled, built.attention_kernels
         # On CUDA the decode graphs' padding rows get a page of their own, past the pages
         # sized for requests, which never hold it (unused if no graph is recorded).
         padding_pages = 1 if self.device.type == "cuda" and not config.enforce_eager else 0
@@ -299,7 +230,7 @@ class Engine(BatchRunner):
         )
         logger.info(
             "memory: weights %s, KV pool %s of %s%s, the process %s",
-            mib(weights_bytes),
+            mib(built.weights_bytes),
             mib(self.kv_pool.nbytes),
             str(self.kv_dtype).removeprefix("torch."),
             " (resident as its pages fill)" if self.device.type == "cpu" else "",

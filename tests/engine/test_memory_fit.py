@@ -209,8 +209,8 @@ def test_the_engine_refuses_a_model_that_does_not_fit_before_loading_weights(
         models_built.append(args)
         raise AssertionError("the model was built: its weights were to be loaded")
 
-    monkeypatch.setattr("baton.engine.engine.available_memory_bytes", lambda: 100 * MIB)
-    monkeypatch.setattr("baton.engine.engine.CausalLM", no_model)
+    monkeypatch.setattr("baton.engine.model_setup.available_memory_bytes", lambda: 100 * MIB)
+    monkeypatch.setattr("baton.engine.model_setup.CausalLM", no_model)
     with pytest.raises(ConfigurationError, match="does not fit"):
         LLM(str(tiny_gguf), max_model_len=256)
     assert not models_built
@@ -220,6 +220,6 @@ def test_the_engine_starts_a_model_that_fits(
     tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The same model with plenty available starts: the check refuses only what does not fit."""
-    monkeypatch.setattr("baton.engine.engine.available_memory_bytes", lambda: 64 << 30)
+    monkeypatch.setattr("baton.engine.model_setup.available_memory_bytes", lambda: 64 << 30)
     llm = LLM(str(tiny_gguf), max_model_len=256, kv_cache_memory_bytes=16 * MIB)
     assert llm.engine.model is not None
