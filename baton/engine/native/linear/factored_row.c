@@ -218,15 +218,19 @@ int baton_factored_row(int fmt, int avx512, const float *x, int64_t m_dim, int64
     /* Each 16 and each 32 of x summed once, for every weight row's m_s * sum(x_s). The engine
      * thread calls this for every layer of every step: its buffer stays. */
     static __thread ThreadBuffer sums_buffer;
-    const int64_t per_row = k_dim / 32 + k_dim / 16;
+    const int lane_order = fn == baton_factored_q6_k_row512;
+    const int64_t per_row = k_dim / 32 + k_dim / 16 + (lane_order ? k_dim : 0);
     float *sums = thread_buffer(&sums_buffer, m_dim * per_row * (int64_t)sizeof(float));
     if (!sums) return -2;
     float *half_sums = sums + m_dim * (k_dim / 32);
+    float *x_by_lane = lane_order ? half_sums + k_dim / 16 : 0;
+    if (lane_order) baton_x_in_lane_order(x, k_dim, x_by_lane);
     for (int64_t b = 0; b < m_dim * (k_dim / 16); b++)
         half_sums[b] = hsum8(_mm256_add_ps(_mm256_loadu_ps(x + 16 * b), _mm256_loadu_ps(x + 16 * b + 8)));
     for (int64_t b = 0; b < m_dim * (k_dim / 32); b++) sums[b] = half_sums[2 * b] + half_sums[2 * b + 1];
     const int64_t chunk_rows = rows_per_chunk(n_dim);
-    const RowLoop loop = {x, sums, half_sums, bias, y, w, m_dim, k_dim, n_dim, row_bytes, chunk_rows};
+    const RowLoop loop = {x, sums, half_sums, bias, x_by_lane, y, w, m_dim, k_dim, n_dim,
+                          row_bytes, chunk_rows};
     baton_parallel(fn, &loop, (n_dim + chunk_rows - 1) / chunk_rows);
     return 0;
 }
