@@ -150,14 +150,6 @@ def test_two_to_seven_rows_of_k_quants_sum_as_a_float32_matmul_does(
     check_against_float64(native, compact_format, rows, out_features=37, in_features=in_features)
 
 
-# From 8 rows (STAGED_MIN_ROWS) the staged kernel (staged_gemm.c) takes the product without
-# AVX-512: 12 weight rows a stage, 256 inputs a slice, 32 rows of x a pass, 128 a block; with
-# AVX-512 whole groups of 16 rows take the group tiles (staged_groups512.c), the rest the
-# k-vectorised ones. Here inputs span several slices, the last one partial for the 32-weight
-# blocks (608: 256 + 256 + 96), 9 rows tile as 3 + 3 + 3, rows of x take more than one pass
-# without AVX-512 (50, 70) and groups and the rest with it (50: a pair of groups, one more and
-# 2 rows), and more than one block (150: the second one a group and 6 rows), and 37 outputs
-# are not whole stages.
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
 @pytest.mark.parametrize("rows", [1, 2, 3])
 def test_a_few_rows_sum_by_block_as_a_float32_matmul_does(
@@ -177,8 +169,17 @@ def test_a_few_rows_sum_by_block_as_a_float32_matmul_does(
     assert_float32_sums(native.gemv(x, compact, bias), expected, x, values)
 
 
+# From 8 rows (STAGED_MIN_ROWS) the staged kernel (staged_gemm.c) takes the product without
+# AVX-512: 12 weight rows a stage, 256 inputs a slice, 32 rows of x a pass, 128 a block; with
+# AVX-512 whole groups of 16 rows take the group tiles (staged_groups512.c), and a last 14 or
+# 15 rows too, as a group padded with zero rows (PADDED_GROUP_MIN_ROWS), the rest the
+# k-vectorised ones. Here inputs span several slices, the last one partial for the 32-weight
+# blocks (608: 256 + 256 + 96), 9 rows tile as 3 + 3 + 3, rows of x take more than one pass
+# without AVX-512 (50, 70) and groups and the rest with it (50: a pair of groups, one more and
+# 2 rows; 15: one padded group; 32: two whole ones), and more than one block (150: the second
+# one a group and 6 rows; 142: one padded group of 14), and 37 outputs are not whole stages.
 @pytest.mark.parametrize("compact_format", sorted(FORMATS))
-@pytest.mark.parametrize("rows", [9, 50, 70, 150])
+@pytest.mark.parametrize("rows", [9, 15, 32, 50, 70, 142, 150])
 def test_a_batch_over_several_slices_and_passes_sums_as_a_float32_matmul_does(
     native: NativeKernels, compact_format: str, rows: int
 ) -> None:

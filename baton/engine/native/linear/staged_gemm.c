@@ -12,9 +12,10 @@
  *
  * With AVX-512 (the k-quants and IQ4, whose 16-float sweeps, where any, stop at 7 rows) the
  * tiles take 16 inputs a vector, 6 rows of x by 4 weight rows: 24 sums in the 32 zmm
- * registers, 10 loads for 24 FMAs, on the same stage; and whole groups of 16 rows take the group tiles instead
- * (staged_groups512.c: 16 rows a vector, each stage weight broadcast, 1.13-1.42x at 16-128
- * rows on a Zen 5), a block of 128 rows a pass, so that a stage is dequantized once for it.
+ * registers, 10 loads for 24 FMAs, on the same stage; and whole groups of 16 rows (and a last
+ * group of 14 or 15, padded) take the group tiles instead (staged_groups512.c: 16 rows a
+ * vector, each stage weight broadcast, 1.13-1.42x at 16-128 rows on a Zen 5), a block of 128
+ * rows a pass, so that a stage is dequantized once for it.
  *
  * Each weight is the exact float32 value the compact kernel and baton_dequantize give (the
  * same row dequantizers), so the result differs from a float32 GEMM only in the order of the
@@ -48,6 +49,11 @@
  * 2048-8192 inputs, 1-4 MB, stay in L2/L3, where a 512-row prefill chunk's whole x (16 MB
  * for 8192 inputs) came from memory for every stage. A multiple of PASS_ROWS. */
 #define BLOCK_ROWS 128
+/* Rows past the last whole group from which they take the group tiles as a group of their own,
+ * padded with zero rows (whose sums are not stored), rather than the k-vectorised tiles. On a
+ * Zen 5 (2 threads, the 1B Llama's four Q4_K layer matrices): 12 rows 0.95x, 13 level, 14 and
+ * 15 1.04-1.13x (Q6_K 15: 1.13x), 30 rows 1.16x, 62 1.09x. */
+#define PADDED_GROUP_MIN_ROWS 14
 /* Chunks a thread gets on average (as compact_gemv.c's, for the same reason). */
 #define CHUNKS_PER_THREAD 8
 #define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
@@ -151,13 +157,15 @@ static void stage_pass(const StagedLoop *l, int64_t m0, int64_t rows, int64_t n0
     float group_sums[BLOCK_ROWS / GROUP_ROWS][GROUP_STAGE_FEATURES][GROUP_ROWS]
         __attribute__((aligned(64)));
     /* The group tiles multiply every stage row: rows past the weight's end are zeros. */
-    const int64_t groups = l->groups ? rows / GROUP_ROWS : 0;
+    const int64_t padded = l->groups && rows % GROUP_ROWS >= PADDED_GROUP_MIN_ROWS;
+    const int64_t groups = l->groups ? rows / GROUP_ROWS + padded : 0;
     for (int64_t g = 0; g < groups; g++)
         for (int64_t j = 0; j < GROUP_STAGE_FEATURES; j++)
             for (int i = 0; i < GROUP_ROWS; i++) group_sums[g][j][i] = 0.0f;
     if (groups && features < STAGE_FEATURES)
         for (int64_t i = features * STAGE_K; i < STAGE_FEATURES * STAGE_K; i++) stage[i] = 0.0f;
-    const int64_t first = groups * GROUP_ROWS; /* the rest's first row in the pass */
+    /* The rest's first row in the pass (past its end with a padded group: no rest). */
+    const int64_t first = padded ? rows : groups * GROUP_ROWS;
     rows -= first;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < features; j++)
@@ -205,7 +213,7 @@ static void stage_pass(const StagedLoop *l, int64_t m0, int64_t rows, int64_t n0
      * prefill of the Qwen3-30B-A3B shape; the 1B Llama's Q4_K layers ran 1.10x at 128 and
      * 512 rows, the 30B's expert matrices 1.24x at 128, once the stores went row by row). */
     for (int64_t g = 0; g < groups; g++)
-        for (int64_t i = 0; i < GROUP_ROWS; i++) {
+        for (int64_t i = 0; i < GROUP_ROWS && g * GROUP_ROWS + i < first; i++) {
             float *y = l->y + (m0 + g * GROUP_ROWS + i) * l->n_dim + n0;
             for (int64_t j = 0; j < features; j++)
                 y[j] = group_sums[g][j][i] + (l->bias ? l->bias[n0 + j] : 0.0f);
@@ -248,11 +256,12 @@ void baton_staged_gemm(row_dequantizer dequantize, int avx512, const float *x, i
     /* The caller's thread packs x's groups for every thread; without the memory, every row
      * takes the k-vectorised tiles. */
     static __thread ThreadBuffer group_buffer;
-    const int64_t groups = avx512 ? m_dim / GROUP_ROWS : 0;
+    const int64_t groups =
+        avx512 ? m_dim / GROUP_ROWS + (m_dim % GROUP_ROWS >= PADDED_GROUP_MIN_ROWS) : 0;
     float *packed =
         groups ? thread_buffer(&group_buffer, groups * GROUP_ROWS * k_dim * (int64_t)sizeof(float))
                : 0;
-    if (packed) baton_pack_groups512(x, groups, k_dim, packed);
+    if (packed) baton_pack_groups512(x, m_dim, groups, k_dim, packed);
     const StagedLoop loop = {dequantize, x,     bias,      y,         w,     m_dim, k_dim,
                              n_dim,      row_bytes, per_chunk, avx512, packed};
     baton_parallel(staged_chunk, &loop, (n_dim + per_chunk - 1) / per_chunk);

@@ -15,17 +15,20 @@
 typedef struct {
     const float *x;
     float *packed;
-    int64_t k_dim;
+    int64_t m_dim, k_dim;
 } PackLoop;
 
-/* Group `chunk` of x: 16 rows transposed 16 inputs at a time, in registers. */
+/* Group `chunk` of x: 16 rows (those past x's last as zeros) transposed 16 inputs at a time,
+ * in registers. */
 WIDE static void pack_group(const void *arg, int64_t chunk) {
     const PackLoop *p = arg;
     const float *rows = p->x + chunk * GROUP_ROWS * p->k_dim;
+    const int64_t held = p->m_dim - chunk * GROUP_ROWS; /* x's rows from the group's first */
     float *out = p->packed + chunk * GROUP_ROWS * p->k_dim;
     for (int64_t k = 0; k < p->k_dim; k += 16) {
         __m512 v[16], t[16];
-        for (int r = 0; r < 16; r++) v[r] = _mm512_loadu_ps(rows + r * p->k_dim + k);
+        for (int r = 0; r < 16; r++)
+            v[r] = r < held ? _mm512_loadu_ps(rows + r * p->k_dim + k) : _mm512_setzero_ps();
         /* 16 x 16 transpose: 2 x 2 blocks of floats, then of pairs, of 4 and of 8. */
         for (int r = 0; r < 16; r += 2) {
             t[r] = _mm512_unpacklo_ps(v[r], v[r + 1]);
@@ -56,8 +59,9 @@ WIDE static void pack_group(const void *arg, int64_t chunk) {
     }
 }
 
-void baton_pack_groups512(const float *x, int64_t groups, int64_t k_dim, float *packed) {
-    const PackLoop loop = {x, packed, k_dim};
+void baton_pack_groups512(const float *x, int64_t m_dim, int64_t groups, int64_t k_dim,
+                          float *packed) {
+    const PackLoop loop = {x, packed, m_dim, k_dim};
     baton_parallel(pack_group, &loop, groups);
 }
 
