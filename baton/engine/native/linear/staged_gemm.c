@@ -51,8 +51,8 @@
 #define BLOCK_ROWS 128
 /* Rows past the last whole group from which they take the group tiles as a group of their own,
  * padded with zero rows (whose sums are not stored), rather than the k-vectorised tiles. On a
- * Zen 5 (2 threads, the 1B Llama's four Q4_K layer matrices): 12 rows 0.95x, 13 level, 14 and
- * 15 1.04-1.13x (Q6_K 15: 1.13x), 30 rows 1.16x, 62 1.09x. */
+ * Zen 5 (2 threads, the 1B Llama's four Q4_K layer matrices): 12 rows 0.95x, 13 level, 14
+ * 1.04-1.12x, 15 1.13x (Q6_K 15: 1.13x), 30 rows 1.16x, 62 1.09x. */
 #define PADDED_GROUP_MIN_ROWS 14
 /* Chunks a thread gets on average (as compact_gemv.c's, for the same reason). */
 #define CHUNKS_PER_THREAD 8
