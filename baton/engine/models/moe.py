@@ -99,25 +99,32 @@ class SparseMoE(nn.Module):
         self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor
     ) -> torch.Tensor:
         """The routed experts this rank holds (`experts`: their indices among them, -1 for
-        another rank's) from the stacked parameters, in torch."""
-        out = torch.zeros_like(x)
-        flat = experts.flatten()
-        order = torch.argsort(flat, stable=True)  # (another rank's, -1, first)
-        held = flat >= 0
-        counts = torch.bincount(flat[held], minlength=self.held[1]).tolist()
-        features = self.moe.expert_intermediate_size
-        start = int((~held).sum())
-        for expert, count in enumerate(counts):
-            if not count:
-                continue
-            picks = order[start : start + count]
-            start += count
-            tokens = picks // self.moe.top_k
-            gate_up = F.linear(x[tokens], self.experts_gate_up[expert])
-            activated = F.silu(gate_up[:, :features]) * gate_up[:, features:]
-            product = F.linear(activated, self.experts_down[expert])
-            product = product * weights.flatten()[picks, None]
-            out.index_add_(0, tokens, product.to(out.dtype))
+        another rank's) from the stacked parameters: the (token, choice) pairs sorted by expert
+        and each matrix multiplied in one grouped product (torch's grouped_mm: CUTLASS's grouped
+        GEMM for bf16 on CUDA), each expert's slice once over its rows. Nothing here reads a
+        tensor on the host, so a CUDA graph records the block whole."""
+        tokens, top_k = experts.shape
+        count, features = self.held[1], self.moe.expert_intermediate_size
+        # Each token's choices in ascending expert order, another rank's (as `count`) last:
+        # the sum below then adds a token's products as transformers does, expert by expert.
+        chosen, choice_order = torch.where(experts >= 0, experts, count).sort(dim=-1)
+        pair_weights = weights.gather(1, choice_order).flatten()
+        expert_of_row, order = chosen.flatten().sort(stable=True)
+        # Group e's rows end where the sorted experts pass e; another rank's pairs lie past
+        # the last group, unmultiplied (their rows are masked out below).
+        ends = torch.searchsorted(
+            expert_of_row, torch.arange(count, device=x.device), right=True
+        ).to(torch.int32)
+        gate_up = F.grouped_mm(x[order // top_k], self.experts_gate_up.transpose(1, 2), offs=ends)
+        activated = F.silu(gate_up[:, :features]) * gate_up[:, features:]
+        product = F.grouped_mm(activated, self.experts_down.transpose(1, 2), offs=ends)
+        product = (product * pair_weights[order, None]).to(x.dtype)
+        product = torch.where((expert_of_row < count)[:, None], product, 0)
+        by_choice = torch.empty_like(product).index_copy_(0, order, product)
+        by_choice = by_choice.view(tokens, top_k, -1)
+        out = by_choice[:, 0]
+        for choice in range(1, top_k):
+            out = out + by_choice[:, choice]
         return out
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
