@@ -15,7 +15,7 @@ from baton.config import BatonConfig, ConfigurationError
 from baton.cpu_binding import bind_engine_thread
 from baton.distributed.pipeline_parallel import PipelineParallel
 from baton.distributed.tensor_parallel import TensorParallel
-from baton.engine.attention.flashinfer_backend import FlashInferAttention, FlashInferCalls
+from baton.engine.attention.flashinfer_backend import FlashInferAttention
 from baton.engine.attention.select import model_attention_backend
 from baton.engine.batch_runner import BatchRunner
 from baton.engine.cpu.capabilities import detect_cpu_capabilities
@@ -179,7 +179,7 @@ class Engine(BatchRunner):
             )
         self.decode_graphs: DecodeGraphs | None = None
         if single and isinstance(self.attention, FlashInferAttention) and not config.enforce_eager:
-            self.decode_graphs = self._record_decode_graphs(config, self.attention.calls)
+            self.decode_graphs = self._record_decode_graphs(config, self.attention)
         self.decode_step: NativeDecodeStep | None = None
         if (
             single
@@ -238,7 +238,7 @@ class Engine(BatchRunner):
         )
 
     def _record_decode_graphs(
-        self, config: BatonConfig, calls: FlashInferCalls
+        self, config: BatonConfig, attention: FlashInferAttention
     ) -> DecodeGraphs | None:
         """The decode graphs, their padding rows in the pool's last page (no request's);
         None, with one line saying why, where recording fails: the server then decodes
@@ -247,7 +247,8 @@ class Engine(BatchRunner):
             graphs = record_decode_graphs(
                 self.model,
                 self.kv_pool,
-                calls,
+                attention.calls,
+                attention.scale,
                 config.largest_graph_batch,
                 self.max_model_len,
             )

@@ -1,6 +1,6 @@
 """Build ahead the FlashInfer JIT modules that tests/cuda needs for one dtype and head_dim.
 
-    python3 scripts/gpu/flashinfer_warmup.py bfloat16 128 [--done FILE]
+    python3 scripts/gpu/flashinfer_warmup.py bfloat16 128 [--gemma] [--done FILE]
 
 FlashInfer compiles each kernel module (one per dtype, head_dim and kernel kind) with nvcc on
 first use, one module at a time. This asks Baton's FlashInferAttention to plan the batches the
@@ -32,15 +32,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dtype", choices=DTYPES)
     parser.add_argument("head_dim", type=int)
+    parser.add_argument(
+        "--gemma",
+        action="store_true",
+        help="Gemma 2's kernels instead: soft-capped scores, with a sliding window and without",
+    )
     parser.add_argument("--done", type=Path, help="file to write ok/failed to at the end")
     args = parser.parse_args()
-    tag = f"[{args.dtype} hd{args.head_dim}]"
+    name = f"{args.dtype}-{args.head_dim}" + ("-gemma" if args.gemma else "")
+    tag = f"[{name}]"
     # A private build tree: FlashInfer's ninja runs must not share a build directory.
-    workspace = Path("/tmp/flashinfer-warmup") / f"{args.dtype}-{args.head_dim}"
+    workspace = Path("/tmp/flashinfer-warmup") / name
     os.environ["FLASHINFER_WORKSPACE_BASE"] = str(workspace)
     ok = False
     try:
-        ok = build(args.dtype, args.head_dim, tag)
+        ok = build(args.dtype, args.head_dim, args.gemma, tag)
     except Exception as error:  # report, and let the tests find out for themselves
         print(f"{tag} warm-up failed: {type(error).__name__}: {str(error)[-4000:]}", flush=True)
     if args.done is not None:
@@ -49,7 +55,7 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def build(dtype_name: str, head_dim: int, tag: str) -> bool:
+def build(dtype_name: str, head_dim: int, gemma: bool, tag: str) -> bool:
     start = time.monotonic()
     import torch
     from flashinfer.jit import core
@@ -71,10 +77,25 @@ def build(dtype_name: str, head_dim: int, tag: str) -> bool:
 
     original = core.JitSpec.build_and_load
     core.JitSpec.build_and_load = record
+    # (heads, batch, windows, soft cap) of each plan; a plan stops at its first module asked
+    # for, so each backend here has one window.
+    if gemma:  # tests/cuda's Gemma cases: query groups of 2, a window of 16 and none, cap 50
+        windows = ((16,), (None,))
+        plans = [((8, 4), meta, window, 50.0) for meta in (mixed, decode) for window in windows]
+    else:
+        plans = [((8, 2), mixed, (None,), None), ((8, 4), decode, (None,), None)]
+        plans.append(((8, 2), decode, (None,), None))
     try:
-        for (q_heads, kv_heads), meta in [((8, 2), mixed), ((8, 4), decode), ((8, 2), decode)]:
+        for (q_heads, kv_heads), meta, windows, softcap in plans:
             backend = FlashInferAttention(
-                q_heads, kv_heads, head_dim, dtype, "cuda", workspace_bytes=16 << 20
+                q_heads,
+                kv_heads,
+                head_dim,
+                dtype,
+                "cuda",
+                workspace_bytes=16 << 20,
+                windows=windows,
+                softcap=softcap,
             )
             with contextlib.suppress(Recorded):
                 backend.plan(meta)

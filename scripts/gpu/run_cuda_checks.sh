@@ -65,18 +65,21 @@ remaining() {  # seconds left, at least 1 (timeout 0 would mean none)
 }
 PYTEST=(python3 -m pytest -q -x -m cuda tests/cuda -p no:cacheprovider -rfEsxX)
 
-# FlashInfer kernels, most wanted first: "dtype head_dim -k-expression".
-KERNELS=("bfloat16 128 bf16 and hd128" "float16 64 fp16 and hd64"
-    "bfloat16 64 bf16 and hd64" "float16 128 fp16 and hd128")
-JOBS=(12 5 3 3)  # ninja jobs per build; nvcc of the Hopper kernels takes GBs each
+# FlashInfer kernels, most wanted first: "dtype head_dim set -k-expression" (set "gemma":
+# Gemma 2's soft-capped, windowed kernels, flashinfer_warmup.py --gemma).
+KERNELS=("bfloat16 128 plain bf16 and hd128 and not gemma" "bfloat16 128 gemma gemma and bf16 and hd128"
+    "float16 64 plain fp16 and hd64" "bfloat16 64 plain bf16 and hd64" "float16 128 plain fp16 and hd128")
+JOBS=(10 4 3 3 3)  # ninja jobs per build; nvcc of the Hopper kernels takes GBs each
 WARMUP_PIDS=()
 DONE_DIR=/tmp/flashinfer-warmup/done
 rm -rf "$DONE_DIR"
 if python3 -c "import torch, flashinfer; assert torch.cuda.is_available()" 2>/dev/null; then
     for i in "${!KERNELS[@]}"; do
-        read -r dtype head_dim _ <<<"${KERNELS[$i]}"
-        MAX_JOBS=${JOBS[$i]} nice -n $((5 * i)) python3 scripts/gpu/flashinfer_warmup.py \
-            "$dtype" "$head_dim" --done "$DONE_DIR/$dtype-$head_dim" \
+        read -r dtype head_dim set _ <<<"${KERNELS[$i]}"
+        extra=()
+        [[ $set == gemma ]] && extra=(--gemma)
+        MAX_JOBS=${JOBS[$i]} nice -n $((4 * i)) python3 scripts/gpu/flashinfer_warmup.py \
+            "$dtype" "$head_dim" "${extra[@]}" --done "$DONE_DIR/$dtype-$head_dim-$set" \
             >>"$OUT/flashinfer_build.log" 2>&1 &
         WARMUP_PIDS+=($!)
     done
@@ -89,19 +92,20 @@ timeout "$(remaining)" "${PYTEST[@]}" -k "not flashinfer" 2>&1 | tee -a "$LOG"
 
 if ((${#WARMUP_PIDS[@]})); then
     for entry in "${KERNELS[@]}"; do
-        read -r dtype head_dim selector <<<"$entry"
-        while [[ ! -f "$DONE_DIR/$dtype-$head_dim" ]] && (($(remaining) > 20)); do sleep 2; done
-        if [[ ! -f "$DONE_DIR/$dtype-$head_dim" ]]; then
-            echo "=== flashinfer $dtype hd$head_dim: kernels not built in time (${SECONDS}s)" \
+        read -r dtype head_dim set selector <<<"$entry"
+        done_file="$DONE_DIR/$dtype-$head_dim-$set"
+        while [[ ! -f $done_file ]] && (($(remaining) > 20)); do sleep 2; done
+        if [[ ! -f $done_file ]]; then
+            echo "=== flashinfer $dtype hd$head_dim $set: kernels not built in time (${SECONDS}s)" \
                 | tee -a "$LOG"
             continue
         fi
-        if [[ $(cat "$DONE_DIR/$dtype-$head_dim") != ok ]]; then
-            echo "=== flashinfer $dtype hd$head_dim: build failed (flashinfer_build.log)" \
+        if [[ $(cat "$done_file") != ok ]]; then
+            echo "=== flashinfer $dtype hd$head_dim $set: build failed (flashinfer_build.log)" \
                 | tee -a "$LOG"
             continue
         fi
-        echo "=== flashinfer $dtype hd$head_dim ($(date +%T), ${SECONDS}s)" | tee -a "$LOG"
+        echo "=== flashinfer $dtype hd$head_dim $set ($(date +%T), ${SECONDS}s)" | tee -a "$LOG"
         timeout "$(remaining)" "${PYTEST[@]}" -k "flashinfer and $selector" 2>&1 | tee -a "$LOG"
     done
     for pid in "${WARMUP_PIDS[@]}"; do kill "$pid" 2>/dev/null; done

@@ -8,8 +8,8 @@ CPU test can bind them to the installed flashinfer's signatures and catch API dr
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -42,13 +42,25 @@ class FlashInferCalls:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
-    # Every layer's window (ModelConfig.layer_windows; FlashInfer plans one for the batch), as
-    # FlashInfer counts it: the keys before a query's own that it sees; -1: all of them.
+    # The window of the layers these calls serve, as FlashInfer counts it: the keys before a
+    # query's own that it sees; -1: all of them. A plan fixes it (run() asserts the planned
+    # one), so layers of different windows need wrappers of their own (`for_window`).
     window_left: int = -1
+    # Gemma 2's attention soft cap, cap * tanh(score / cap) before the softmax; None: none.
+    logits_soft_cap: float | None = None
 
-    def _window(self) -> dict[str, Any]:
-        """The plans' window keyword, where there is a window."""
-        return {} if self.window_left < 0 else {"window_left": self.window_left}
+    def for_window(self, window: int | None) -> FlashInferCalls:
+        """These calls for the layers of `window` (ModelConfig.layer_windows; None: full)."""
+        return replace(self, window_left=-1 if window is None else window - 1)
+
+    def _plan_options(self) -> dict[str, Any]:
+        """The plans' window and soft-cap keywords, where there are any."""
+        options: dict[str, Any] = {}
+        if self.window_left >= 0:
+            options["window_left"] = self.window_left
+        if self.logits_soft_cap is not None:
+            options["logits_soft_cap"] = self.logits_soft_cap
+        return options
 
     def prefill_wrapper(self, workspace: torch.Tensor) -> CallArgs:
         """For BatchPrefillWithPagedKVCacheWrapper(...); our cache is [pages, page, heads, dim]."""
@@ -96,7 +108,7 @@ class FlashInferCalls:
             "sm_scale": scale,
             "q_data_type": self.dtype,
             "kv_data_type": self.dtype,
-            **self._window(),
+            **self._plan_options(),
         }
         return args, kwargs
 
@@ -112,17 +124,29 @@ class FlashInferCalls:
             meta.page_size,
         )
         kwargs = {"sm_scale": scale, "q_data_type": self.dtype, "kv_data_type": self.dtype}
-        return args, kwargs | self._window()
+        return args, kwargs | self._plan_options()
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> CallArgs:
         """For either wrapper's run(...)."""
         return (q, (k_cache, v_cache)), {}
 
 
+def calls_by_window(
+    calls: FlashInferCalls, windows: tuple[int | None, ...]
+) -> dict[int | None, FlashInferCalls]:
+    """`calls` for each distinct window of `windows` (ModelConfig.layer_windows), in layer
+    order: one for a model whose layers share one (Llama's None, Mistral v0.1's), two for
+    Gemma's sliding and global layers."""
+    return {window: calls.for_window(window) for window in dict.fromkeys(windows or (None,))}
+
+
 class FlashInferAttention(AttentionBackend):
-    """Batch prefill (any q_len > 1) or batch decode wrappers over the paged cache (CUDA only),
-    over one `window` for every layer where the model has one (Mistral v0.1, Phi-3); no soft
-    cap (select.py refuses models whose layers differ or cap their scores)."""
+    """Batch prefill (any q_len > 1) or batch decode wrappers over the paged cache (CUDA only):
+    a pair for each distinct window of the model's layers (`windows`), all planned each batch,
+    each layer run on its window's; Gemma 2's soft cap (`softcap`) planned into every one.
+
+    The pairs share one workspace: FlashInfer keeps each wrapper's plan in buffers of its own
+    and uses the workspace only while a layer runs, one layer after another on one stream."""
 
     def __init__(
         self,
@@ -132,34 +156,40 @@ class FlashInferAttention(AttentionBackend):
         dtype: torch.dtype,
         device: torch.device | str,
         workspace_bytes: int = DEFAULT_WORKSPACE_BYTES,
-        window: int | None = None,
+        windows: tuple[int | None, ...] = (None,),
+        softcap: float | None = None,
+        scale: float | None = None,
     ) -> None:
         import flashinfer
 
-        window_left = -1 if window is None else window - 1  # (vLLM's sliding_window - 1)
-        self.calls = FlashInferCalls(num_q_heads, num_kv_heads, head_dim, dtype, window_left)
+        calls = FlashInferCalls(num_q_heads, num_kv_heads, head_dim, dtype, logits_soft_cap=softcap)
+        self.calls = calls_by_window(calls, windows)
         workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=device)
-        args, kwargs = self.calls.prefill_wrapper(workspace)
-        self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(*args, **kwargs)
-        args, kwargs = self.calls.decode_wrapper(workspace)
-        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(*args, **kwargs)
-        # sm_scale is fixed at plan time; plan with the usual scale and re-plan if a layer
-        # asks for another (then later batches plan with that one from the start).
-        self._scale = 1.0 / math.sqrt(head_dim)
+        self._prefill: dict[int | None, Any] = {}
+        self._decode: dict[int | None, Any] = {}
+        for window, window_calls in self.calls.items():
+            args, kwargs = window_calls.prefill_wrapper(workspace)
+            self._prefill[window] = flashinfer.BatchPrefillWithPagedKVCacheWrapper(*args, **kwargs)
+            args, kwargs = window_calls.decode_wrapper(workspace)
+            self._decode[window] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(*args, **kwargs)
+        # sm_scale is fixed at plan time: plan with the model's (ModelConfig.attention_scale)
+        # and re-plan if a layer asks for another (later batches then plan with that one).
+        self.scale = head_dim**-0.5 if scale is None else scale
         self._meta: AttentionMetadata | None = None
 
     def plan(self, meta: AttentionMetadata) -> None:
-        """Plan the wrapper this batch needs: decode if every row has one query, else prefill."""
-        self._plan(meta, self._scale)
+        """Plan the wrappers this batch needs: decode if every row has one query, else prefill."""
+        self._plan(meta, self.scale)
 
     def _plan(self, meta: AttentionMetadata, scale: float) -> None:
-        if meta.is_decode_only:
-            args, kwargs = self.calls.decode_plan(meta, scale)
-            self._decode.plan(*args, **kwargs)
-        else:
-            args, kwargs = self.calls.prefill_plan(meta, scale)
-            self._prefill.plan(*args, **kwargs)
-        self._meta, self._scale = meta, scale
+        for window, calls in self.calls.items():
+            if meta.is_decode_only:
+                args, kwargs = calls.decode_plan(meta, scale)
+                self._decode[window].plan(*args, **kwargs)
+            else:
+                args, kwargs = calls.prefill_plan(meta, scale)
+                self._prefill[window].plan(*args, **kwargs)
+        self._meta, self.scale = meta, scale
 
     def forward(
         self,
@@ -171,23 +201,40 @@ class FlashInferAttention(AttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
-        """Run the planned wrapper for one layer (its window the planned one); see
-        AttentionBackend."""
-        if meta is not self._meta or scale != self._scale:
+        """Run the wrapper planned for this layer's window; see AttentionBackend."""
+        calls = planned_calls(self.calls, window, softcap)
+        if meta is not self._meta or scale != self.scale:
             self._plan(meta, scale)
-        wrapper = self._decode if meta.is_decode_only else self._prefill
-        args, kwargs = self.calls.run(q, k_cache, v_cache)
-        return wrapper.run(*args, **kwargs)
+        wrappers = self._decode if meta.is_decode_only else self._prefill
+        args, kwargs = calls.run(q, k_cache, v_cache)
+        return wrappers[window].run(*args, **kwargs)
+
+
+def planned_calls(
+    calls: Mapping[int | None, FlashInferCalls], window: int | None, softcap: float | None
+) -> FlashInferCalls:
+    """The calls planned for a layer of `window` and `softcap`; a ValueError for a layer the
+    backend was not built for (a plan cannot change either between layers)."""
+    found = calls.get(window)
+    if found is None or found.logits_soft_cap != softcap:
+        planned = {w: c.logits_soft_cap for w, c in calls.items()}
+        raise ValueError(
+            f"attention planned for windows and soft caps {planned}, "
+            f"a layer asks for window {window} and soft cap {softcap}"
+        )
+    return found
 
 
 class FlashInferGraphDecode(AttentionBackend):
-    """FlashInfer's decode wrapper for one recorded batch size (CUDA graphs): its index buffers
-    are that size's views of the step's persistent ones; `plan` runs on the host before each
-    replay, `forward` runs inside the graph and never re-plans."""
+    """FlashInfer's decode wrappers for one recorded batch size (CUDA graphs), one per window as
+    FlashInferAttention's: their index buffers are that size's views of the step's persistent
+    ones; `plan` runs on the host before each replay, `forward` inside the graph, never
+    re-planning."""
 
     def __init__(
         self,
-        calls: FlashInferCalls,
+        calls: Mapping[int | None, FlashInferCalls],
+        scale: float,
         workspace: torch.Tensor,
         kv_indptr: torch.Tensor,
         kv_indices: torch.Tensor,
@@ -197,15 +244,18 @@ class FlashInferGraphDecode(AttentionBackend):
 
         self.calls = calls
         buffers = (kv_indptr, kv_indices, kv_last_page_len)
-        args, kwargs = calls.graph_decode_wrapper(workspace, *buffers)
-        self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(*args, **kwargs)
+        self._decode = {}
+        for window, window_calls in calls.items():
+            args, kwargs = window_calls.graph_decode_wrapper(workspace, *buffers)
+            self._decode[window] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(*args, **kwargs)
         # As the decoder layers compute it, to the last bit: forward() compares the two.
-        self._scale = calls.head_dim**-0.5
+        self._scale = scale
 
     def plan(self, meta: AttentionMetadata) -> None:
         """Plan the next replay (host work, outside the graph)."""
-        args, kwargs = self.calls.decode_plan(meta, self._scale)
-        self._decode.plan(*args, **kwargs)
+        for window, calls in self.calls.items():
+            args, kwargs = calls.decode_plan(meta, self._scale)
+            self._decode[window].plan(*args, **kwargs)
 
     def forward(
         self,
@@ -217,9 +267,9 @@ class FlashInferGraphDecode(AttentionBackend):
         window: int | None = None,
         softcap: float | None = None,
     ) -> torch.Tensor:
-        """Run the planned wrapper for one layer (its window the planned one); see
-        AttentionBackend."""
+        """Run the wrapper planned for this layer's window; see AttentionBackend."""
+        calls = planned_calls(self.calls, window, softcap)
         if scale != self._scale:  # raised while recording, at start-up, never at a replay
-            raise ValueError(f"decode graphs plan attention at 1/sqrt(head_dim), not {scale}")
-        args, kwargs = self.calls.run(q, k_cache, v_cache)
-        return self._decode.run(*args, **kwargs)
+            raise ValueError(f"decode graphs plan attention at {self._scale}, not {scale}")
+        args, kwargs = calls.run(q, k_cache, v_cache)
+        return self._decode[window].run(*args, **kwargs)

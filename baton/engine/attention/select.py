@@ -25,13 +25,14 @@ def make_attention_backend(
     amx_prefill: bool = False,
     layer_windows: tuple[int | None, ...] = (),
     softcap: float | None = None,
+    scale: float | None = None,
 ) -> AttentionBackend:
     """Build backend `name` ("auto" | "torch" | "flashinfer") for the given model shape;
     `native`: the torch backend's decode rows run the native kernel (float32 CPU caches);
     `prefill_dtype`: its prefill rows attend in that dtype; `amx_prefill`: on AMX (see
-    TorchPagedAttention). `layer_windows`, `softcap`: the model's (ModelConfig), which the
-    torch backend computes for each layer; FlashInfer's plan takes one window for all layers
-    and no soft cap, and a model with others is refused there in one line (ValueError)."""
+    TorchPagedAttention). `layer_windows`, `softcap`, `scale`: the model's (ModelConfig),
+    which the torch backend takes from each layer and FlashInfer plans (a wrapper per window,
+    the soft cap and the scale in every plan; scale None: 1 / sqrt(head_dim))."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; expected one of {BACKEND_NAMES}")
     device = torch.device(device)
@@ -39,14 +40,15 @@ def make_attention_backend(
     if name == "flashinfer" and not on_cuda:
         raise ValueError(f"the flashinfer backend needs a CUDA device, got {device}")
     if name == "flashinfer" or (name == "auto" and on_cuda and flashinfer_available()):
-        if len(set(layer_windows)) > 1 or softcap is not None:
-            raise ValueError(
-                "FlashInfer attention plans one window for all layers and no soft cap, and this "
-                "model's layers differ or cap their scores: give --attention-backend torch"
-            )
-        window = layer_windows[0] if layer_windows else None
         return FlashInferAttention(
-            num_q_heads, num_kv_heads, head_dim, dtype, device, window=window
+            num_q_heads,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            device,
+            windows=layer_windows,
+            softcap=softcap,
+            scale=scale,
         )
     return TorchPagedAttention(
         num_q_heads,
@@ -79,4 +81,5 @@ def model_attention_backend(
         amx_prefill,
         config.layer_windows,
         None if config.gemma is None else config.gemma.attn_logit_softcapping,
+        config.attention_scale,
     )

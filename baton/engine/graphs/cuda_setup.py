@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 import torch
 
@@ -25,12 +26,14 @@ logger = logging.getLogger(__name__)
 def record_decode_graphs(
     model: CausalLM,
     kv_pool: KVPool,
-    calls: FlashInferCalls,
+    calls: Mapping[int | None, FlashInferCalls],
+    scale: float,
     max_rows: int,
     max_model_len: int,
 ) -> DecodeGraphs:
     """Decode graphs of up to `max_rows` rows over `kv_pool`, whose last page the caller keeps
-    from every request: the padding rows' page."""
+    from every request: the padding rows' page. `calls`, `scale`: the eager backend's
+    (FlashInferAttention), a wrapper per window, planned at the model's scale."""
     device = kv_pool.k_cache(0).device
     page_size = kv_pool.page_size
     inputs = DecodeInputs(
@@ -41,6 +44,7 @@ def record_decode_graphs(
     def attention_for(size: int) -> FlashInferGraphDecode:
         return FlashInferGraphDecode(
             calls,
+            scale,
             workspace,
             inputs.kv_indptr[: size + 1],
             inputs.kv_indices,

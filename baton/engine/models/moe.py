@@ -101,8 +101,9 @@ class SparseMoE(nn.Module):
         """The routed experts this rank holds (`experts`: their indices among them, -1 for
         another rank's) from the stacked parameters: the (token, choice) pairs sorted by expert
         and each matrix multiplied in one grouped product (torch's grouped_mm: CUTLASS's grouped
-        GEMM for bf16 on CUDA), each expert's slice once over its rows. Nothing here reads a
-        tensor on the host, so a CUDA graph records the block whole."""
+        GEMM for bf16 on CUDA sm90+), each expert's slice once over its rows. Nothing else here
+        reads a tensor on the host, so with CUTLASS's product a CUDA graph records the block
+        whole (torch's fallback for other dtypes reads the group ends on the host)."""
         tokens, top_k = experts.shape
         count, features = self.held[1], self.moe.expert_intermediate_size
         # Each token's choices in ascending expert order, another rank's (as `count`) last:

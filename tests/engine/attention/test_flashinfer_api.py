@@ -116,5 +116,23 @@ def test_backend_routes_batches_through_checked_calls(monkeypatch: pytest.Monkey
         for _ in range(2):
             assert backend.forward(q, cache, cache, meta, 0.1).shape == q.shape
     # plan() starts from 1/sqrt(64); the layers' other scale re-plans once, then sticks.
-    assert backend._prefill.calls == ["plan:0.125", "plan:0.1", "run", "run"]
-    assert backend._decode.calls == ["plan:0.1", "run", "run"]
+    assert backend._prefill[None].calls == ["plan:0.125", "plan:0.1", "run", "run"]
+    assert backend._decode[None].calls == ["plan:0.1", "run", "run"]
+
+
+def test_windowed_soft_capped_layers_bind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemma 2's plans (a window, a soft cap, its own scale) bind to the real signatures, a
+    wrapper pair per window (test_flashinfer_windows.py checks which layer runs on which)."""
+    monkeypatch.setattr(flashinfer, "BatchPrefillWithPagedKVCacheWrapper", _recorder(PREFILL))
+    monkeypatch.setattr(flashinfer, "BatchDecodeWithPagedKVCacheWrapper", _recorder(DECODE))
+    backend = FlashInferAttention(
+        8, 2, 64, torch.bfloat16, "cpu", 16, windows=(16, None), softcap=50.0, scale=0.0625
+    )
+    cache = torch.empty(4, 4, 2, 64, dtype=torch.bfloat16)
+    for meta in (MIXED, DECODE_ONLY):
+        backend.plan(meta)
+        q = torch.empty(meta.num_tokens, 8, 64, dtype=torch.bfloat16)
+        for window in (16, None):
+            assert backend.forward(q, cache, cache, meta, 0.0625, window, 50.0).shape == q.shape
+    for wrappers in (backend._prefill, backend._decode):
+        assert [wrapper.calls for wrapper in wrappers.values()] == [["plan:0.0625", "run"]] * 2
