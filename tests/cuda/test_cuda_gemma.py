@@ -6,15 +6,15 @@ GPU and flashinfer; `scripts/gpu/run_cuda_checks.sh` runs it once `flashinfer_wa
 
 from __future__ import annotations
 
-import gc
 import random
 
 import pytest
 import torch
 from helpers import assert_greedy_matches_hf
 from helpers.attention_reference import dense_reference, scattered_batch
+from helpers.cuda_runs import greedy_graphed_and_eager
 
-from baton import LLM, SamplingParams
+from baton import SamplingParams
 from baton.engine.attention.flashinfer_backend import FlashInferAttention, flashinfer_available
 from baton.engine.attention.torch_backend import TorchPagedAttention
 
@@ -70,23 +70,9 @@ def test_flashinfer_gemma_engine_bf16_hd128(tiny_model_factory) -> None:
     rng = random.Random(2)
     prompts = [[rng.randrange(256) for _ in range(n)] for n in (1, 9, 17, 40, 100)]
     greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    outputs = {}
-    for eager in (False, True):
-        llm = LLM(
-            str(model_dir),
-            device="cuda",
-            dtype="bfloat16",
-            attention_backend="flashinfer",
-            cuda_graph_max_bs=8,
-            enforce_eager=eager,
-        )
-        try:
-            assert (llm.engine.decode_graphs is None) == eager
-            outputs[eager] = [output.token_ids for output in llm.generate(prompts, greedy)]
-        finally:
-            del llm
-            gc.collect()
-            torch.cuda.empty_cache()
-    assert outputs[False] == outputs[True]
-    for prompt, tokens in zip(prompts, outputs[False]):
+    graphed, eager = greedy_graphed_and_eager(
+        model_dir, prompts, greedy, attention_backend="flashinfer", cuda_graph_max_bs=8
+    )
+    assert graphed == eager
+    for prompt, tokens in zip(prompts, graphed):
         assert_greedy_matches_hf(model_dir, prompt, tokens, tolerance=BF16_TIE_TOLERANCE)

@@ -5,14 +5,14 @@ whole model, greedy token for token as the same engine run eagerly. Skips withou
 
 from __future__ import annotations
 
-import gc
 import random
 
 import pytest
 import torch
+from helpers.cuda_runs import greedy_graphed_and_eager
 from helpers.moe_reference import block, reference, routed_to
 
-from baton import LLM, SamplingParams
+from baton import SamplingParams
 from baton.checkpoint.moe_config import MoEConfig
 from baton.engine.attention.flashinfer_backend import flashinfer_available
 
@@ -71,20 +71,5 @@ def test_flashinfer_moe_graphs_decode_as_eager_steps_bf16_hd128(
     model_dir = tiny_model_factory(variant, head_dim=128)
     rng = random.Random(len(variant))
     prompts = [[rng.randrange(256) for _ in range(rng.randrange(1, 90))] for _ in range(5)]
-    outputs = {}
-    for eager in (False, True):
-        llm = LLM(
-            str(model_dir),
-            device="cuda",
-            dtype="bfloat16",
-            cuda_graph_max_bs=8,
-            enforce_eager=eager,
-        )
-        try:
-            assert (llm.engine.decode_graphs is None) == eager
-            outputs[eager] = [output.token_ids for output in llm.generate(prompts, GREEDY)]
-        finally:
-            del llm
-            gc.collect()
-            torch.cuda.empty_cache()
-    assert outputs[False] == outputs[True]
+    graphed, eager = greedy_graphed_and_eager(model_dir, prompts, GREEDY, cuda_graph_max_bs=8)
+    assert graphed == eager
