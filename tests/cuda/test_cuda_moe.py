@@ -22,7 +22,7 @@ pytestmark = [
 ]
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-# bf16 products of 16 inputs then 12 (the block's widths), against float64 on the same
+# bf16 products of 16 inputs, then 16 (the block's widths), against float64 on the same
 # bf16-rounded weights: a few units in bf16's last place of outputs of size ~1.
 BF16_TOLERANCE = 3e-2
 
