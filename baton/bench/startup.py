@@ -60,8 +60,9 @@ def measure(launch_args: list[str], timeout: float = 600.0) -> dict:
         pids = [launcher.pid, *map(int, children.split())]
         memory = {process_name(pid): round(resident_mb(pid), 1) for pid in pids}
     finally:
-        os.killpg(launcher.pid, signal.SIGTERM)
-        launcher.wait(60)
+        if launcher.poll() is None:  # (a launcher that refused its flags has already exited)
+            os.killpg(launcher.pid, signal.SIGTERM)
+            launcher.wait(60)
     return {"launch_args": launch_args, "healthy_s": round(healthy_s, 2), "resident_mb": memory}
 
 
@@ -78,7 +79,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m baton.bench.startup", description=__doc__)
     parser.add_argument("--output-json", default=None)
     args, launch_args = parser.parse_known_args(argv)
-    result = measure(launch_args)
+    try:
+        result = measure(launch_args)
+    except RuntimeError as error:  # baton launch logged why; this says what it did, one line
+        parser.exit(1, f"{parser.prog}: {error}\n")
     print(f"healthy after {result['healthy_s']:.2f} s")
     for name, megabytes in result["resident_mb"].items():
         print(f"  {name:26s} {megabytes:8.1f} MB resident")

@@ -33,3 +33,17 @@ def test_startup_benchmark_reports_every_process(tmp_path: Path) -> None:
         memory[name] < memory["baton.scheduler_proc"] / 2
         for name in PROCESSES - {"baton.scheduler_proc"}
     )
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_a_server_that_refuses_its_flags_ends_the_benchmark_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """baton launch exits at once (its own line says why); the benchmark says so in one line
+    and exits 1, not with a traceback from stopping a server that is gone."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["--model", "baton-random", "--max-model-len", "0"])
+    assert stopped.value.code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "python -m baton.bench.startup: baton launch exited with 1"
+    )
